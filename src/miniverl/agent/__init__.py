@@ -1,0 +1,1 @@
+"""Execution: the text protocol, the transcript builder and the rollout runner."""

@@ -1,0 +1,320 @@
+"""The rollout runner: one multi-turn episode in a tool environment.
+
+Every exit path sets exactly one :class:`TerminationReason`, so a report's failure
+taxonomy is exact. Model segments are the sampled ids verbatim; where the policy wrote
+prose before a block, the split point comes from :func:`token_index_at_char`, which
+decodes prefixes of the sampled ids instead of re-tokenizing text.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from miniverl.agent.protocol import (
+    format_final,
+    format_observation,
+    format_tool_call,
+    parse_assistant_text,
+    stop_sequences,
+    token_index_at_char,
+)
+from miniverl.agent.transcript import TokenizerLike, TranscriptBuilder
+from miniverl.config.models import RolloutConfig
+from miniverl.environments.base import Task, ToolEnvironment, ToolResult
+from miniverl.schemas.trajectory import (
+    SpanType,
+    TerminationReason,
+    ToolCallRecord,
+    ToolResultRecord,
+    Trajectory,
+    Turn,
+    VerificationRecord,
+)
+from miniverl.trajectory.alignment import segment_key_of
+from miniverl.utils.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from miniverl.models.base import CausalLMBackend, GenerationResult
+
+PRIVILEGED_SEGMENT_KEY = "priv"
+
+
+class RolloutRunner:
+    """Runs episodes of ``environment`` with ``backend`` as the policy."""
+
+    def __init__(
+        self,
+        backend: CausalLMBackend,
+        environment: ToolEnvironment,
+        config: RolloutConfig | None = None,
+        *,
+        tokenizer: TokenizerLike | None = None,
+        model_id: str | None = None,
+        model_revision: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.environment = environment
+        self.config = config or RolloutConfig()
+        self.tokenizer: TokenizerLike = tokenizer or backend.tokenizer
+        caps = getattr(backend, "capabilities", None)
+        self.model_id = model_id or (caps.model_id if caps is not None else "unknown")
+        self.model_revision = model_revision if model_revision is not None else getattr(caps, "revision", None)
+
+    # -- building blocks ------------------------------------------------------------
+
+    def _new_builder(self, task: Task, *, trajectory_id: str, policy_version: int) -> TranscriptBuilder:
+        """A transcript holding the system and user context (user carries the assistant header)."""
+        builder = TranscriptBuilder(
+            self.tokenizer,
+            trajectory_id=trajectory_id,
+            task_id=task.task_id,
+            environment=self.environment.name,
+            model_id=self.model_id,
+            model_revision=self.model_revision,
+            policy_version=policy_version,
+        )
+        builder.add_context(
+            SpanType.SYSTEM, "system", self.environment.system_prompt(), segment_key="sys", open_next_assistant=False
+        )
+        builder.add_context(SpanType.USER, "user", task.prompt, segment_key="user", open_next_assistant=True)
+        return builder
+
+    def _add_model_spans(
+        self,
+        builder: TranscriptBuilder,
+        ids: list[int],
+        text: str,
+        block_start: int | None,
+        block_type: SpanType,
+        turn: int,
+        *,
+        tool_name: str | None = None,
+        tool_call_id: str | None = None,
+    ) -> None:
+        """Append sampled ids: prose before the block as assistant_text, the block typed."""
+        split = len(ids) if block_start is None else token_index_at_char(self.tokenizer, ids, block_start)
+        builder.add_model(SpanType.ASSISTANT_TEXT, ids[:split], segment_key=f"gen:{turn}:prose", turn_id=turn)
+        builder.add_model(
+            block_type,
+            ids[split:],
+            segment_key=f"gen:{turn}:block",
+            turn_id=turn,
+            tool_name=tool_name,
+            tool_call_id=tool_call_id,
+        )
+
+    def _add_observation(self, builder: TranscriptBuilder, result: ToolResult, turn: int, call_id: str) -> None:
+        builder.add_context(
+            SpanType.TOOL_RESULT,
+            "user",
+            format_observation(result.observation_text()),
+            segment_key=f"obs:{turn}",
+            turn_id=turn,
+            close_previous=True,
+            open_next_assistant=True,
+            tool_call_id=call_id,
+            env_state_id=result.env_state_id,
+        )
+
+    def _generate(self, builder: TranscriptBuilder, seed: int, turn: int, temperature: float, budget: int) -> GenerationResult:
+        return self.backend.generate(
+            list(builder.token_ids),
+            max_new_tokens=budget,
+            temperature=temperature,
+            top_p=self.config.top_p,
+            seed=derive_seed(seed, "turn", turn),
+            stop_sequences=stop_sequences(),
+        )
+
+    # -- episodes -----------------------------------------------------------------
+
+    def rollout(
+        self,
+        task: Task,
+        seed: int,
+        *,
+        policy_version: int = 0,
+        temperature: float | None = None,
+        trajectory_id: str | None = None,
+        extra_metadata: dict[str, Any] | None = None,
+    ) -> Trajectory:
+        """Sample one episode from the policy; exactly one termination reason per exit."""
+        cfg = self.config
+        temp = cfg.temperature if temperature is None else temperature
+        builder = self._new_builder(
+            task, trajectory_id=trajectory_id or f"{task.task_id}:v{policy_version}:s{seed}", policy_version=policy_version
+        )
+        self.environment.reset(task)
+        reason = TerminationReason.MAX_TURNS
+        verification: VerificationRecord | None = None
+        generated = invalid = parse_errors = 0
+        signatures: Counter[str] = Counter()
+
+        for turn in range(cfg.max_turns):
+            budget = min(cfg.max_new_tokens_per_turn, cfg.max_total_tokens - len(builder))
+            if budget <= 0:
+                reason = TerminationReason.MAX_TOKENS
+                break
+            generation = self._generate(builder, seed, turn, temp, budget)
+            ids = list(generation.token_ids)
+            generated += len(ids)
+            if not ids:
+                builder.add_turn(Turn(turn_id=turn))
+                reason = TerminationReason.EOS_WITHOUT_FINAL
+                break
+            parsed = parse_assistant_text(generation.text)
+            call_id = f"c{turn}"
+
+            if parsed.kind == "final":
+                self._add_model_spans(builder, ids, generation.text, parsed.block_start, SpanType.ASSISTANT_FINAL, turn)
+                builder.add_turn(Turn(turn_id=turn, is_final=True))
+                verification = self.environment.verify(task, parsed.final_answer or "")
+                reason = TerminationReason.FINAL_ANSWER
+                break
+
+            if parsed.kind == "tool_call" and parsed.tool_call is not None:
+                call = parsed.tool_call
+                self._add_model_spans(
+                    builder, ids, generation.text, parsed.block_start, SpanType.ASSISTANT_TOOL_CALL, turn,
+                    tool_name=call.name, tool_call_id=call_id,
+                )
+                record = ToolCallRecord(call_id=call_id, name=call.name, arguments=call.arguments, raw_text=generation.text)
+                signatures[call.signature()] += 1
+                if signatures[call.signature()] - 1 > cfg.max_repeated_calls:
+                    builder.add_turn(Turn(turn_id=turn, tool_call=record))
+                    reason = TerminationReason.REPEATED_CALL_LIMIT
+                    break
+                result = self.environment.step(call)
+                if not result.ok:
+                    invalid += 1
+                builder.add_turn(
+                    Turn(
+                        turn_id=turn,
+                        tool_call=record,
+                        tool_result=ToolResultRecord(
+                            call_id=call_id, ok=result.ok, result=result.result, error=result.error, env_state_id=result.env_state_id
+                        ),
+                    )
+                )
+                self._add_observation(builder, result, turn, call_id)
+                continue
+
+            self._add_model_spans(builder, ids, generation.text, None, SpanType.ASSISTANT_TEXT, turn)
+            builder.add_turn(
+                Turn(
+                    turn_id=turn,
+                    tool_call=ToolCallRecord(
+                        call_id=call_id, name="<unparsed>", raw_text=generation.text, valid=False, parse_error=parsed.error
+                    ),
+                )
+            )
+            invalid += 1
+            parse_errors += 1
+            if generation.finish_reason == "eos":
+                reason = TerminationReason.EOS_WITHOUT_FINAL
+                break
+            if parse_errors >= max(1, cfg.max_parse_errors):
+                reason = TerminationReason.PARSE_ERROR_LIMIT
+                break
+            self._add_observation(builder, ToolResult(ok=False, error=parsed.error), turn, call_id)
+
+        metadata = {
+            "source": "policy",
+            "seed": seed,
+            "temperature": temp,
+            "difficulty": task.difficulty,
+            "split": task.split,
+            **(extra_metadata or {}),
+        }
+        return builder.build(
+            termination_reason=reason,
+            verification=verification,
+            generated_token_count=generated,
+            invalid_tool_calls=invalid,
+            metadata=metadata,
+        )
+
+    def oracle_rollout(self, task: Task, *, trajectory_id: str | None = None, policy_version: int = 0) -> Trajectory:
+        """The environment's reference solution, rendered exactly as a policy turn would be.
+
+        The oracle's "generated" ids are the tokenization of its canonical text; they are
+        the targets of SFT and the training data of the toy teacher.
+        """
+        builder = self._new_builder(task, trajectory_id=trajectory_id or f"{task.task_id}:oracle", policy_version=policy_version)
+        self.environment.reset(task)
+        oracle = self.environment.oracle_solution(task)
+        generated = 0
+        for turn, call in enumerate(oracle.tool_calls):
+            ids = self.tokenizer.encode(format_tool_call(call))
+            call_id = f"c{turn}"
+            builder.add_model(
+                SpanType.ASSISTANT_TOOL_CALL, ids, segment_key=f"gen:{turn}:block", turn_id=turn,
+                tool_name=call.name, tool_call_id=call_id,
+            )
+            generated += len(ids)
+            result = self.environment.step(call)
+            builder.add_turn(
+                Turn(
+                    turn_id=turn,
+                    tool_call=ToolCallRecord(call_id=call_id, name=call.name, arguments=call.arguments, raw_text=format_tool_call(call)),
+                    tool_result=ToolResultRecord(
+                        call_id=call_id, ok=result.ok, result=result.result, error=result.error, env_state_id=result.env_state_id
+                    ),
+                )
+            )
+            self._add_observation(builder, result, turn, call_id)
+        final_turn = len(oracle.tool_calls)
+        ids = self.tokenizer.encode(format_final(oracle.final_answer))
+        builder.add_model(SpanType.ASSISTANT_FINAL, ids, segment_key=f"gen:{final_turn}:block", turn_id=final_turn)
+        builder.add_turn(Turn(turn_id=final_turn, is_final=True))
+        generated += len(ids)
+        return builder.build(
+            termination_reason=TerminationReason.FINAL_ANSWER,
+            verification=self.environment.verify(task, oracle.final_answer),
+            generated_token_count=generated,
+            metadata={"source": "oracle", "difficulty": task.difficulty, "split": task.split},
+        )
+
+    def privileged_render(self, trajectory: Trajectory, task: Task) -> Trajectory:
+        """The student's transcript with an oracle system block inserted before it.
+
+        Every student segment keeps its ``segment_key`` and its exact token ids; only the
+        absolute positions shift. ``build_alignment_map`` recomputes the shift per span
+        and verifies the target ids, so nothing here has to be trusted.
+        """
+        builder = TranscriptBuilder(
+            self.tokenizer,
+            trajectory_id=f"{trajectory.trajectory_id}:privileged",
+            task_id=trajectory.task_id,
+            environment=trajectory.environment,
+            model_id=trajectory.model_id,
+            model_revision=trajectory.model_revision,
+            policy_version=trajectory.policy_version,
+        )
+        builder.add_context(
+            SpanType.SYSTEM,
+            "system",
+            self.environment.privileged_context(task),
+            segment_key=PRIVILEGED_SEGMENT_KEY,
+            open_next_assistant=False,
+        )
+        for span in trajectory.spans:
+            builder.add(
+                span.span_type,
+                segment_key=segment_key_of(span),
+                token_ids=trajectory.token_ids[span.start : span.end],
+                text=span.text,
+                turn_id=span.turn_id,
+                tool_name=span.tool_name,
+                tool_call_id=span.tool_call_id,
+                env_state_id=span.env_state_id,
+            )
+        builder.turns = list(trajectory.turns)
+        return builder.build(
+            termination_reason=trajectory.termination_reason,
+            verification=trajectory.verification,
+            generated_token_count=trajectory.generated_token_count,
+            invalid_tool_calls=trajectory.invalid_tool_calls,
+            metadata={"source": "privileged_teacher_render", "student_trajectory_id": trajectory.trajectory_id},
+        )

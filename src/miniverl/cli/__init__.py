@@ -1,0 +1,1 @@
+"""The ``miniverl`` command line (``miniverl.cli.main:app``)."""

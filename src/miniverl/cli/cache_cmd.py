@@ -1,0 +1,138 @@
+"""``miniverl cache stats|validate|prune``: inspect and maintain a teacher cache without torch.
+
+Everything here reads ``index.json`` and the safetensors headers/bytes directly through
+:mod:`miniverl.cache`, which imports no tensor library at module level, so these commands
+work from a base install and on caches received from elsewhere. A
+:class:`~miniverl.errors.MiniverlError` is printed as message + hint with exit status 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from miniverl.cache.store import TeacherCache
+from miniverl.errors import MiniverlError
+
+cache_app = typer.Typer(
+    help="Inspect, verify and prune a teacher-target cache (torch-free).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+_console = Console(highlight=False)
+_err_console = Console(stderr=True, highlight=False)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DirArgument = Annotated[Path, typer.Argument(help="Teacher cache directory (holds index.json).")]
+
+
+def _handles_errors(func: F) -> F:
+    """MiniverlError -> message and hint on stderr, exit status 1, no traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except MiniverlError as exc:
+            _err_console.print(f"[bold red]error:[/] {exc.message}", markup=True, soft_wrap=True, highlight=False)
+            if exc.hint:
+                _err_console.print(f"  [dim]hint:[/] {exc.hint}", soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _human_bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+@cache_app.command()
+@_handles_errors
+def stats(
+    directory: DirArgument,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Entries, positions, K, bytes per position, policy versions and shards, from the index."""
+    info = TeacherCache.open(directory).stats()
+    if json_out:
+        sys.stdout.write(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        return
+    per_position = info["bytes_per_position"]
+    table = Table(title=f"teacher cache {directory}", show_header=True)
+    table.add_column("field")
+    table.add_column("value", overflow="fold")
+    rows = [
+        ("teacher", info["teacher_model_id"] + (f" @ {info['teacher_revision']}" if info["teacher_revision"] else "")),
+        ("teacher mode", info["teacher_mode"]),
+        ("tokenizer", info["tokenizer_fingerprint"][:16] + "..."),
+        ("loss mode", f"{info['loss_mode']} (K = {info['top_k']}, V = {info['vocab_size']}, temperature {info['temperature']})"),
+        ("storage", f"log-probs {info['dtype']}, indices {info['index_dtype']}"),
+        ("entries", str(info["entries"])),
+        ("positions", str(info["positions"])),
+        ("K", str(info["top_k"])),
+        (
+            "bytes per position",
+            "n/a (no positions)"
+            if per_position is None
+            else f"{per_position:.1f} (bf16 full logits: {info['full_logits_bf16_bytes_per_position']}, "
+            f"{info['compression_ratio']:.1f}x smaller)",
+        ),
+        ("versions", ", ".join(f"v{v}: {n}" for v, n in info["versions"].items()) or "none"),
+        ("shards", str(info["shards"])),
+        ("total bytes", f"{info['total_bytes']} ({_human_bytes(info['total_bytes'])})"),
+    ]
+    if info["unreferenced_files"]:
+        rows.append(("unreferenced files", ", ".join(info["unreferenced_files"])))
+    for name, value in rows:
+        table.add_row(name, value)
+    _console.print(table)
+
+
+@cache_app.command()
+@_handles_errors
+def validate(directory: DirArgument) -> None:
+    """Recompute every shard and entry SHA-256 and check the structure; non-zero exit on any problem."""
+    report = TeacherCache.open(directory).validate()
+    _console.print(report.summary(), markup=False, soft_wrap=True)
+
+
+@cache_app.command()
+@_handles_errors
+def prune(
+    directory: DirArgument,
+    keep_version: Annotated[
+        list[int],
+        typer.Option("--keep-version", help="Policy version to keep (repeatable); every other version is removed."),
+    ],
+) -> None:
+    """Remove entries of every policy version not kept; compact or delete the affected shards."""
+    result = TeacherCache.open(directory).prune(keep_version)
+    _console.print(
+        f"pruned {directory}: removed {result['removed_entries']} entries, kept {result['kept_entries']} "
+        f"(versions {result['kept_versions'] or 'none'}); deleted {len(result['deleted_shards'])} shard(s), "
+        f"compacted {len(result['compacted_shards'])}; {result['bytes_before']} -> {result['bytes_after']} bytes",
+        markup=False,
+        soft_wrap=True,
+    )
+    if result["removed_unreferenced_files"]:
+        _console.print(f"removed unreferenced files: {', '.join(result['removed_unreferenced_files'])}", markup=False)
+
+
+__all__ = ["cache_app"]

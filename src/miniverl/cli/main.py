@@ -1,0 +1,332 @@
+"""The ``miniverl`` command line.
+
+``doctor``, ``validate``, ``inspect``, ``report`` and ``cache`` are torch-free: they
+import only the foundation, contracts and surfaces, and a test runs them in a
+subprocess asserting that ``torch`` never enters ``sys.modules``. Commands that train
+import the training layer inside their function bodies.
+
+Every :class:`~miniverl.errors.MiniverlError` is printed as message + hint on stderr
+with exit status 1; there is no traceback for user errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from miniverl import __version__
+from miniverl.cli.cache_cmd import cache_app
+from miniverl.errors import MiniverlError
+
+app = typer.Typer(
+    name="miniverl",
+    help="On-policy distillation of tool-using agents on one GPU (or a laptop, with the toy backend).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(cache_app, name="cache", help="Inspect, validate and prune a teacher cache (torch-free).")
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, hint: str | None = None, code: int = 1) -> typer.Exit:
+    """Print a user error (message text is never parsed as rich markup) and return the exit."""
+    err_console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
+    if hint:
+        err_console.print(Text.assemble(("  hint: ", "dim"), hint), soft_wrap=True)
+    return typer.Exit(code)
+
+
+def handles_errors(func: F) -> F:
+    """Turn MiniverlError into a clean message and a non-zero exit."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except MiniverlError as exc:
+            raise fail(exc.message, exc.hint) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        console.print(f"miniverl {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """On-policy distillation of tool-using agents on one GPU (or a laptop, with the toy backend)."""
+
+
+# -- doctor -------------------------------------------------------------------------
+
+_TORCH_PROBE = (
+    "import json, torch; print(json.dumps({'torch': torch.__version__, "
+    "'cuda_available': torch.cuda.is_available(), 'cuda': torch.version.cuda, "
+    "'devices': [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}))"
+)
+
+
+def probe_torch(timeout_s: float = 60.0) -> dict[str, Any]:
+    """Ask a *separate* Python process about torch and CUDA, so this one stays torch-free."""
+    from miniverl.utils.lazy import is_available
+
+    if not is_available("torch"):
+        return {"status": "absent", "hint": "pip install torch==2.13.0 (CPU) or a CUDA build, then pip install 'miniverl[hf]'"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "detail": f"torch probe timed out after {timeout_s:.0f}s"}
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
+        return {"status": "error", "detail": last}
+    return {"status": "ok", **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+@app.command()
+@handles_errors
+def doctor(
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    no_torch_probe: Annotated[bool, typer.Option("--no-torch-probe", help="Skip the torch/CUDA subprocess probe.")] = False,
+) -> None:
+    """Describe this machine: Python, packages, torch/CUDA, free disk, environments."""
+    from miniverl.environments.registry import available_environments
+    from miniverl.utils.env import package_versions
+
+    usage = shutil.disk_usage(Path.cwd())
+    report = {
+        "miniverl": __version__,
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.release()} ({platform.machine()})",
+        "packages": package_versions(),
+        "torch": {"status": "skipped"} if no_torch_probe else probe_torch(),
+        "free_disk_gib": round(usage.free / (1 << 30), 1),
+        "environments": available_environments(),
+    }
+    if json_out:
+        console.print_json(json.dumps(report))
+        return
+    table = Table(title=f"miniverl {__version__} doctor", show_header=True)
+    table.add_column("check")
+    table.add_column("value")
+    table.add_row("python", report["python"])
+    table.add_row("platform", report["platform"])
+    torch_info = report["torch"]
+    if torch_info["status"] == "ok":
+        cuda = f"CUDA {torch_info['cuda']} ({', '.join(torch_info['devices'])})" if torch_info["cuda_available"] else "no CUDA device (CPU only)"
+        table.add_row("torch", f"{torch_info['torch']}: {cuda}")
+    else:
+        table.add_row("torch", f"{torch_info['status']}: {torch_info.get('hint') or torch_info.get('detail') or ''}")
+    for name, ver in report["packages"].items():
+        table.add_row(f"  {name}", ver or "[dim]not installed[/]")
+    table.add_row("free disk", f"{report['free_disk_gib']} GiB")
+    table.add_row("environments", ", ".join(report["environments"]))
+    console.print(table)
+    console.print("torch-free commands: doctor, validate, inspect, report, cache. Training needs 'miniverl[torch]'.")
+
+
+# -- validate -----------------------------------------------------------------------
+
+
+@app.command()
+@handles_errors
+def validate(
+    recipe: Annotated[Path, typer.Argument(help="YAML recipe to validate.")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. train.cycles=4.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the verdict and digest.")] = False,
+) -> None:
+    """Validate a recipe: print the full validated config, or every error with its key path."""
+    from miniverl.config.models import RunConfig
+
+    config = RunConfig.from_yaml(recipe, overrides or [])
+    if not quiet:
+        console.print(config.to_yaml(), markup=False, end="")
+    console.print(f"[green]valid[/] {recipe} (digest {config.digest()[:16]}, mode {config.run.mode}, objective {config.objective_label()})")
+
+
+# -- inspect ------------------------------------------------------------------------
+
+
+@app.command()
+@handles_errors
+def inspect(
+    path: Annotated[Path, typer.Argument(help="A trajectories.jsonl file.")],
+    limit: Annotated[int, typer.Option("--limit", min=0, help="Per-trajectory rows to show.")] = 5,
+    trajectory: Annotated[str | None, typer.Option("--trajectory", help="Restrict to one trajectory id.")] = None,
+    spans: Annotated[bool, typer.Option("--spans", help="With --trajectory: print the span table.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable FileSummary.to_dict().")] = False,
+) -> None:
+    """Validate every record of a trajectory file and summarize its token provenance."""
+    from miniverl.inspection.summary import summarize_file
+
+    if spans and trajectory is None:
+        raise fail("--spans needs --trajectory ID", code=2)
+    summary = summarize_file(path, trajectory_id=trajectory, limit=limit, spans=spans)
+    if trajectory is not None and summary.trajectories == 0:
+        raise fail(f"trajectory {trajectory!r} not found in {path}", "run without --trajectory to list ids")
+    if json_out:
+        sys.stdout.write(json.dumps(summary.to_dict(), indent=2, sort_keys=True) + "\n")
+        return
+    console.print(
+        f"  {summary.trajectories} trajectories | {summary.tokens} tokens | {summary.model_tokens} model tokens "
+        f"({100 * summary.model_token_fraction:.1f}%) | {summary.critical_tokens} critical"
+    )
+    console.print(f"  graded {summary.graded} | solved {summary.solved} ({100 * summary.solve_rate:.1f}%)")
+    console.print(f"  policy versions {summary.policy_versions}")
+    console.print(f"  termination {summary.termination}", markup=False)
+    console.print(f"  tools {summary.tools}", markup=False)
+    console.print(f"  tokenizer {[f[:12] + '...' for f in summary.tokenizer_fingerprints]}", markup=False)
+
+    from miniverl.schemas.trajectory import MODEL_GENERATED_SPAN_TYPES, SpanType
+
+    table = Table(title="tokens by span type (only assistant_* can enter the loss)")
+    table.add_column("span type")
+    table.add_column("tokens", justify="right")
+    table.add_column("in loss")
+    for span_type, count in summary.tokens_by_span_type.items():
+        in_loss = SpanType(span_type) in MODEL_GENERATED_SPAN_TYPES
+        table.add_row(span_type, str(count), "yes" if in_loss else "no (context)")
+    console.print(table)
+
+    if summary.rows and limit:
+        rows = Table(title=f"first {len(summary.rows)} trajectories")
+        for col in ("trajectory", "tokens", "model", "termination", "solved", "version", "source"):
+            rows.add_column(col)
+        for r in summary.rows:
+            solved = "-" if r.solved is None else ("yes" if r.solved else "no")
+            rows.add_row(Text(r.trajectory_id), str(r.tokens), str(r.model_tokens), r.termination_reason, solved, str(r.policy_version), Text(r.source or ""))
+        console.print(rows)
+
+    if summary.spans is not None:
+        span_table = Table(title=f"spans of {trajectory}")
+        for col in ("span", "range", "tokens", "in loss", "text"):
+            span_table.add_column(col, overflow="fold")
+        for s in summary.spans:
+            span_table.add_row(
+                s.span_type, Text(f"[{s.start}, {s.end})"), str(s.tokens), "yes" if s.in_loss else "no", Text(s.text.replace("\n", "\\n"))
+            )
+        console.print(span_table)
+
+
+# -- train / demo / eval ------------------------------------------------------------
+
+
+def _run_trainer(trainer: Any, *, no_report: bool) -> dict[str, Any]:
+    """Train, then write the report unless asked not to. Ctrl-C keeps the last checkpoint."""
+    try:
+        summary = trainer.train()
+    except KeyboardInterrupt:
+        raise fail(
+            f"interrupted; the last completed checkpoint under {trainer.paths.checkpoints} is resumable",
+            f"miniverl train <recipe> --output {trainer.paths.root} --resume",
+            code=130,
+        ) from None
+    if not no_report:
+        _write_report(trainer.paths.root)
+    return summary
+
+
+def _write_report(run_dir: Path) -> None:
+    from miniverl.reporting.report import write_report
+
+    html, md = write_report(run_dir)
+    console.print(f"report: {html}  summary: {md}")
+
+
+def _print_outcome(summary: dict[str, Any], run_dir: Path) -> None:
+    table = Table(title=f"held-out success ({run_dir})")
+    table.add_column("stage")
+    table.add_column("solved", justify="right")
+    table.add_column("success", justify="right")
+    for stage in ("baseline", "after_warmup", "final"):
+        result = summary.get(stage)
+        if result:
+            table.add_row(stage, f"{result['solved']}/{result['tasks']}", f"{100 * result['success_rate']:.1f}%")
+    console.print(table)
+
+
+@app.command()
+@handles_errors
+def train(
+    recipe: Annotated[Path, typer.Argument(help="YAML recipe.")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. train.cycles=4 loss.divergence=reverse_kl.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Run directory (default runs/<run.name>).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --output from its last complete checkpoint.")] = False,
+    no_report: Annotated[bool, typer.Option("--no-report", help="Skip report.html and summary.md.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or event echo.")] = False,
+) -> None:
+    """Train from a recipe: sft, offline_kd or opd, as run.mode says."""
+    from miniverl.config.models import RunConfig
+    from miniverl.training.trainer import OPDTrainer
+
+    config = RunConfig.from_yaml(recipe, overrides or [])
+    trainer = OPDTrainer(config, output_dir=output, submitted_recipe=recipe.read_bytes(), resume=resume, quiet=quiet)
+    summary = _run_trainer(trainer, no_report=no_report)
+    _print_outcome(summary, trainer.paths.root)
+
+
+@app.command()
+@handles_errors
+def demo(
+    fast: Annotated[bool, typer.Option("--fast", help="Shrink every budget (same artifact set, under a minute).")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Run directory (default runs/demo).")] = None,
+    no_report: Annotated[bool, typer.Option("--no-report", help="Skip report.html and summary.md.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or event echo.")] = False,
+) -> None:
+    """Embedded toy backend on the CPU, no network: watch a toy student learn to use a tool."""
+    from miniverl.config.presets import demo_config, demo_recipe_bytes
+    from miniverl.training.trainer import OPDTrainer
+
+    config = demo_config(fast=fast)
+    trainer = OPDTrainer(config, output_dir=output or Path("runs") / "demo", submitted_recipe=demo_recipe_bytes(), quiet=quiet)
+    summary = _run_trainer(trainer, no_report=no_report)
+    _print_outcome(summary, trainer.paths.root)
+
+
+@app.command("eval")
+@handles_errors
+def eval_command(
+    run: Annotated[Path, typer.Option("--run", help="A finished run directory.")],
+    tag: Annotated[str, typer.Option("--tag", help="Writes eval.<tag>.json.")] = "reeval",
+    checkpoint: Annotated[str, typer.Option("--checkpoint", help="Checkpoint name under checkpoints/.")] = "final",
+    split: Annotated[str | None, typer.Option("--split", help="eval or test (default: the run's eval.split).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Re-evaluate a run from config.resolved.yaml and one of its checkpoints."""
+    from miniverl.training.evaluate import evaluate_run
+
+    result = evaluate_run(run, tag=tag, checkpoint=checkpoint, split=split, quiet=quiet)
+    console.print(f"{tag}: {result['solved']}/{result['tasks']} solved ({100 * result['success_rate']:.1f}%) -> {result['path']}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Tool environments (no torch): the contract, the registry and ``calculator``."""

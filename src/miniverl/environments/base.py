@@ -1,0 +1,177 @@
+"""The tool-environment contract and deterministic task splits.
+
+An environment supplies tool specs for the system prompt, executes tool calls
+(returning a result or a *model-readable* error, never raising for a bad call), and
+verifies a final answer exactly. There is no LLM judge anywhere.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from miniverl.errors import ToolEnvironmentError
+from miniverl.schemas.trajectory import VerificationRecord
+
+Difficulty = Literal["easy", "medium", "hard"]
+DIFFICULTIES: tuple[Difficulty, ...] = ("easy", "medium", "hard")
+SPLITS = ("train", "eval", "test")
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool as described to the model in the system prompt."""
+
+    name: str
+    description: str
+    parameters: dict[str, str]
+
+    def signature(self) -> str:
+        return f"{self.name}({', '.join(self.parameters)})"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def signature(self) -> str:
+        """Canonical identity used by the repeated-call limit."""
+        return json.dumps({"name": self.name, "arguments": self.arguments}, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What the environment returns for a call; ``ok=False`` carries a readable error."""
+
+    ok: bool
+    result: str = ""
+    error: str | None = None
+    env_state_id: str | None = None
+
+    def observation_text(self) -> str:
+        """The JSON the model reads inside ``<tool_result>``."""
+        payload: dict[str, Any] = {"ok": self.ok}
+        if self.ok:
+            payload["result"] = self.result
+        else:
+            payload["error"] = self.error or "error"
+        return json.dumps(payload)
+
+
+@dataclass(frozen=True)
+class OracleSolution:
+    """A reference solution: the tool calls to make, then the final answer."""
+
+    tool_calls: tuple[ToolCall, ...]
+    final_answer: str
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of a split. ``answer`` is what ``verify`` compares against."""
+
+    task_id: str
+    prompt: str
+    answer: str
+    difficulty: Difficulty
+    split: str = "train"
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ToolEnvironment(abc.ABC):
+    """Base class of every environment. One episode at a time: ``reset`` then ``step``."""
+
+    name: str = ""
+    task_prefix: str = ""
+    """Task ids are ``<task_prefix or name>-<split>-<i>``."""
+
+    @abc.abstractmethod
+    def tool_specs(self) -> list[ToolSpec]: ...
+
+    @abc.abstractmethod
+    def system_prompt(self) -> str:
+        """Instructions and tool specs, without chat markers."""
+
+    @abc.abstractmethod
+    def sample_task(self, rng: random.Random, difficulty: Difficulty) -> tuple[str, str, dict[str, Any]]:
+        """(prompt, answer, data) of one random task; used by :func:`make_splits`."""
+
+    @abc.abstractmethod
+    def reset(self, task: Task) -> None:
+        """Start an episode on ``task``."""
+
+    @abc.abstractmethod
+    def step(self, call: ToolCall) -> ToolResult:
+        """Execute one call. Bad calls return ``ok=False`` with a readable error."""
+
+    @abc.abstractmethod
+    def verify(self, task: Task, answer: str) -> VerificationRecord:
+        """Exact verification of a final answer, with a failure category."""
+
+    @abc.abstractmethod
+    def oracle_solution(self, task: Task) -> OracleSolution: ...
+
+    def privileged_context(self, task: Task) -> str:
+        """Oracle hint shown only to a privileged-context teacher."""
+        oracle = self.oracle_solution(task)
+        calls = "; ".join(f"{c.name} {c.arguments}" for c in oracle.tool_calls)
+        return f"Reference solution: {calls}. The answer is {oracle.final_answer}."
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "tools": [s.signature() for s in self.tool_specs()]}
+
+
+def make_splits(
+    env: ToolEnvironment,
+    counts: Mapping[str, int],
+    seed: int,
+    difficulty: Difficulty | Literal["mixed"] = "easy",
+) -> dict[str, list[Task]]:
+    """Deterministic, disjoint ``train`` / ``eval`` / ``test`` splits.
+
+    Tasks are drawn from ``random.Random(seed)`` and deduplicated by prompt before being
+    dealt to the splits in order, so the same arguments give the same splits everywhere
+    and no prompt appears in two splits.
+    """
+    unknown = set(counts) - set(SPLITS)
+    if unknown:
+        raise ToolEnvironmentError(f"unknown split name(s) {sorted(unknown)}; expected {list(SPLITS)}")
+    if difficulty != "mixed" and difficulty not in DIFFICULTIES:
+        raise ToolEnvironmentError(f"unknown difficulty {difficulty!r}; expected one of {[*DIFFICULTIES, 'mixed']}")
+    if any(int(n) < 0 for n in counts.values()):
+        raise ToolEnvironmentError("split counts must be non-negative")
+    total = sum(int(counts.get(s, 0)) for s in SPLITS)
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    drawn: list[tuple[str, str, dict[str, Any], Difficulty]] = []
+    attempts = 0
+    max_attempts = 200 * max(total, 1)
+    while len(drawn) < total:
+        attempts += 1
+        if attempts > max_attempts:
+            raise ToolEnvironmentError(
+                f"could only draw {len(drawn)} distinct {difficulty} tasks of {total} requested",
+                hint="request fewer tasks or a harder difficulty (more distinct tasks)",
+            )
+        level: Difficulty = DIFFICULTIES[len(drawn) % 3] if difficulty == "mixed" else difficulty
+        prompt, answer, data = env.sample_task(rng, level)
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        drawn.append((prompt, answer, data, level))
+    splits: dict[str, list[Task]] = {}
+    prefix = env.task_prefix or env.name
+    cursor = 0
+    for split in SPLITS:
+        n = int(counts.get(split, 0))
+        splits[split] = [
+            Task(task_id=f"{prefix}-{split}-{i}", prompt=p, answer=a, difficulty=lvl, split=split, data=d)
+            for i, (p, a, d, lvl) in enumerate(drawn[cursor : cursor + n])
+        ]
+        cursor += n
+    return splits

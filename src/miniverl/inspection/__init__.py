@@ -1,0 +1,1 @@
+"""Torch-free summaries of trajectory files for ``miniverl inspect``."""

@@ -1,0 +1,190 @@
+"""Top-k + tail ("bucketed") supervision (objectives.md, "Supervision shapes").
+
+The teacher is compressed per entry to K + 1 buckets: its K most probable ids and one tail
+bucket holding the rest of the mass. The student is projected onto the same buckets and
+the divergence is computed exactly between the two (K + 1)-point distributions. Merging
+outcomes never increases an f-divergence, so the result lies in [0, exact divergence] and
+equals it when K = V; no clamp is needed.
+
+Gradient w.r.t. the student logits z (s = log_softmax(z / τ), S_b the student bucket
+log-probs, g_b = dD/dS_b, G = Σ_b g_b):
+
+    dD/dz_v = (g_b − p_S(v) G) / τ                        for v in top-k bucket b
+    dD/dz_v = (g_tail · p_S(v) / P_S(tail) − p_S(v) G) / τ  for v in the tail
+
+computed in the forward pass like the exact divergences.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from miniverl.errors import ConfigError
+from miniverl.losses.numerics import (
+    NEG_INF,
+    DivergenceOutput,
+    DivergenceSpec,
+    attach_row_gradient,
+    compute_dtype,
+    divergence_terms,
+    needs_grad,
+    row_blocks,
+    scaled_log_softmax,
+)
+
+
+def _check_logits(logits: Tensor, name: str) -> None:
+    if logits.dim() != 2:
+        raise ValueError(f"{name} must be [N, V]; got shape {tuple(logits.shape)}")
+
+
+def teacher_topk_targets(
+    teacher_logits: Tensor, k: int, temperature: float = 1.0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Compress teacher logits ``[N, V]`` to top-k + tail targets at temperature τ.
+
+    Returns ``(topk_indices [N, K] long, topk_log_probs [N, K] float32, tail_log_prob [N]
+    float32)`` (float64 for float64 input). Ids are ordered by decreasing probability,
+    ties broken by lower id first, so equal logits (common in bfloat16) give reproducible
+    targets. The tail is logsumexp(z/τ over the complement) − logsumexp(z/τ): exact even
+    when the top-k mass is 1 − 1e-9, where log1p(−Σ p) would have lost every digit. It is
+    ``-inf`` when K = V.
+    """
+    _check_logits(teacher_logits, "teacher_logits")
+    n, vocab = teacher_logits.shape
+    if not 1 <= k <= vocab:
+        raise ConfigError(
+            f"loss.top_k must lie in [1, {vocab}] (the vocabulary size); got {k}",
+            hint="lower loss.top_k, or use loss.mode: exact_full_vocab for the whole vocabulary",
+        )
+    if not temperature > 0:
+        raise ConfigError(f"loss.temperature must be > 0; got {temperature}")
+    dtype = compute_dtype(teacher_logits)
+    device = teacher_logits.device
+    indices = torch.empty((n, k), dtype=torch.long, device=device)
+    log_probs = torch.empty((n, k), dtype=dtype, device=device)
+    tail = torch.empty(n, dtype=dtype, device=device)
+    with torch.no_grad():
+        for rows in row_blocks(n, vocab):
+            x = teacher_logits[rows].detach().to(dtype) / temperature
+            if bool(torch.isnan(x).any()):
+                raise ValueError("teacher logits contain NaN; top-k targets are undefined")
+            log_norm = torch.logsumexp(x, dim=-1, keepdim=True)
+            threshold = torch.topk(x, k, dim=-1).values[:, -1:]
+            above = x > threshold
+            at = x == threshold
+            room = k - above.sum(-1, keepdim=True)
+            chosen = above | (at & (at.cumsum(-1) <= room))
+            ids = chosen.nonzero()[:, 1].view(-1, k)
+            order = torch.sort(x.gather(-1, ids), dim=-1, descending=True, stable=True).indices
+            ids = ids.gather(-1, order)
+            indices[rows] = ids
+            log_probs[rows] = x.gather(-1, ids) - log_norm
+            tail[rows] = (
+                torch.logsumexp(x.masked_fill(chosen, NEG_INF), dim=-1, keepdim=True) - log_norm
+            ).squeeze(-1)
+    return indices, log_probs, tail
+
+
+def _entropy_from_log_probs(log_probs: Tensor) -> Tensor:
+    probs = log_probs.exp()
+    return -torch.where(probs > 0, probs * log_probs, 0.0).sum(-1)
+
+
+def teacher_entropy(teacher_logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Exact teacher entropy H_T = −Σ p_T log p_T ``[N]`` in nats, from logits ``[N, V]``."""
+    _check_logits(teacher_logits, "teacher_logits")
+    dtype = compute_dtype(teacher_logits)
+    n, vocab = teacher_logits.shape
+    out = torch.empty(n, dtype=dtype, device=teacher_logits.device)
+    with torch.no_grad():
+        for rows in row_blocks(n, vocab):
+            t = scaled_log_softmax(teacher_logits[rows].detach(), temperature, dtype)
+            out[rows] = _entropy_from_log_probs(t)
+    return out
+
+
+def bucket_entropy(topk_log_probs: Tensor, tail_log_prob: Tensor) -> Tensor:
+    """Entropy ``[N]`` (nats) of the K + 1 bucket distribution: a lower bound on H_T."""
+    buckets = torch.cat([topk_log_probs, tail_log_prob.unsqueeze(-1)], dim=-1).detach()
+    return _entropy_from_log_probs(buckets.to(compute_dtype(buckets)))
+
+
+def bucketed_divergence(
+    student_logits: Tensor,
+    topk_indices: Tensor,
+    topk_log_probs: Tensor,
+    tail_log_prob: Tensor,
+    spec: DivergenceSpec,
+) -> DivergenceOutput:
+    """The divergence of ``spec`` between student and teacher projected onto K + 1 buckets.
+
+    ``student_logits`` ``[N, V]``; ``topk_indices`` ``[N, K]`` (distinct ids per row);
+    ``topk_log_probs`` ``[N, K]`` and ``tail_log_prob`` ``[N]`` are the teacher's bucket
+    log-probs at temperature τ, as :func:`teacher_topk_targets` returns them. The student
+    buckets are log p_S at the teacher's ids and the logsumexp of log p_S over the
+    complement. A ``-inf`` tail bucket (K = V) has zero mass on both sides and drops out.
+    ``teacher_entropy`` is the bucket entropy, flagged as a lower bound.
+    """
+    _check_logits(student_logits, "student_logits")
+    n, vocab = student_logits.shape
+    if (
+        topk_indices.dim() != 2
+        or topk_indices.shape[0] != n
+        or topk_log_probs.shape != topk_indices.shape
+    ):
+        raise ValueError(
+            "expected topk_indices and topk_log_probs [N, K] with N matching the student logits; "
+            f"got {tuple(topk_indices.shape)}, {tuple(topk_log_probs.shape)} for N = {n}"
+        )
+    if tail_log_prob.shape != (n,):
+        raise ValueError(f"tail_log_prob must be [N] = [{n}]; got {tuple(tail_log_prob.shape)}")
+    if topk_indices.shape[1] > vocab:
+        raise ValueError(f"K = {topk_indices.shape[1]} exceeds the vocabulary size {vocab}")
+    dtype = compute_dtype(student_logits, topk_log_probs)
+    device = student_logits.device
+    tau = spec.temperature
+    need_grad = needs_grad(student_logits)
+    ids = topk_indices.to(device=device, dtype=torch.long)
+    teacher_buckets = torch.cat(
+        [
+            topk_log_probs.detach().to(device=device, dtype=dtype),
+            tail_log_prob.detach().to(device=device, dtype=dtype).unsqueeze(-1),
+        ],
+        dim=-1,
+    )
+    divergence = torch.empty(n, dtype=dtype, device=device)
+    entropy = torch.empty(n, dtype=dtype, device=device)
+    jacobian = torch.empty((n, vocab), dtype=dtype, device=device) if need_grad else None
+    with torch.no_grad():
+        for rows in row_blocks(n, vocab):
+            s = scaled_log_softmax(student_logits[rows], tau, dtype)
+            block_ids = ids[rows]
+            in_tail = torch.ones_like(s, dtype=torch.bool).scatter_(-1, block_ids, False)
+            student_tail = torch.logsumexp(s.masked_fill(~in_tail, NEG_INF), dim=-1, keepdim=True)
+            student_buckets = torch.cat([s.gather(-1, block_ids), student_tail], dim=-1)
+            value, h, grad = divergence_terms(
+                student_buckets, teacher_buckets[rows], spec, need_grad=need_grad
+            )
+            divergence[rows] = value
+            entropy[rows] = h
+            if jacobian is not None and grad is not None:
+                topk_grad, tail_grad = grad[:, :-1], grad[:, -1:]
+                share_of_tail = torch.where(in_tail, (s - student_tail).exp(), 0.0)
+                spread = (tail_grad * share_of_tail).scatter_(-1, block_ids, topk_grad)
+                jacobian[rows] = (spread - s.exp() * grad.sum(-1, keepdim=True)) / tau
+    return DivergenceOutput(
+        divergence=attach_row_gradient(student_logits, divergence, jacobian),
+        teacher_entropy=entropy,
+        high_entropy=entropy > spec.entropy_threshold,
+        entropy_is_lower_bound=True,
+    )
+
+
+__all__ = [
+    "bucket_entropy",
+    "bucketed_divergence",
+    "teacher_entropy",
+    "teacher_topk_targets",
+]

@@ -1,0 +1,96 @@
+"""Build the tokenizer, student and teacher a ``RunConfig`` describes.
+
+Student and teacher must tokenize identically: ``build_tokenizer`` loads the teacher's
+tokenizer whenever its source differs from the student's and compares behavioural
+fingerprints, raising ``TokenizerMismatchError`` instead of guessing a mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from miniverl.agent.transcript import TokenizerLike
+from miniverl.config.models import ModelSpec, RunConfig
+from miniverl.models.base import CausalLMBackend
+from miniverl.models.tokenizers import ToyTokenizer, check_same_tokenizer, load_hf_tokenizer
+from miniverl.utils.lazy import import_torch
+from miniverl.utils.seeding import derive_seed
+
+
+def resolve_device(config: RunConfig) -> str:
+    """``models.device`` with ``auto`` resolved: ``cuda`` when available, else ``cpu``."""
+    requested = config.models.device
+    if requested != "auto":
+        return requested
+    torch = import_torch("device resolution")
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _tokenizer_source(spec: ModelSpec) -> tuple[str, str | None]:
+    if spec.tokenizer_id:
+        return spec.tokenizer_id, None
+    return spec.model_id, spec.revision
+
+
+def build_tokenizer(config: RunConfig) -> TokenizerLike:
+    """The shared tokenizer; refuses a teacher whose tokenizer behaves differently."""
+    if config.models.backend == "toy":
+        return ToyTokenizer()
+    student_src = _tokenizer_source(config.models.student)
+    tokenizer = load_hf_tokenizer(student_src[0], revision=student_src[1])
+    teacher_src = _tokenizer_source(config.models.teacher)
+    if teacher_src != student_src:
+        check_same_tokenizer(tokenizer, load_hf_tokenizer(teacher_src[0], revision=teacher_src[1]))
+    return tokenizer
+
+
+def toy_config_for(spec: ModelSpec, tokenizer: TokenizerLike, *, trainable_lora: bool):
+    """The ``ToyModelConfig`` of a recipe's model block (preset or explicit ``toy``)."""
+    from miniverl.models.toy import ToyModelConfig, toy_preset
+
+    if spec.toy is not None:
+        base = ToyModelConfig(vocab_size=tokenizer.vocab_size, **spec.toy.model_dump())
+    else:
+        base = dataclasses.replace(toy_preset(spec.model_id), vocab_size=tokenizer.vocab_size)
+    if trainable_lora and spec.lora.enabled:
+        return base.with_lora(spec.lora.r, spec.lora.alpha, spec.lora.dropout)
+    return base.with_lora(0)
+
+
+def _build(config: RunConfig, role: str, tokenizer: TokenizerLike, device: str) -> CausalLMBackend:
+    spec: ModelSpec = getattr(config.models, role)
+    seed = derive_seed(config.run.seed, "init", role)
+    trainable = role == "student"
+    if config.models.backend == "toy":
+        from miniverl.models.toy import ToyBackend
+
+        return ToyBackend(
+            toy_config_for(spec, tokenizer, trainable_lora=trainable),
+            tokenizer,
+            model_id=spec.model_id,
+            device=device,
+            seed=seed,
+            revision=spec.revision,
+        )
+    from miniverl.models.hf import HFBackend
+
+    return HFBackend.from_spec(
+        spec, tokenizer=tokenizer, device=device, seed=seed, train_adapters=trainable
+    )
+
+
+def build_student(
+    config: RunConfig, tokenizer: TokenizerLike, device: str | None = None
+) -> CausalLMBackend:
+    """The policy being trained (LoRA adapters when ``models.student.lora.enabled``)."""
+    return _build(config, "student", tokenizer, device or resolve_device(config))
+
+
+def build_teacher(
+    config: RunConfig, tokenizer: TokenizerLike, device: str | None = None
+) -> CausalLMBackend:
+    """The frozen teacher (never has trainable adapters)."""
+    teacher = _build(config, "teacher", tokenizer, device or resolve_device(config))
+    for p in teacher.trainable_parameters():
+        p.requires_grad_(False)
+    return teacher

@@ -1,0 +1,642 @@
+"""The Hugging Face backend: a ``transformers`` causal LM behind ``CausalLMBackend``.
+
+What it does differently from calling ``model(input_ids).logits``, and why:
+
+- Scoring never materialises ``[B, T, V]`` logits. :meth:`HFBackend._backbone_forward`
+  calls the decoder backbone (``model.get_decoder()``) for final-norm hidden states
+  ``[B, T, H]``, positions are gathered with ``index_select`` and only ``[N, H]`` reaches the
+  LM head (``get_output_embeddings()``). With a 150k vocabulary that is the difference
+  between megabytes and gigabytes.
+- Generation uses the shared loop (``models/sampling.py``) with the model's own KV cache
+  objects and projects only the last position per step.
+- LoRA goes through ``peft``; only adapter parameters are trainable and checkpointed.
+- NF4 / int8 weights go through ``bitsandbytes`` and exist only on CUDA.
+- Remote code is never executed: ``trust_remote_code`` is always ``False``, because a
+  recipe naming a hub id must not be able to run arbitrary Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import inspect
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from miniverl.errors import BackendError, CheckpointError, ConfigError
+from miniverl.models.base import BackendCapabilities, GenerationResult, PaddedTrajectoryBatch
+from miniverl.models.sampling import (
+    check_right_padded,
+    eval_mode,
+    load_parameters,
+    position_tensor,
+    run_generation,
+)
+from miniverl.models.tokenizers import cached_snapshot, load_hf_tokenizer, load_pretrained
+from miniverl.utils.lazy import require
+
+if TYPE_CHECKING:
+    from miniverl.agent.transcript import TokenizerLike
+    from miniverl.config.models import ModelSpec, RunConfig
+
+DEFAULT_LORA_TARGETS: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+"""Attention and MLP projections of Llama, Qwen2/2.5/3 and Mistral style decoders."""
+
+PRECISIONS: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+QUANTIZATIONS: tuple[str, ...] = ("none", "nf4", "int8")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSettings:
+    """Adapter settings, as in a recipe's ``models.<role>.lora`` block."""
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_mapping(cls, lora: Mapping[str, Any] | Any | None) -> LoraSettings | None:
+        """``None`` or ``enabled: false`` -> no adapters; unknown keys are an error."""
+        if lora is None:
+            return None
+        data = dict(lora.model_dump() if hasattr(lora, "model_dump") else lora)
+        if not data.pop("enabled", True):
+            return None
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown LoRA setting(s) {unknown}",
+                hint=f"allowed keys: enabled, {', '.join(sorted(known))}",
+            )
+        targets = data.get("target_modules")
+        if targets is not None:
+            data["target_modules"] = tuple(targets)
+        return cls(**data)
+
+
+class HFBackend:
+    """``CausalLMBackend`` over ``AutoModelForCausalLM`` and a matching tokenizer.
+
+    ``model_id`` is a local directory (anything ``save_pretrained`` wrote) or a hub id, which
+    is resolved from the local cache first and from the network only when not offline.
+    ``precision``: ``auto`` (bfloat16 on CUDA with bf16 support, else float32), ``float32``,
+    ``bfloat16`` or ``float16``. ``quantization``: ``none``, ``nf4`` or ``int8`` (CUDA and
+    bitsandbytes only). ``lora``: ``None`` or a mapping with ``enabled``, ``r``, ``alpha``,
+    ``dropout``, ``target_modules``. ``adapter_name`` names the peft adapter (it appears in
+    the trainable state's keys). ``trust_remote_code`` exists only to be refused.
+    """
+
+    def __init__(
+        self,
+        model_id: str | Path,
+        *,
+        revision: str | None = None,
+        tokenizer: TokenizerLike | None = None,
+        tokenizer_id: str | Path | None = None,
+        precision: str = "auto",
+        quantization: str = "none",
+        lora: Mapping[str, Any] | Any | None = None,
+        device: str = "cpu",
+        trust_remote_code: bool = False,
+        seed: int = 0,
+        adapter_name: str = "default",
+    ) -> None:
+        if trust_remote_code:
+            raise BackendError(
+                "trust_remote_code is not supported",
+                hint="miniverl only loads architectures built into transformers; it never executes checkpoint code",
+            )
+        transformers = require("transformers", "the hf backend")
+        self.model_id = str(model_id)
+        self.revision = revision
+        self.seed = seed
+        self.adapter_name = adapter_name
+        self.quantization = _check_quantization(quantization, device)
+        self._device = str(torch.device(device))
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise BackendError(
+                f"device {device!r} requested but CUDA is not available",
+                hint="set models.device: cpu (or auto)",
+            )
+        self.dtype = _resolve_precision(precision, self._device)
+        self.precision = next(name for name, dt in PRECISIONS.items() if dt == self.dtype)
+        self.lora = LoraSettings.from_mapping(lora)
+        self.tokenizer: TokenizerLike = tokenizer or load_hf_tokenizer(
+            tokenizer_id or model_id, revision=None if tokenizer_id else revision
+        )
+
+        kwargs: dict[str, Any] = {"dtype": self.dtype}
+        if self.quantization != "none":
+            kwargs["quantization_config"] = _bnb_config(transformers, self.quantization, self.dtype)
+            kwargs["device_map"] = {"": self._device}
+        model = load_pretrained(
+            transformers.AutoModelForCausalLM,
+            self.model_id,
+            revision=revision,
+            what="model",
+            **kwargs,
+        )
+        if self.quantization == "none":
+            model = model.to(self._device)
+        model.eval()
+        self._check_vocab(model)
+        self._resolved_commit = self._commit_of(model)
+        self._base = model
+        self._model: Any = model
+        if self.lora is not None:
+            self._model = self._attach_lora(model, self.lora)
+        self._bind_backbone()
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: ModelSpec,
+        *,
+        tokenizer: TokenizerLike | None = None,
+        device: str = "cpu",
+        seed: int = 0,
+        train_adapters: bool = True,
+        adapter_name: str = "default",
+    ) -> HFBackend:
+        """Build from a recipe's ``models.student`` / ``models.teacher`` block.
+
+        ``train_adapters=False`` ignores the LoRA block (the teacher is never trained).
+        """
+        return cls(
+            spec.model_id,
+            revision=spec.revision,
+            tokenizer=tokenizer,
+            tokenizer_id=spec.tokenizer_id,
+            precision=spec.precision,
+            quantization=spec.quantization,
+            lora=spec.lora if train_adapters else None,
+            device=device,
+            seed=seed,
+            adapter_name=adapter_name,
+        )
+
+    # -- loading helpers --------------------------------------------------------------------
+
+    def _commit_of(self, model: Any) -> str | None:
+        """The hub commit the weights came from (None for a plain local directory)."""
+        commit = getattr(model.config, "_commit_hash", None)
+        if commit is None and not Path(self.model_id).expanduser().is_dir():
+            snapshot = cached_snapshot(self.model_id, self.revision)
+            commit = snapshot.name if snapshot is not None else None
+        return commit
+
+    def _check_vocab(self, model: Any) -> None:
+        rows = model.get_output_embeddings().weight.shape[0]
+        if self.tokenizer.vocab_size > rows:
+            raise BackendError(
+                f"tokenizer has {self.tokenizer.vocab_size} tokens but {self.model_id!r} has only "
+                f"{rows} output rows",
+                hint="load the tokenizer that belongs to this checkpoint",
+            )
+
+    def _attach_lora(self, model: Any, settings: LoraSettings) -> Any:
+        peft = require("peft", "LoRA adapters on the hf backend")
+        targets = settings.target_modules or self._default_targets(model)
+        config = peft.LoraConfig(
+            r=settings.r,
+            lora_alpha=settings.alpha,
+            lora_dropout=settings.dropout,
+            target_modules=list(targets),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            try:
+                return peft.get_peft_model(model, config, adapter_name=self.adapter_name)
+            except ValueError as exc:
+                raise BackendError(
+                    f"could not attach LoRA to {self.model_id!r}: {exc}",
+                    hint="set models.<role>.lora.target_modules to module names of this architecture",
+                ) from exc
+
+    def _default_targets(self, model: Any) -> tuple[str, ...]:
+        leaf_names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        found = tuple(t for t in DEFAULT_LORA_TARGETS if t in leaf_names)
+        if not found:
+            raise BackendError(
+                f"{self.model_id!r} has none of the default LoRA targets {list(DEFAULT_LORA_TARGETS)}",
+                hint="set models.<role>.lora.target_modules explicitly",
+            )
+        return found
+
+    def _bind_backbone(self) -> None:
+        self._backbone = self._base.get_decoder()
+        self._lm_head = self._base.get_output_embeddings()
+        params = inspect.signature(self._backbone.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def model(self) -> Any:
+        """The live model (a ``peft`` wrapper when LoRA is on); raises after :meth:`release`."""
+        self._require_live()
+        return self._model
+
+    def _require_live(self) -> None:
+        if self._model is None:
+            raise BackendError(
+                f"hf backend {self.model_id!r} was released",
+                hint="build a new backend before using it again",
+            )
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        model = self.model
+        config = self._base.config
+        params = list(model.parameters())
+        return BackendCapabilities(
+            backend="hf",
+            model_id=self.model_id,
+            revision=self.revision,
+            vocab_size=int(self._lm_head.weight.shape[0]),
+            hidden_size=int(config.hidden_size),
+            num_layers=int(config.num_hidden_layers),
+            num_parameters=sum(p.numel() for p in params),
+            num_trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
+            precision=self.precision,
+            quantization=self.quantization,
+            lora=self.lora is not None,
+            kv_cache=True,
+            can_offload=self.quantization == "none",
+            device=self._device,
+            extra={
+                "architecture": str(config.model_type),
+                "resolved_commit": self._resolved_commit,
+                "tokenizer_vocab_size": self.tokenizer.vocab_size,
+                "trust_remote_code": False,
+                "lora": dataclasses.asdict(self.lora) if self.lora is not None else None,
+                "num_parameters_note": "stored elements; 4-bit weights pack two values per element",
+            },
+        )
+
+    def set_train(self, mode: bool) -> None:
+        self.model.train(mode)
+
+    def to_device(self, device: str) -> None:
+        target = str(torch.device(device))
+        if target == self._device:
+            return
+        if self.quantization != "none":
+            raise BackendError(
+                f"a {self.quantization}-quantized model cannot move from {self._device} to {target}",
+                hint="bitsandbytes weights are pinned to the device they were quantized on; use memory.strategy: resident",
+            )
+        if torch.device(target).type == "cuda" and not torch.cuda.is_available():
+            raise BackendError(f"device {device!r} requested but CUDA is not available")
+        self.model.to(target)
+        self._device = target
+
+    def release(self) -> None:
+        """Drop every reference to the model and return its memory to the allocator."""
+        self._model = None
+        self._base = None
+        self._backbone = None
+        self._lm_head = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # -- forward paths ----------------------------------------------------------------------
+
+    def _backbone_forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Any = None,
+        use_cache: bool = False,
+    ) -> tuple[torch.Tensor, Any]:
+        """Decoder backbone only: ``[B, T]`` ids -> final-norm hidden ``[B, T, H]`` and the cache.
+
+        The LM head is not applied, so no ``[B, T, V]`` tensor exists.
+        """
+        self._require_live()
+        out = self._backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            use_cache=use_cache,
+            **{self._cache_kwarg: past_key_values},
+        )
+        cache = getattr(out, self._cache_kwarg) if use_cache else None
+        return out.last_hidden_state, cache
+
+    def _step(self, input_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        hidden, cache = self._backbone_forward(
+            input_ids, None, past_key_values=cache, use_cache=True
+        )
+        return self._lm_head(hidden[:, -1]).float(), cache
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop_sequences: tuple[str, ...] = (),
+    ) -> GenerationResult:
+        with eval_mode(self.model):
+            return run_generation(
+                self._step,
+                prompt_ids,
+                tokenizer=self.tokenizer,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=seed,
+                stop_sequences=stop_sequences,
+                eos_token_id=self.tokenizer.eos_token_id,
+                device=self._device,
+            )
+
+    def hidden_states_at(
+        self, token_ids: Sequence[int], positions: Sequence[int], *, with_grad: bool = False
+    ) -> torch.Tensor:
+        """Final-norm hidden states ``[len(positions), H]`` of one sequence."""
+        if len(token_ids) == 0:
+            raise BackendError("hidden_states_at needs a non-empty token sequence")
+        index = position_tensor(positions, len(token_ids), self._device)
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self._device)
+        with torch.set_grad_enabled(with_grad):
+            hidden, _ = self._backbone_forward(ids, None)
+            return hidden[0].index_select(0, index)
+
+    def hidden_states_at_batch(
+        self, batch: PaddedTrajectoryBatch, *, with_grad: bool = False
+    ) -> torch.Tensor:
+        """Final-norm hidden states ``[batch.num_positions, H]`` of a right-padded batch."""
+        check_right_padded(batch.attention_mask)
+        ids = batch.input_ids.to(self._device)
+        mask = batch.attention_mask.to(self._device)
+        flat_index = batch.flat_index.to(self._device)
+        with torch.set_grad_enabled(with_grad):
+            hidden, _ = self._backbone_forward(ids, mask)
+            return hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat_index)
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head: ``[N, H] -> [N, V]`` logits in the model dtype (``V`` = output rows)."""
+        self._require_live()
+        return self._lm_head(hidden)
+
+    # -- parameters -------------------------------------------------------------------------
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Adapter tensors only when LoRA is on, every parameter otherwise (CPU copies)."""
+        return {
+            name: p.detach().to("cpu", copy=True).contiguous()
+            for name, p in self.model.named_parameters()
+            if p.requires_grad
+        }
+
+    def load_trainable_state_dict(
+        self, state: Mapping[str, torch.Tensor], *, strict: bool = True
+    ) -> None:
+        targets = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
+        load_parameters(targets, state, strict=strict, what=f"trainable state of {self.model_id!r}")
+
+    def __repr__(self) -> str:
+        released = " released" if self._model is None else ""
+        return f"HFBackend({self.model_id!r}, device={self._device!r}, precision={self.precision}{released})"
+
+
+def _resolve_precision(precision: str, device: str) -> torch.dtype:
+    if precision == "auto":
+        on_cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+        return torch.bfloat16 if on_cuda and torch.cuda.is_bf16_supported() else torch.float32
+    if precision not in PRECISIONS:
+        raise ConfigError(
+            f"unknown precision {precision!r}", hint=f"use auto or one of {', '.join(PRECISIONS)}"
+        )
+    return PRECISIONS[precision]
+
+
+def _check_quantization(quantization: str, device: str) -> str:
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(
+            f"unknown quantization {quantization!r}", hint=f"use one of {', '.join(QUANTIZATIONS)}"
+        )
+    if quantization == "none":
+        return quantization
+    if not torch.cuda.is_available() or torch.device(device).type != "cuda":
+        raise BackendError(
+            f"quantization {quantization!r} needs a CUDA device (device={device!r}, "
+            f"cuda available: {torch.cuda.is_available()})",
+            hint="set quantization: none on CPU, or run on a machine with an NVIDIA GPU",
+        )
+    require("bitsandbytes", f"{quantization} quantization")
+    return quantization
+
+
+def _bnb_config(transformers: Any, quantization: str, compute_dtype: torch.dtype) -> Any:
+    if quantization == "nf4":
+        return transformers.BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+        )
+    return transformers.BitsAndBytesConfig(load_in_8bit=True)
+
+
+# --------------------------------------------------------------------------- shared backbone
+
+
+class HFRoleView:
+    """A frozen role (teacher, reference) over a shared :class:`HFBackend`'s base weights.
+
+    ``models.runtime: shared_backbone`` loads one base model. The actor is the owner with
+    its LoRA adapter; this view runs the same weights with every adapter switched off, so
+    the teacher costs no second copy of the model. Each backbone call enters
+    ``peft``'s ``disable_adapter()`` and restores every ``requires_grad`` flag on exit,
+    also on error, so a teacher call can neither leak "adapters off" into the actor nor
+    change what the optimizer trains. The LM head carries no adapter, so :meth:`project`
+    calls it directly (it may run inside the actor's backward). The view owns nothing:
+    :meth:`release` drops the view only, and it cannot move to another device alone.
+    """
+
+    def __init__(self, owner: HFBackend, *, role: str) -> None:
+        if owner.lora is None:
+            raise BackendError(
+                f"a {role} view of a shared backbone needs the actor to have LoRA adapters",
+                hint="set models.student.lora.enabled: true for models.runtime: shared_backbone",
+            )
+        self._owner: HFBackend | None = owner
+        self.role = role
+        self.tokenizer: TokenizerLike = owner.tokenizer
+
+    @property
+    def owner(self) -> HFBackend:
+        if self._owner is None:
+            raise BackendError(
+                f"the {self.role} view of the shared backbone was released",
+                hint="build the runtime again to get a new view",
+            )
+        return self._owner
+
+    @contextlib.contextmanager
+    def _adapters_off(self) -> Iterator[None]:
+        model = self.owner.model
+        flags = [(p, p.requires_grad) for p in model.parameters()]
+        try:
+            with model.disable_adapter():
+                yield
+        finally:
+            for param, flag in flags:
+                param.requires_grad_(flag)
+
+    @property
+    def device(self) -> str:
+        return self.owner.device
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        caps = self.owner.capabilities
+        extra = {
+            **caps.extra,
+            "runtime": "shared_backbone",
+            "role": self.role,
+            "adapters": "disabled",
+        }
+        return dataclasses.replace(caps, lora=False, num_trainable_parameters=0, extra=extra)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop_sequences: tuple[str, ...] = (),
+    ) -> GenerationResult:
+        with self._adapters_off():
+            return self.owner.generate(
+                prompt_ids,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=seed,
+                stop_sequences=stop_sequences,
+            )
+
+    def hidden_states_at(
+        self, token_ids: Sequence[int], positions: Sequence[int], *, with_grad: bool = False
+    ) -> torch.Tensor:
+        """Base-model hidden states ``[len(positions), H]``."""
+        with self._adapters_off():
+            return self.owner.hidden_states_at(token_ids, positions, with_grad=with_grad)
+
+    def hidden_states_at_batch(
+        self, batch: PaddedTrajectoryBatch, *, with_grad: bool = False
+    ) -> torch.Tensor:
+        """Base-model hidden states ``[batch.num_positions, H]``."""
+        with self._adapters_off():
+            return self.owner.hidden_states_at_batch(batch, with_grad=with_grad)
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The shared LM head: ``[N, H] -> [N, V]``."""
+        return self.owner.project(hidden)
+
+    def set_train(self, mode: bool) -> None:
+        """No-op: the shared module's train/eval mode belongs to the actor."""
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return []
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_trainable_state_dict(
+        self, state: Mapping[str, torch.Tensor], *, strict: bool = True
+    ) -> None:
+        if state:
+            raise CheckpointError(
+                f"the {self.role} view of a shared backbone has no trainable state "
+                f"(got {len(state)} tensors)",
+                hint="load adapter checkpoints into the actor (student) backend",
+            )
+
+    def to_device(self, device: str) -> None:
+        if str(torch.device(device)) != self.owner.device:
+            raise BackendError(
+                f"the {self.role} view shares the actor's weights and cannot move to {device} alone",
+                hint="use memory.strategy: resident with models.runtime: shared_backbone",
+            )
+
+    def release(self) -> None:
+        """Drop this view; the shared weights stay with the actor."""
+        self._owner = None
+
+    def __repr__(self) -> str:
+        return f"HFRoleView(role={self.role!r}, owner={self._owner!r})"
+
+
+def build_shared_backbone(
+    config: RunConfig, tokenizer: TokenizerLike, device: str
+) -> tuple[HFBackend, HFRoleView]:
+    """One base model: the actor (student, adapter ``actor``) and a teacher view of the base.
+
+    Only the actor's adapter parameters are trainable. The teacher is the base model with
+    adapters off, in the student's precision and quantization.
+    """
+    from miniverl.utils.seeding import derive_seed
+
+    student, teacher = config.models.student, config.models.teacher
+    if student.model_id != teacher.model_id or student.revision != teacher.revision:
+        raise ConfigError(
+            "models.runtime: shared_backbone needs student and teacher to share one base "
+            f"({student.model_id}@{student.revision} vs {teacher.model_id}@{teacher.revision})",
+            hint="use models.runtime: dual_model for two different checkpoints",
+        )
+    actor = HFBackend.from_spec(
+        student,
+        tokenizer=tokenizer,
+        device=device,
+        seed=derive_seed(config.run.seed, "init", "student"),
+        train_adapters=True,
+        adapter_name="actor",
+    )
+    return actor, HFRoleView(actor, role="teacher")
+
+
+__all__ = [
+    "DEFAULT_LORA_TARGETS",
+    "PRECISIONS",
+    "QUANTIZATIONS",
+    "HFBackend",
+    "HFRoleView",
+    "LoraSettings",
+    "build_shared_backbone",
+]

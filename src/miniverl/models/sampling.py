@@ -1,0 +1,263 @@
+"""The one generation loop both backends share, plus the small helpers both backends need.
+
+``ToyBackend.generate`` and ``HFBackend.generate`` differ only in their ``step`` function
+(one forward of new positions against a KV cache, returning the last position's logits).
+Everything a rollout's accounting depends on lives here, once: seeding, greedy vs
+temperature/top-p sampling, stop strings checked on decoded text, EOS, ``max_new_tokens``
+and the exact list of sampled ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from miniverl.errors import BackendError, CheckpointError, ConfigError
+from miniverl.models.base import FinishReason, GenerationResult
+
+if TYPE_CHECKING:
+    from miniverl.agent.transcript import TokenizerLike
+
+StepFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
+"""``step(input_ids [1, t] long, cache) -> (logits of the last position [1, V] or [V], cache)``.
+
+Called once with the whole prompt and ``cache=None`` (prefill), then once per sampled token
+with ``[1, 1]`` and the cache it returned last time."""
+
+
+def run_generation(
+    step: StepFn,
+    prompt_ids: Sequence[int],
+    *,
+    tokenizer: TokenizerLike,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    stop_sequences: Sequence[str] = (),
+    eos_token_id: int | None = None,
+    device: str | torch.device = "cpu",
+) -> GenerationResult:
+    """Sample up to ``max_new_tokens`` ids after ``prompt_ids``.
+
+    - The prompt is run once (prefill); every further forward is exactly one new position
+      against the KV cache, and ``step`` projects only the last position, so neither a full
+      recompute nor ``[T, V]`` logits ever happen here.
+    - ``temperature == 0`` is greedy (``argmax``, lowest id on ties). Otherwise logits are
+      divided by the temperature, optionally restricted to the top-p nucleus, and one id is
+      drawn by inverse CDF from a private ``torch.Generator`` seeded with ``seed``: the same
+      seed gives the same ids on every device and whatever the global RNG state is.
+    - Ending: EOS sampled (kept in ``token_ids``, not in ``text``), any stop string present in
+      the decoded generated text (the ids that produced it are kept), or ``max_new_tokens``.
+    """
+    _check_sampling_args(max_new_tokens, temperature, top_p)
+    if len(prompt_ids) == 0:
+        raise BackendError(
+            "generation needs a non-empty prompt",
+            hint="pass at least the chat header tokens as prompt_ids",
+        )
+    stops = tuple(s for s in stop_sequences if s)
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+
+    token_ids: list[int] = []
+    finish: FinishReason = "max_new_tokens"
+    matched: str | None = None
+    if max_new_tokens > 0:
+        prompt = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+        logits, cache = step(prompt, None)
+        while True:
+            token = sample_next_token(
+                logits, temperature=temperature, top_p=top_p, generator=generator
+            )
+            token_ids.append(token)
+            if eos_token_id is not None and token == eos_token_id:
+                finish = "eos"
+                break
+            if stops:
+                matched = first_stop_sequence(tokenizer.decode(token_ids), stops)
+                if matched is not None:
+                    finish = "stop_sequence"
+                    break
+            if len(token_ids) >= max_new_tokens:
+                break
+            next_input = torch.tensor([[token]], dtype=torch.long, device=device)
+            logits, cache = step(next_input, cache)
+
+    text_ids = token_ids[:-1] if finish == "eos" else token_ids
+    return GenerationResult(
+        token_ids=token_ids,
+        text=tokenizer.decode(text_ids),
+        finish_reason=finish,
+        stop_sequence=matched,
+        num_prompt_tokens=len(prompt_ids),
+    )
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator,
+) -> int:
+    """One id from last-position logits (``[V]`` or ``[1, V]``).
+
+    Sampling happens on the CPU in float64 so the draw depends only on the logits and the
+    generator, not on the device or its kernels.
+    """
+    last = logits.reshape(-1, logits.shape[-1])[-1]
+    if temperature == 0:
+        return int(torch.argmax(last).item())
+    probs = torch.softmax(last.detach().to("cpu", torch.float64) / temperature, dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        raise BackendError(
+            "the model produced non-finite logits during generation",
+            hint="the weights have diverged; lower the learning rate or resume from an earlier checkpoint",
+        )
+    order: torch.Tensor | None = None
+    if top_p < 1.0:
+        probs, order = torch.sort(probs, descending=True, stable=True)
+        keep = (torch.cumsum(probs, dim=0) - probs) < top_p
+        probs, order = probs[keep], order[keep]
+    cdf = torch.cumsum(probs, dim=0)
+    u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
+    index = int(torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.numel() - 1).item())
+    return int(order[index].item()) if order is not None else index
+
+
+def first_stop_sequence(text: str, stops: Sequence[str]) -> str | None:
+    """The stop string that occurs earliest in ``text`` (the longer one on a tie), or None."""
+    best: tuple[int, int] | None = None
+    found: str | None = None
+    for stop in stops:
+        at = text.find(stop)
+        if at >= 0 and (best is None or (at, -len(stop)) < best):
+            best, found = (at, -len(stop)), stop
+    return found
+
+
+def recompute_step(logits_fn: Callable[[torch.Tensor], torch.Tensor]) -> StepFn:
+    """A cache-free reference ``step``: re-runs the whole sequence for every token.
+
+    ``logits_fn(input_ids [1, T]) -> [1, T, V]`` is a model's plain full forward. The
+    "cache" this step carries is just the ids so far. Tests and the benchmark compare it
+    against the KV-cached steps; no backend uses it.
+    """
+
+    def step(input_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        seq = input_ids if cache is None else torch.cat([cache, input_ids], dim=1)
+        with torch.no_grad():
+            logits = logits_fn(seq)
+        return logits[:, -1, :], seq
+
+    return step
+
+
+def _check_sampling_args(max_new_tokens: int, temperature: float, top_p: float) -> None:
+    if max_new_tokens < 0:
+        raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not temperature >= 0:
+        raise ConfigError(
+            f"temperature must be >= 0, got {temperature}", hint="use 0 for greedy decoding"
+        )
+    if not 0 < top_p <= 1:
+        raise ConfigError(
+            f"top_p must be in (0, 1], got {top_p}", hint="use 1.0 to disable nucleus sampling"
+        )
+
+
+# ------------------------------------------------------------- shared backend tensor checks
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """Run under ``module.eval()`` and ``no_grad``, restoring the previous train flag."""
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        module.train(was_training)
+
+
+def position_tensor(
+    positions: Sequence[int], length: int, device: str | torch.device
+) -> torch.Tensor:
+    """``[N]`` long tensor of positions, each checked to lie in ``[0, length)``."""
+    index = torch.as_tensor(list(positions), dtype=torch.long)
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= length):
+        bad = next(int(p) for p in index.tolist() if not 0 <= p < length)
+        raise BackendError(
+            f"position {bad} is outside the sequence [0, {length})",
+            hint="positions are prediction positions j - 1 of targets j inside the same token_ids",
+        )
+    return index.to(device)
+
+
+def check_right_padded(attention_mask: torch.Tensor) -> None:
+    """Raise unless every ``[B, T]`` mask row is ones followed by zeros (right padding).
+
+    Both backends rely on it: with right padding a real token's rotary position equals its
+    index and causal attention never reaches a pad, so padding cannot change real rows.
+    """
+    if attention_mask.dim() != 2:
+        raise BackendError(
+            f"attention_mask must be [B, T], got shape {tuple(attention_mask.shape)}"
+        )
+    mask = attention_mask.to(torch.long)
+    if attention_mask.shape[1] > 1 and bool((mask[:, 1:] > mask[:, :-1]).any()):
+        raise BackendError(
+            "padded batch is not right-padded (a real token follows a pad)",
+            hint="build the batch with build_padded_trajectory_batch, which pads on the right",
+        )
+
+
+def load_parameters(
+    targets: Mapping[str, torch.nn.Parameter],
+    state: Mapping[str, torch.Tensor],
+    *,
+    strict: bool,
+    what: str,
+) -> None:
+    """Copy ``state`` into ``targets`` after checking names and shapes; nothing is copied on error."""
+    missing = sorted(set(targets) - set(state))
+    unexpected = sorted(set(state) - set(targets))
+    mismatched = [
+        f"{name}: expected {tuple(targets[name].shape)}, got {tuple(state[name].shape)}"
+        for name in sorted(set(targets) & set(state))
+        if tuple(targets[name].shape) != tuple(state[name].shape)
+    ]
+    problems = []
+    if strict and missing:
+        problems.append(f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    if strict and unexpected:
+        problems.append(f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    if mismatched:
+        problems.append("shape mismatch " + "; ".join(mismatched[:5]))
+    if problems:
+        raise CheckpointError(
+            f"cannot load {what}: " + ", ".join(problems),
+            hint="the state was saved from a different model shape or LoRA setting; load it into the same config",
+        )
+    with torch.no_grad():
+        for name in set(targets) & set(state):
+            param = targets[name]
+            param.copy_(state[name].to(device=param.device, dtype=param.dtype))
+
+
+__all__ = [
+    "StepFn",
+    "check_right_padded",
+    "eval_mode",
+    "first_stop_sequence",
+    "load_parameters",
+    "position_tensor",
+    "recompute_step",
+    "run_generation",
+    "sample_next_token",
+]

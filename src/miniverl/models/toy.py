@@ -1,0 +1,706 @@
+"""A small, real decoder-only transformer and the backend that wraps it.
+
+The toy backend exists so the whole OPD pipeline runs on a laptop CPU with no download:
+same contract, same generation loop and same losses as the Hugging Face backend, on a
+model of about 100k parameters. The decoder is deliberately ordinary (nanoGPT/Llama
+style) so it can be read in one sitting:
+
+    ids -> embedding -> L x [x + attn(rmsnorm(x)); x + swiglu(rmsnorm(x))] -> rmsnorm -> head
+
+with rotary position embeddings, causal multi-head attention over a KV cache, a SwiGLU MLP,
+a tied or untied LM head, and optional LoRA on the seven attention/MLP projections.
+:func:`fit_toy_model` trains it on token sequences with the project's chunked loss, which is
+how the toy teacher becomes competent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from miniverl.errors import BackendError, ConfigError, TrajectoryError
+from miniverl.models.base import BackendCapabilities, GenerationResult, PaddedTrajectoryBatch
+from miniverl.models.sampling import (
+    check_right_padded,
+    eval_mode,
+    load_parameters,
+    position_tensor,
+    run_generation,
+)
+from miniverl.models.tokenizers import TOY_VOCAB_SIZE
+
+if TYPE_CHECKING:
+    from miniverl.agent.transcript import TokenizerLike
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+"""Per layer ``(keys, values)``, each ``[B, num_heads, t_past, head_dim]``."""
+
+
+@dataclass(frozen=True)
+class ToyModelConfig:
+    """Shape of a :class:`ToyDecoder`. ``lora_rank == 0`` means no adapters."""
+
+    vocab_size: int = TOY_VOCAB_SIZE
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 128
+    max_seq_len: int = 1024
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.hidden_size % self.num_heads:
+            problems.append(
+                f"num_heads={self.num_heads} must divide hidden_size={self.hidden_size}"
+            )
+        elif (self.hidden_size // self.num_heads) % 2:
+            problems.append("head_dim = hidden_size / num_heads must be even for rotary embeddings")
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+            "max_seq_len",
+        ):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1")
+        if self.lora_rank < 0:
+            problems.append("lora_rank must be >= 0")
+        if not 0 <= self.lora_dropout < 1:
+            problems.append("lora_dropout must be in [0, 1)")
+        if problems:
+            raise ConfigError("invalid toy model config: " + "; ".join(problems))
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.lora_rank > 0
+
+    def with_lora(self, rank: int, alpha: float = 16.0, dropout: float = 0.0) -> ToyModelConfig:
+        """This shape with adapters of the given rank (``rank=0`` removes them)."""
+        return dataclasses.replace(self, lora_rank=rank, lora_alpha=alpha, lora_dropout=dropout)
+
+
+TOY_STUDENT = ToyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128)
+"""About 103k parameters, tied head."""
+
+TOY_TEACHER = ToyModelConfig(
+    hidden_size=128, num_layers=3, num_heads=4, intermediate_size=256, tie_embeddings=False
+)
+"""About 0.58M parameters, untied head: clearly larger than the student."""
+
+TOY_PRESETS: dict[str, ToyModelConfig] = {"toy-student": TOY_STUDENT, "toy-teacher": TOY_TEACHER}
+
+
+# ------------------------------------------------------------------------------- the model
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) * weight``, computed in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight).to(x.dtype)
+
+
+class ToyLinear(nn.Module):
+    """A bias-free linear layer with an optional LoRA update.
+
+    ``y = x W^T + (alpha / r) * dropout(x) A^T B^T`` with ``A: [r, in]``, ``B: [out, r]``.
+    ``B`` starts at zero, so enabling adapters does not change the model until it trains.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, *, rank: int, alpha: float, dropout: float
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.rank = rank
+        if rank > 0:
+            self.lora_A = nn.Parameter(torch.empty(rank, in_features))
+            self.lora_B = nn.Parameter(torch.zeros(out_features, rank))
+            self.scaling = alpha / rank
+            self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    @classmethod
+    def for_config(cls, cfg: ToyModelConfig, in_features: int, out_features: int) -> ToyLinear:
+        """A projection carrying ``cfg``'s LoRA settings."""
+        return cls(
+            in_features,
+            out_features,
+            rank=cfg.lora_rank,
+            alpha=cfg.lora_alpha,
+            dropout=cfg.lora_dropout,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        if self.rank == 0:
+            return y
+        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)
+        return y + update * self.scaling
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (half-split convention, as in Llama/Qwen).
+
+    The cos/sin table covers ``max_seq_len`` positions and is extended on demand, so a long
+    rollout never fails on position alone.
+    """
+
+    def __init__(self, head_dim: int, max_seq_len: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._build(max_seq_len)
+
+    def _build(self, length: int) -> None:
+        t = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
+        freqs = torch.outer(t, self.inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, offset: int) -> torch.Tensor:
+        """Rotate ``x: [B, heads, t, head_dim]`` as positions ``offset .. offset + t - 1``."""
+        end = offset + x.shape[-2]
+        if end > self.cos.shape[0]:
+            self._build(max(end, 2 * self.cos.shape[0]))
+        cos = self.cos[offset:end].to(x.dtype)
+        sin = self.sin[offset:end].to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention that appends to and reads from a KV cache."""
+
+    def __init__(self, cfg: ToyModelConfig) -> None:
+        super().__init__()
+        h = cfg.hidden_size
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.q_proj = ToyLinear.for_config(cfg, h, h)
+        self.k_proj = ToyLinear.for_config(cfg, h, h)
+        self.v_proj = ToyLinear.for_config(cfg, h, h)
+        self.o_proj = ToyLinear.for_config(cfg, h, h)
+
+    def forward(
+        self, x: torch.Tensor, rotary: Rotary, past: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        b, t, h = x.shape
+
+        def heads(proj: ToyLinear) -> torch.Tensor:
+            return proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+
+        offset = 0 if past is None else past[0].shape[2]
+        q = rotary(heads(self.q_proj), offset)
+        k = rotary(heads(self.k_proj), offset)
+        v = heads(self.v_proj)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        if t == 1:
+            y = F.scaled_dot_product_attention(q, k, v)
+        elif offset == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            allowed = torch.ones(t, offset + t, dtype=torch.bool, device=x.device)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed.tril(diagonal=offset))
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, h)), (k, v)
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, cfg: ToyModelConfig) -> None:
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = ToyLinear.for_config(cfg, h, i)
+        self.up_proj = ToyLinear.for_config(cfg, h, i)
+        self.down_proj = ToyLinear.for_config(cfg, i, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: attention, then MLP."""
+
+    def __init__(self, cfg: ToyModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(
+        self, x: torch.Tensor, rotary: Rotary, past: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        attn_out, kv = self.attn(self.attn_norm(x), rotary, past)
+        x = x + attn_out
+        return x + self.mlp(self.mlp_norm(x)), kv
+
+
+class ToyDecoder(nn.Module):
+    """The decoder. ``forward`` returns final-norm hidden states; ``project`` is the LM head.
+
+    Keeping the head out of ``forward`` is the memory contract in miniature: callers gather
+    the positions they need from ``[B, T, H]`` and project only those.
+    """
+
+    def __init__(self, cfg: ToyModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rotary = Rotary(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.lm_head = (
+            None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        )
+        self._init_weights()
+        if cfg.lora_enabled:
+            for name, param in self.named_parameters():
+                param.requires_grad_(".lora_" in name)
+
+    def _init_weights(self) -> None:
+        residual_std = 0.02 / math.sqrt(2 * self.config.num_layers)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        if self.lm_head is not None:
+            nn.init.normal_(self.lm_head.weight, std=0.02)
+        for name, module in self.named_modules():
+            if isinstance(module, ToyLinear):
+                is_residual = name.endswith(("o_proj", "down_proj"))
+                nn.init.normal_(module.weight, std=residual_std if is_residual else 0.02)
+                if module.rank > 0:
+                    nn.init.kaiming_uniform_(module.lora_A, a=math.sqrt(5))
+                    nn.init.zeros_(module.lora_B)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """``[V, H]`` output matrix (the embedding when tied)."""
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, KVCache]:
+        """``input_ids: [B, t]`` after ``cache`` (length ``t_past``) -> ``([B, t, H], cache)``.
+
+        Positions are ``t_past .. t_past + t - 1``; the returned cache covers all of them.
+        """
+        x = self.embed(input_ids)
+        new_cache: KVCache = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, self.rotary, None if cache is None else cache[i])
+            new_cache.append(kv)
+        return self.norm(x), new_cache
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., H] -> [..., V]`` logits."""
+        return F.linear(hidden, self.head_weight)
+
+
+# ------------------------------------------------------------------------------ the backend
+
+
+class ToyBackend:
+    """``CausalLMBackend`` over a :class:`ToyDecoder` and a tokenizer (usually :class:`ToyTokenizer`).
+
+    Initialisation is seeded without touching the global RNG, so the same ``seed`` builds
+    the same weights in every process.
+    """
+
+    def __init__(
+        self,
+        config: ToyModelConfig,
+        tokenizer: TokenizerLike,
+        *,
+        model_id: str,
+        device: str = "cpu",
+        seed: int = 0,
+        revision: str | None = None,
+    ) -> None:
+        if tokenizer.vocab_size > config.vocab_size:
+            raise BackendError(
+                f"toy model vocab_size {config.vocab_size} is smaller than the tokenizer's "
+                f"{tokenizer.vocab_size}",
+                hint="build the ToyModelConfig with vocab_size=tokenizer.vocab_size",
+            )
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.revision = revision
+        self.seed = seed
+        self._device = _resolve_device(device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            module = ToyDecoder(config)
+        module.eval()
+        self._module: ToyDecoder | None = module.to(self._device)
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def module(self) -> ToyDecoder:
+        """The live decoder; raises after :meth:`release`."""
+        if self._module is None:
+            raise BackendError(
+                f"toy backend {self.model_id!r} was released",
+                hint="build a new backend (or reload its state) before using it again",
+            )
+        return self._module
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        module = self.module
+        return BackendCapabilities(
+            backend="toy",
+            model_id=self.model_id,
+            revision=self.revision,
+            vocab_size=self.config.vocab_size,
+            hidden_size=self.config.hidden_size,
+            num_layers=self.config.num_layers,
+            num_parameters=sum(p.numel() for p in module.parameters()),
+            num_trainable_parameters=sum(p.numel() for p in module.parameters() if p.requires_grad),
+            precision="float32",
+            quantization="none",
+            lora=self.config.lora_enabled,
+            kv_cache=True,
+            can_offload=True,
+            device=self._device,
+            extra={"config": dataclasses.asdict(self.config), "seed": self.seed},
+        )
+
+    def set_train(self, mode: bool) -> None:
+        self.module.train(mode)
+
+    def to_device(self, device: str) -> None:
+        self._device = _resolve_device(device)
+        self.module.to(self._device)
+
+    def release(self) -> None:
+        """Drop the decoder so its memory can be reclaimed; the backend is unusable afterwards."""
+        self._module = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # -- generation and scoring -------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop_sequences: tuple[str, ...] = (),
+    ) -> GenerationResult:
+        module = self.module
+        with eval_mode(module):
+            return run_generation(
+                self._step,
+                prompt_ids,
+                tokenizer=self.tokenizer,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=seed,
+                stop_sequences=stop_sequences,
+                eos_token_id=self.tokenizer.eos_token_id,
+                device=self._device,
+            )
+
+    def _step(self, input_ids: torch.Tensor, cache: KVCache | None) -> tuple[torch.Tensor, KVCache]:
+        """New positions against the cache; only the last one is projected (``[1, V]``)."""
+        hidden, cache = self.module(input_ids, cache)
+        return self.module.project(hidden[:, -1]), cache
+
+    def hidden_states_at(
+        self, token_ids: list[int], positions: list[int], *, with_grad: bool = False
+    ) -> torch.Tensor:
+        """Final-norm hidden states ``[len(positions), H]`` of one sequence."""
+        if not token_ids:
+            raise BackendError("hidden_states_at needs a non-empty token sequence")
+        module = self.module
+        index = position_tensor(positions, len(token_ids), self._device)
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self._device)
+        with torch.set_grad_enabled(with_grad):
+            hidden, _ = module(ids)
+            return hidden[0].index_select(0, index)
+
+    def hidden_states_at_batch(
+        self, batch: PaddedTrajectoryBatch, *, with_grad: bool = False
+    ) -> torch.Tensor:
+        """Final-norm hidden states ``[batch.num_positions, H]`` of a right-padded batch.
+
+        Right padding plus causal attention means pads never influence a real position, so
+        the attention mask needs no further use once its shape is checked.
+        """
+        check_right_padded(batch.attention_mask)
+        module = self.module
+        ids = batch.input_ids.to(self._device)
+        flat_index = batch.flat_index.to(self._device)
+        with torch.set_grad_enabled(with_grad):
+            hidden, _ = module(ids)
+            return hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat_index)
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head: ``[N, H] -> [N, V]`` logits."""
+        return self.module.project(hidden)
+
+    # -- parameters -------------------------------------------------------------------------
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """LoRA factors when adapters are on, every parameter otherwise (CPU copies)."""
+        return {
+            name: p.detach().to("cpu", copy=True).contiguous()
+            for name, p in self.module.named_parameters()
+            if p.requires_grad
+        }
+
+    def load_trainable_state_dict(
+        self, state: Mapping[str, torch.Tensor], *, strict: bool = True
+    ) -> None:
+        targets = {name: p for name, p in self.module.named_parameters() if p.requires_grad}
+        load_parameters(targets, state, strict=strict, what=f"trainable state of {self.model_id!r}")
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter as a detached, contiguous CPU tensor (safetensors-ready: no shared storage)."""
+        return {
+            name: p.detach().to("cpu", copy=True).contiguous()
+            for name, p in self.module.named_parameters()
+        }
+
+    def load_full_state_dict(
+        self, state: Mapping[str, torch.Tensor], *, strict: bool = True
+    ) -> None:
+        targets = dict(self.module.named_parameters())
+        load_parameters(targets, state, strict=strict, what=f"full state of {self.model_id!r}")
+
+    def __repr__(self) -> str:
+        released = " released" if self._module is None else ""
+        return f"ToyBackend({self.model_id!r}, device={self._device!r}{released})"
+
+
+def _resolve_device(device: str) -> str:
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise BackendError(
+            f"device {device!r} requested but CUDA is not available",
+            hint="set models.device: cpu (or auto)",
+        )
+    return str(resolved)
+
+
+# ------------------------------------------------------------------------------- fitting
+
+
+@dataclass(frozen=True)
+class ToyFitReport:
+    """What :func:`fit_toy_model` did."""
+
+    steps_run: int
+    loss_history: list[float] = field(repr=False)
+    final_loss: float
+    stopped_early: bool
+    seconds: float
+
+
+def fit_toy_model(
+    backend: ToyBackend,
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    steps: int,
+    lr: float = 3e-3,
+    batch_size: int = 8,
+    seed: int = 0,
+    chunk_size: int = 64,
+    stop_when: Callable[[int], bool] | None = None,
+    check_every: int = 50,
+) -> ToyFitReport:
+    """Train every decoder parameter on ``(token_ids, target_positions)`` examples.
+
+    Target ``j`` is the supervised token, predicted from position ``j - 1``; each example
+    weighs the same whatever its length (weights sum to one per row). Batches walk a
+    seeded shuffle of the examples epoch by epoch. The loss is the project's
+    ``chunked_selected_position_loss`` in pure cross-entropy form (``provider=None``), so
+    the teacher is fitted by the same code path that later trains the student.
+    ``stop_when(step)`` is asked every ``check_every`` steps; ``True`` ends the fit early.
+    Parameters frozen for LoRA are unfrozen for the fit and frozen again afterwards.
+    """
+    from miniverl.losses.chunked import chunked_selected_position_loss
+
+    if steps < 0 or batch_size < 1 or check_every < 1 or chunk_size < 1:
+        raise ConfigError(
+            "fit_toy_model needs steps >= 0 and batch_size, check_every, chunk_size >= 1"
+        )
+    rows = [_checked_example(ids, targets, k) for k, (ids, targets) in enumerate(examples)]
+    if not rows:
+        raise ConfigError(
+            "fit_toy_model needs at least one example",
+            hint="pass oracle traces of the training tasks",
+        )
+
+    module = backend.module
+    params = list(module.parameters())
+    frozen = [p for p in params if not p.requires_grad]
+    was_training = module.training
+    for p in frozen:
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    rng = random.Random(seed)
+    order: list[int] = []
+    history: list[float] = []
+    stopped = False
+    started = time.perf_counter()
+    backend.set_train(True)
+    try:
+        for step in range(1, steps + 1):
+            picked = []
+            for _ in range(min(batch_size, len(rows))):
+                if not order:
+                    order = list(range(len(rows)))
+                    rng.shuffle(order)
+                picked.append(rows[order.pop()])
+            batch, target_ids, weights = _fit_batch(
+                picked, backend.tokenizer.pad_token_id, backend.device
+            )
+            hidden = backend.hidden_states_at_batch(batch, with_grad=True)
+            result = chunked_selected_position_loss(
+                hidden_states=hidden,
+                lm_head=backend.project,
+                weights=weights,
+                weight_normalizer=float(len(picked)),
+                provider=None,
+                target_token_ids=target_ids,
+                ce_weight=1.0,
+                chunk_size=chunk_size,
+                backward=True,
+                loss_scale=1.0,
+            )
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            history.append(float(result.loss))
+            if stop_when is not None and step % check_every == 0 and stop_when(step):
+                stopped = True
+                break
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+            p.grad = None
+        backend.set_train(was_training)
+    return ToyFitReport(
+        steps_run=len(history),
+        loss_history=history,
+        final_loss=history[-1] if history else float("nan"),
+        stopped_early=stopped,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _checked_example(
+    ids: Sequence[int], targets: Sequence[int], k: int
+) -> tuple[list[int], list[int]]:
+    ids, targets = [int(i) for i in ids], [int(j) for j in targets]
+    if not targets:
+        raise TrajectoryError(f"fit example {k} has no target positions")
+    for j in targets:
+        if j == 0:
+            raise TrajectoryError("position 0 can never be a training target")
+        if not 0 < j < len(ids):
+            raise TrajectoryError(
+                f"fit example {k}: target position {j} is outside [0, {len(ids)})"
+            )
+    return ids, targets
+
+
+def _fit_batch(
+    rows: Sequence[tuple[list[int], list[int]]], pad_id: int, device: str
+) -> tuple[PaddedTrajectoryBatch, torch.Tensor, torch.Tensor]:
+    """Right-padded batch, target ids ``[N]`` and per-row normalized weights ``[N]``."""
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    row_index, positions, target_ids, weights = [], [], [], []
+    for r, (ids, targets) in enumerate(rows):
+        input_ids[r, : len(ids)] = torch.tensor(ids)
+        attention[r, : len(ids)] = 1
+        row_index += [r] * len(targets)
+        positions += [j - 1 for j in targets]
+        target_ids += [ids[j] for j in targets]
+        weights += [1.0 / len(targets)] * len(targets)
+    batch = PaddedTrajectoryBatch(
+        input_ids=input_ids.to(device),
+        attention_mask=attention.to(device),
+        row_index=torch.tensor(row_index, dtype=torch.long, device=device),
+        position_index=torch.tensor(positions, dtype=torch.long, device=device),
+        row_sizes=[len(t) for _, t in rows],
+    )
+    return (
+        batch,
+        torch.tensor(target_ids, dtype=torch.long, device=device),
+        torch.tensor(weights, dtype=torch.float32, device=device),
+    )
+
+
+def toy_preset(model_id: str) -> ToyModelConfig:
+    """The preset named ``toy-student`` or ``toy-teacher``."""
+    try:
+        return TOY_PRESETS[model_id]
+    except KeyError:
+        raise ConfigError(
+            f"{model_id!r} is not a toy preset ({', '.join(TOY_PRESETS)})",
+            hint="use a preset id or give an explicit toy block",
+        ) from None
+
+
+__all__ = [
+    "TOY_PRESETS",
+    "TOY_STUDENT",
+    "TOY_TEACHER",
+    "KVCache",
+    "ToyBackend",
+    "ToyDecoder",
+    "ToyFitReport",
+    "ToyLinear",
+    "ToyModelConfig",
+    "fit_toy_model",
+    "toy_preset",
+]

@@ -1,0 +1,1 @@
+"""Which model-generated positions enter the loss (no torch)."""

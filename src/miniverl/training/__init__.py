@@ -1,0 +1,1 @@
+"""Orchestration: the trainer, memory strategies, optimizer and checkpoints."""

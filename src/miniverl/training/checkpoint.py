@@ -1,0 +1,154 @@
+"""Resumable checkpoints: safetensors + JSON, with a completion marker written last.
+
+Layout of ``checkpoints/<name>/``:
+
+- ``adapter.safetensors``: trainable weights only (LoRA adapters, or every weight of a
+  fully fine-tuned toy student);
+- ``optimizer.safetensors``: optimizer moment tensors;
+- ``state.json``: step, parameter/rollout versions, task cursor, schedule, RNG states,
+  optimizer scalars, config digest;
+- ``checkpoint.json``: the completion marker with SHA-256 of the three files.
+
+The directory is assembled under a temporary name and renamed into place, and the marker
+is written after everything it vouches for: a checkpoint without a valid marker is never
+loaded. Nothing here unpickles: a received checkpoint is inert data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from miniverl.errors import CheckpointError
+from miniverl.utils.io import read_json, sha256_file, write_json
+from miniverl.utils.logging import utc_now
+
+CHECKPOINT_FORMAT = 1
+ADAPTER_FILE = "adapter.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "state.json"
+MARKER_FILE = "checkpoint.json"
+
+
+@dataclass
+class LoadedCheckpoint:
+    path: Path
+    marker: dict[str, Any]
+    state: dict[str, Any]
+    trainable: dict[str, Any]
+    optimizer: dict[str, Any]
+
+
+def _save_tensors(tensors: dict[str, Any], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(path))
+
+
+def save_checkpoint(
+    directory: str | os.PathLike[str],
+    *,
+    trainable: dict[str, Any],
+    optimizer_tensors: dict[str, Any],
+    state: dict[str, Any],
+    config_digest: str,
+) -> Path:
+    """Write a complete checkpoint at ``directory`` (replacing an older one atomically)."""
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        _save_tensors(trainable, staging / ADAPTER_FILE)
+        _save_tensors(optimizer_tensors, staging / OPTIMIZER_FILE)
+        write_json(staging / STATE_FILE, {**state, "config_digest": config_digest})
+        marker = {
+            "format": CHECKPOINT_FORMAT,
+            "name": target.name,
+            "created_at": utc_now(),
+            "config_digest": config_digest,
+            "cycle": state.get("cycle"),
+            "global_step": state.get("global_step"),
+            "files": {name: sha256_file(staging / name) for name in (ADAPTER_FILE, OPTIMIZER_FILE, STATE_FILE)},
+        }
+        write_json(staging / MARKER_FILE, marker)
+        if target.exists():
+            retired = target.with_name(f".{target.name}.old")
+            shutil.rmtree(retired, ignore_errors=True)
+            os.replace(target, retired)
+            os.replace(staging, target)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def read_marker(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The verified completion marker, or :class:`CheckpointError`."""
+    path = Path(directory)
+    marker_path = path / MARKER_FILE
+    if not marker_path.is_file():
+        raise CheckpointError(
+            f"{path} has no {MARKER_FILE}: the checkpoint is incomplete and will not be loaded",
+            hint="resume from an earlier complete checkpoint or start a new run",
+        )
+    try:
+        marker = read_json(marker_path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{marker_path} is not valid JSON: {exc}") from None
+    if not isinstance(marker, dict) or marker.get("format") != CHECKPOINT_FORMAT or not isinstance(marker.get("files"), dict):
+        raise CheckpointError(f"{marker_path} is not a miniverl checkpoint marker (format {CHECKPOINT_FORMAT})")
+    for name in (ADAPTER_FILE, OPTIMIZER_FILE, STATE_FILE):
+        expected = marker["files"].get(name)
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint file missing: {file}")
+        if expected != sha256_file(file):
+            raise CheckpointError(
+                f"checkpoint file {file} does not match its SHA-256 in {MARKER_FILE}",
+                hint="the checkpoint was modified or corrupted; resume from another one",
+            )
+    return marker
+
+
+def load_checkpoint(directory: str | os.PathLike[str], *, device: str = "cpu") -> LoadedCheckpoint:
+    """Verify the marker and hashes, then load tensors with safetensors (no pickle)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(directory)
+    marker = read_marker(path)
+    try:
+        state = read_json(path / STATE_FILE)
+        trainable = load_file(str(path / ADAPTER_FILE), device=device)
+        optimizer = load_file(str(path / OPTIMIZER_FILE), device=device)
+    except (SafetensorError, json.JSONDecodeError, OSError) as exc:
+        raise CheckpointError(f"could not read checkpoint {path}: {exc}") from None
+    if state.get("config_digest") != marker.get("config_digest"):
+        raise CheckpointError(f"{path}: state.json and {MARKER_FILE} disagree about the config digest")
+    return LoadedCheckpoint(path=path, marker=marker, state=state, trainable=trainable, optimizer=optimizer)
+
+
+def find_latest_checkpoint(checkpoints_dir: str | os.PathLike[str]) -> Path | None:
+    """The complete checkpoint with the highest global step (ties: latest cycle)."""
+    root = Path(checkpoints_dir)
+    if not root.is_dir():
+        return None
+    best: tuple[int, int, Path] | None = None
+    for child in sorted(root.iterdir()):
+        if not child.is_dir() or child.name.startswith("."):
+            continue
+        with contextlib.suppress(CheckpointError):
+            marker = read_marker(child)
+            key = (int(marker.get("global_step") or 0), int(marker.get("cycle") if marker.get("cycle") is not None else -1))
+            if best is None or key > best[:2]:
+                best = (*key, child)
+    return None if best is None else best[2]

@@ -1,0 +1,1145 @@
+"""``OPDTrainer``: one class for the three modes (design.txt §3, §4).
+
+The modes differ only in where trajectories come from and where targets come from:
+
+- ``sft``: oracle traces, cross-entropy on their tokens;
+- ``offline_kd``: one fixed set of teacher rollouts, one frozen teacher cache;
+- ``opd``: fresh student rollouts every cycle, scored by the teacher at exactly those
+  states; targets are read back through the cache, whose policy-version check makes
+  "on-policy" an enforced property rather than a convention.
+
+Read :meth:`OPDTrainer.train` top to bottom: it is the cycle of design.txt §3 in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from miniverl import __version__
+from miniverl.agent.loop import RolloutRunner
+from miniverl.cache.store import TeacherCache
+from miniverl.config.models import RunConfig
+from miniverl.environments.base import Task, make_splits
+from miniverl.environments.registry import make_environment
+from miniverl.errors import CheckpointError, RunDirectoryError
+from miniverl.losses import (
+    ChunkTargetProvider,
+    DivergenceSpec,
+    chunked_selected_position_loss,
+    concat_providers,
+    normalize_trajectory_weights,
+)
+from miniverl.models.base import CausalLMBackend
+from miniverl.models.batching import build_padded_trajectory_batch, length_buckets
+from miniverl.models.factory import build_tokenizer, resolve_device
+from miniverl.models.runtime import LocalRoleGraph, build_runtime
+from miniverl.schemas.alignment import AlignmentMap
+from miniverl.schemas.trajectory import Trajectory
+from miniverl.selection.selectors import SelectionResult, aggregate_selection_stats, select_positions
+from miniverl.teachers.local import LocalTeacherScorer
+from miniverl.trajectory.alignment import build_alignment_map
+from miniverl.trajectory.io import append_trajectories, read_trajectories, write_trajectories
+from miniverl.trajectory.masks import model_target_positions
+from miniverl.training.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
+from miniverl.training.memory import MemoryPlan, resolve_chunk_size, resolve_strategy, run_with_oom_retry
+from miniverl.training.optim import (
+    Schedule,
+    build_optimizer,
+    load_optimizer_state,
+    move_optimizer_state,
+    optimizer_state_tensors,
+    set_lr,
+)
+from miniverl.training.progress import ProgressReporter
+from miniverl.utils import gpu
+from miniverl.utils.env import collect_environment
+from miniverl.utils.io import atomic_write_bytes, atomic_write_text, read_json, sha256_file, write_json
+from miniverl.utils.logging import EventLog, MetricsLog, make_console, utc_now
+from miniverl.utils.runs import RunPaths
+from miniverl.utils.seeding import capture_rng_state, derive_seed, restore_rng_state, seed_everything
+
+TOY_TEACHER_FILE = "toy-teacher.safetensors"
+COLD_START_STUDENT = "student.safetensors"
+COLD_START_MARKER = "cold_start.json"
+DEFAULT_TOP_K = 64
+
+
+@dataclass
+class TrainingSample:
+    """One trajectory ready for an update: selection, alignment and targets."""
+
+    trajectory: Trajectory
+    selection: SelectionResult
+    alignment: AlignmentMap
+    rollout_policy_version: int
+    provider: ChunkTargetProvider | None = None
+    cache_key: str | None = None
+    teacher_entropy: list[float] = field(default_factory=list)
+
+    @property
+    def num_positions(self) -> int:
+        return self.alignment.num_positions
+
+    @property
+    def trainable(self) -> bool:
+        """Rows with nothing selected are removed *before* the group size G is counted."""
+        return self.alignment.num_positions > 0 and self.alignment.total_weight > 0
+
+
+@dataclass
+class GroupResult:
+    loss: float = 0.0
+    divergence_loss: float = 0.0
+    sampled_token_nll: float = 0.0
+    positions: int = 0
+    entropy_sum: float = 0.0
+    entropy_positions: int = 0
+    high_entropy_sum: float = 0.0
+    loss_by_span_type: dict[str, float] = field(default_factory=dict)
+
+
+class OPDTrainer:
+    """Runs ``sft``, ``offline_kd`` or ``opd`` for one ``RunConfig`` into one run directory."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        output_dir: str | Path | None = None,
+        submitted_recipe: bytes | None = None,
+        resume: bool = False,
+        quiet: bool = False,
+        progress: bool | None = None,
+        resolved: bool = False,
+        cold_start: str | Path | None = None,
+    ) -> None:
+        self.config = config
+        self.paths = RunPaths(output_dir or config.run.output_dir or Path("runs") / config.run.name)
+        self.submitted_recipe = submitted_recipe
+        self.resume = resume
+        self.from_resolved = resolved
+        self.cold_start = Path(cold_start) if cold_start is not None else None
+        self.console = make_console(quiet)
+        self.progress = ProgressReporter(self.console, progress)
+        self.events = EventLog(self.paths.events, self.console)
+        self.metrics = MetricsLog(self.paths.metrics)
+        self.global_step = 0
+        self.parameter_version = 0
+        self.task_cursor = 0
+        self.cycle = -1
+        self._start_cycle = 0
+        self.eval_results: dict[str, dict[str, Any]] = {}
+        self.offline_pool: list[str] = []
+        self.offline_version: int | None = None
+        self.offline_cursor = 0
+        self.toy_teacher_report: dict[str, Any] | None = None
+        self._is_setup = False
+
+    # ================================================================== setup
+
+    def setup(self, *, write_artifacts: bool = True, with_teacher: bool = True) -> None:
+        """Build everything a run needs and resolve every ``auto`` value."""
+        if self._is_setup:
+            return
+        cfg = self.config
+        if write_artifacts and not self.resume and self.paths.manifest.exists():
+            raise RunDirectoryError(
+                f"{self.paths.root} already holds a run",
+                hint="pass --resume to continue it, or choose another --output directory",
+            )
+        seed_everything(cfg.run.seed, deterministic=cfg.run.deterministic)
+        self.device = resolve_device(cfg)
+        self.cpu_threads = self._resolve_cpu_threads()
+        self.tokenizer = build_tokenizer(cfg)
+        self.environment = make_environment(cfg.environment.name, **cfg.environment.params)
+        counts = {"train": cfg.environment.train_tasks, "eval": cfg.environment.eval_tasks, "test": cfg.environment.test_tasks}
+        self.splits = make_splits(self.environment, counts, cfg.environment.split_seed, cfg.environment.difficulty)
+        self.tasks_by_id = {t.task_id: t for split in self.splits.values() for t in split}
+        self.task_order = self._build_task_order()
+
+        needs_teacher = cfg.run.mode != "sft" and with_teacher
+        self.runtime = build_runtime(cfg, self.tokenizer, self.device, with_teacher=needs_teacher)
+        self.student: CausalLMBackend = self.runtime.student
+        self.teacher: CausalLMBackend | None = self.runtime.teacher
+        self.runner = RolloutRunner(self.student, self.environment, cfg.rollout)
+        vocab = self.student.capabilities.vocab_size
+        self.vocab_size = vocab
+        self.chunk_size = resolve_chunk_size(cfg.loss.chunk_size, vocab, cfg.memory.min_chunk_size)
+        self.top_k = self._resolve_top_k(vocab)
+        self.memory_plan: MemoryPlan = resolve_strategy(cfg, device=self.device, model_bytes=self._model_bytes())
+        self.spec = DivergenceSpec(
+            name=cfg.loss.divergence,
+            temperature=cfg.loss.temperature,
+            jsd_beta=cfg.loss.jsd_beta if cfg.loss.divergence == "jsd" else 0.5,
+            entropy_threshold=cfg.loss.entropy_threshold,
+            entropy_forward_weight=cfg.loss.entropy_forward_weight,
+        )
+        self.scorer: LocalTeacherScorer | None = None
+        self.cache: TeacherCache | None = None
+        if needs_teacher and self.teacher is not None:
+            self._setup_supervision()
+        self.optimizer = build_optimizer(self.student.trainable_parameters(), cfg.train)
+        self.schedule = Schedule(
+            peak_lr=cfg.train.lr,
+            kind=cfg.train.schedule,
+            warmup_steps=cfg.train.warmup_steps,
+            total_steps=max(1, self._planned_steps()),
+            min_lr_ratio=cfg.train.min_lr_ratio,
+        )
+        self.resolved_config = self._resolved_config()
+        self.role_graph = LocalRoleGraph.for_trainer(self)
+        self._is_setup = True
+        if write_artifacts:
+            self._write_config_files()
+            write_json(self.paths.environment, collect_environment())
+            write_json(self.paths.manifest, self.build_manifest())
+
+    def _resolve_cpu_threads(self) -> int:
+        threads = self.config.run.cpu_threads
+        if threads == "auto":
+            threads = 1 if self.config.models.backend == "toy" and self.device == "cpu" else torch.get_num_threads()
+        torch.set_num_threads(int(threads))
+        return int(threads)
+
+    def _resolve_top_k(self, vocab: int) -> int:
+        top_k = self.config.loss.top_k
+        if self.config.loss.mode == "exact_full_vocab":
+            return vocab
+        return min(vocab, DEFAULT_TOP_K) if top_k in ("auto", None) else min(vocab, int(top_k))
+
+    def _model_bytes(self) -> int:
+        total = 0
+        for backend in (self.student, self.teacher):
+            if backend is None:
+                continue
+            caps = backend.capabilities
+            bytes_per = 2 if caps.precision in ("bfloat16", "float16") else 4
+            if caps.quantization == "nf4":
+                bytes_per = 1
+            total += caps.num_parameters * bytes_per
+        return total
+
+    def _setup_supervision(self) -> None:
+        cfg = self.config
+        self.scorer = LocalTeacherScorer(
+            self.teacher,
+            spec=self.spec,
+            loss_mode=cfg.loss.mode,
+            top_k=self.top_k,
+            teacher_resident=self.memory_plan.teacher_resident,
+            exact_max_vocab=cfg.loss.exact_max_vocab,
+            allow_large_exact=cfg.loss.allow_large_exact,
+            student_fingerprint=self.tokenizer.fingerprint,
+            chunk_size=self.chunk_size,
+            teacher_model_id=cfg.models.teacher.model_id,
+        )
+        if cfg.cache.enabled and self.scorer.shape == "bucketed":
+            directory = Path(cfg.cache.dir) if cfg.cache.dir else self.paths.teacher_cache
+            self.cache = TeacherCache(
+                directory,
+                self.scorer.cache_provenance(dtype=cfg.cache.dtype, teacher_mode=cfg.teacher.mode),
+                strict_policy_version=cfg.cache.strict_policy_version,
+                reuse_across_policy_versions=cfg.cache.reuse_across_policy_versions,
+                max_entries_per_shard=cfg.cache.max_entries_per_shard,
+            )
+
+    def _planned_steps(self) -> int:
+        tr = self.config.train
+        per_cycle = math.ceil(tr.rollouts_per_cycle / tr.group_size())
+        warmup = 0 if self.config.run.mode == "sft" else tr.sft_warmup_cycles * per_cycle
+        return warmup + tr.cycles * tr.steps_per_rollout_batch()
+
+    def _resolved_config(self) -> RunConfig:
+        data = self.config.to_dict()
+        data["models"]["device"] = self.device
+        data["run"]["cpu_threads"] = self.cpu_threads
+        data["memory"]["strategy"] = self.memory_plan.strategy
+        data["loss"]["chunk_size"] = self.chunk_size
+        if self.config.loss.mode == "bucketed":
+            data["loss"]["top_k"] = self.top_k
+        tr = data["train"]
+        tr["gradient_accumulation_steps"] = self.config.train.group_size()
+        tbs = self.config.train.trajectory_batch_size
+        tr["trajectory_batch_size"] = tr["gradient_accumulation_steps"] if tbs == "auto" else tbs
+        return RunConfig.from_mapping(data, source="<resolved>")
+
+    def _write_config_files(self) -> None:
+        if self.resume:
+            return
+        if self.submitted_recipe is not None:
+            atomic_write_bytes(self.paths.config_submitted, self.submitted_recipe)
+        validated = self.config.to_yaml()
+        atomic_write_text(self.paths.config_validated, validated)
+        atomic_write_text(
+            self.paths.config_original,
+            "# v0.2 resume-compatibility copy of the runtime input; not the submitted bytes\n" + validated,
+        )
+        header = f"# every 'auto' replaced by its decision\n# memory plan: {self.memory_plan.reason}\n"
+        atomic_write_text(self.paths.config_resolved, header + self.resolved_config.to_yaml())
+
+    # ================================================================== manifest
+
+    def build_manifest(self) -> dict[str, Any]:
+        """Identity, hardware, objective and provenance of the run (design.txt §5.2)."""
+        cfg = self.config
+        env = collect_environment()
+        models = {}
+        for role, backend in (("student", self.student), ("teacher", self.teacher)):
+            if backend is None:
+                continue
+            spec = getattr(cfg.models, role)
+            models[role] = {
+                "model_id": spec.model_id,
+                "revision": spec.revision,
+                "quantization": spec.quantization,
+                "precision": backend.capabilities.precision,
+                "capabilities": backend.capabilities.to_dict(),
+            }
+        cache_note = None
+        if self.cache is None and cfg.run.mode != "sft":
+            cache_note = "cache disabled" if not cfg.cache.enabled else None
+        return {
+            "miniverl_version": __version__,
+            "run_id": self.paths.root.name,
+            "created_at": utc_now(),
+            "git_commit": _git_commit(),
+            "python": env["python"],
+            "os": env["os"],
+            "packages": env["packages"],
+            "gpu": env["gpu"],
+            "mode": cfg.run.mode,
+            "seed": cfg.run.seed,
+            "deterministic": cfg.run.deterministic,
+            "config_digest": cfg.digest(),
+            "environment": {
+                **self.environment.describe(),
+                "difficulty": cfg.environment.difficulty,
+                "split_sizes": {k: len(v) for k, v in self.splits.items()},
+            },
+            "models": models,
+            "tokenizer": {"fingerprint": self.tokenizer.fingerprint, "vocab_size": self.tokenizer.vocab_size},
+            "objective": self.objective_block(),
+            "memory_plan": self.memory_plan.to_dict(),
+            "projection_chunk_size": self.chunk_size,
+            "role_graph": self.role_graph.to_dict(),
+            "global_optimizer_step": self.global_step,
+            "parameter_version": self.parameter_version,
+            "policy_version": self.parameter_version,
+            "rollout_policy_version": self._last_rollout_version(),
+            "measurement_status": {
+                "gpu_memory": "measured" if gpu.cuda_available() else gpu.NOT_RUN_NO_CUDA,
+                "cache": cache_note or ("enabled" if self.cache is not None else "not_used"),
+            },
+            "toy_teacher": self.toy_teacher_report,
+        }
+
+    def objective_block(self) -> dict[str, Any]:
+        cfg = self.config
+        supervision = "oracle_tokens"
+        if cfg.run.mode != "sft":
+            supervision = "exact_hidden" if self.scorer is not None and self.scorer.shape == "exact_hidden" else "bucketed_topk_plus_tail"
+        return {
+            "label": cfg.objective_label(),
+            "mode": cfg.run.mode,
+            "loss_mode": cfg.loss.mode,
+            "divergence": cfg.loss.divergence if cfg.run.mode != "sft" else "cross_entropy",
+            "jsd_beta": cfg.loss.jsd_beta if cfg.loss.divergence == "jsd" else None,
+            "temperature": cfg.loss.temperature,
+            "top_k": self.top_k if supervision == "bucketed_topk_plus_tail" else None,
+            "supervision_shape": supervision,
+            "sampled_token_nll_weight": cfg.loss.sampled_token_nll_weight,
+            "entropy_threshold": cfg.loss.entropy_threshold if cfg.loss.divergence == "entropy_aware" else None,
+            "entropy_forward_weight": cfg.loss.entropy_forward_weight if cfg.loss.divergence == "entropy_aware" else None,
+            "selector": cfg.selection.selector,
+            "selection_ratio": cfg.selection.ratio,
+            "teacher_mode": cfg.teacher.mode,
+            "opd_freshness": cfg.train.opd_freshness,
+            "replay_passes": cfg.train.replay_passes,
+            "group_size": cfg.train.group_size(),
+            "trajectory_batch_size": self.resolved_config.train.trajectory_batch_size,
+            "sft_warmup_cycles": cfg.train.sft_warmup_cycles if cfg.run.mode != "sft" else 0,
+        }
+
+    def _last_rollout_version(self) -> int | None:
+        return getattr(self, "_rollout_version", None)
+
+    # ================================================================== the run
+
+    def train(self) -> dict[str, Any]:
+        """Run the whole recipe; returns the ``eval.json`` summary."""
+        self.setup()
+        cfg = self.config
+        started = time.perf_counter()
+        self.events.emit("run_start", echo=f"{cfg.run.mode} -> {self.paths.root}", mode=cfg.run.mode, run_dir=self.paths.root.name, resume=self.resume, device=self.device, memory_plan=self.memory_plan.to_dict())
+        try:
+            if self.resume:
+                self.load_from_checkpoint()
+            elif self.cold_start is not None:
+                self._load_cold_start()
+                if cfg.eval.baseline:
+                    self.evaluate("baseline")
+            else:
+                self._prepare_toy_teacher()
+                if cfg.eval.baseline:
+                    self.evaluate("baseline")
+                if cfg.run.mode != "sft" and cfg.train.sft_warmup_cycles > 0:
+                    self._run_sft_warmup(cfg.train.sft_warmup_cycles)
+                    if cfg.eval.after_warmup:
+                        self.evaluate("after_warmup")
+                    self.save_checkpoint("warmup", cycle=-1)
+            with self.progress.task("cycles", cfg.train.cycles - self._start_cycle) as advance:
+                for cycle in range(self._start_cycle, cfg.train.cycles):
+                    self._run_cycle(cycle)
+                    last = cycle == cfg.train.cycles - 1
+                    if last or (cycle + 1) % cfg.train.checkpoint_every == 0:
+                        self.save_checkpoint(f"cycle-{cycle:04d}", cycle=cycle)
+                    advance()
+            self.evaluate("final", temperature=0.0)
+            self.save_checkpoint("final", cycle=cfg.train.cycles - 1)
+            summary = self.eval_summary(seconds=time.perf_counter() - started)
+            write_json(self.paths.eval_json, summary)
+            write_json(self.paths.manifest, self.build_manifest())
+        except KeyboardInterrupt:
+            self.events.emit("run_end", echo="interrupted; resume with --resume", status="interrupted", global_optimizer_step=self.global_step)
+            raise
+        self.events.emit("run_end", echo=f"final success {summary['final']['success_rate']:.3f}", status="completed", seconds=round(time.perf_counter() - started, 2), global_optimizer_step=self.global_step)
+        return summary
+
+    # ---------------------------------------------------------------- tasks
+
+    def _build_task_order(self) -> list[int]:
+        order = list(range(len(self.splits["train"])))
+        random.Random(self.config.run.seed ^ 0x5EED).shuffle(order)
+        return order
+
+    def _next_tasks(self, count: int) -> list[Task]:
+        """Walk the shuffled training order with the checkpointed cursor (wrapping)."""
+        train = self.splits["train"]
+        picked = []
+        for _ in range(count):
+            picked.append(train[self.task_order[self.task_cursor % len(self.task_order)]])
+            self.task_cursor += 1
+        return picked
+
+    # ---------------------------------------------------------------- toy teacher
+
+    def _teacher_runner(self) -> RolloutRunner:
+        assert self.teacher is not None
+        return RolloutRunner(self.teacher, self.environment, self.config.rollout)
+
+    def _greedy_success(self, runner: RolloutRunner, tasks: Sequence[Task]) -> float:
+        if not tasks:
+            return 0.0
+        solved = 0
+        for i, task in enumerate(tasks):
+            traj = runner.rollout(task, derive_seed(self.config.run.seed, "probe", i), temperature=0.0)
+            solved += int(traj.solved)
+        return solved / len(tasks)
+
+    def _prepare_toy_teacher(self) -> None:
+        """Toy backend only: fit the toy teacher on oracle traces until it solves its tasks."""
+        if self.config.models.backend != "toy" or self.teacher is None:
+            return
+        from miniverl.models.toy import fit_toy_model
+
+        fit = self.config.models.toy_fit
+        train = self.splits["train"]
+        oracle = [self.runner.oracle_rollout(t) for t in train]
+        examples = [(t.token_ids, model_target_positions(t.model_generated_mask)) for t in oracle]
+        runner = self._teacher_runner()
+        probe = train[: min(len(train), 8)]
+        checks: list[dict[str, float]] = []
+
+        def solved_enough(step: int) -> bool:
+            rate = self._greedy_success(runner, probe)
+            checks.append({"step": step, "probe_success": rate})
+            return rate >= fit.target_success
+
+        with self.progress.task("fitting toy teacher", 1):
+            report = fit_toy_model(
+                self.teacher,
+                examples,
+                steps=fit.max_steps,
+                lr=fit.lr,
+                batch_size=fit.batch_size,
+                seed=derive_seed(self.config.run.seed, "toy-teacher-fit"),
+                chunk_size=max(1, self.chunk_size),
+                stop_when=solved_enough,
+                check_every=fit.check_every,
+            )
+        for p in self.teacher.trainable_parameters():
+            p.requires_grad_(False)
+        self.teacher.set_train(False)
+        train_success = self._greedy_success(runner, train)
+        eval_success = self._greedy_success(runner, self.splits[self.config.eval.split][: self.config.eval.max_tasks])
+        weights_sha256 = self._save_toy_teacher(self.paths.root / TOY_TEACHER_FILE)
+        self.toy_teacher_report = {
+            "steps": report.steps_run,
+            "final_loss": report.final_loss,
+            "stopped_early": report.stopped_early,
+            "seconds": round(report.seconds, 2),
+            "train_success": train_success,
+            "heldout_success": eval_success,
+            "checks": checks,
+            "weights_sha256": weights_sha256,
+        }
+        self.events.emit(
+            "toy_teacher_fitted",
+            echo=f"{report.steps_run} steps, greedy success train {train_success:.2f} / held-out {eval_success:.2f}",
+            **self.toy_teacher_report,
+        )
+
+    def _save_toy_teacher(self, path: Path) -> str:
+        from safetensors.torch import save_file
+
+        assert self.teacher is not None
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file({k: v.contiguous() for k, v in self.teacher.full_state_dict().items()}, str(tmp))
+        tmp.replace(path)
+        return sha256_file(path)
+
+    def export_cold_start(self, directory: str | Path) -> Path:
+        """Write the student's trainable weights (and the fitted toy teacher) for benchmark arms.
+
+        Weights only: no optimizer state crosses into an arm, so no momentum leaks
+        between arms that share this cold start.
+        """
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        student_path = directory / COLD_START_STUDENT
+        tmp = student_path.with_name(f".{student_path.name}.tmp")
+        save_file({k: v.contiguous() for k, v in self.student.trainable_state_dict().items()}, str(tmp))
+        tmp.replace(student_path)
+        marker: dict[str, Any] = {
+            "student_sha256": sha256_file(student_path),
+            "parameter_version": self.parameter_version,
+            "global_optimizer_step": self.global_step,
+            "config_digest": self.config.digest(),
+            "evaluations": self.eval_results,
+            "toy_teacher": self.toy_teacher_report,
+        }
+        if self.config.models.backend == "toy" and self.teacher is not None:
+            marker["toy_teacher_sha256"] = self._save_toy_teacher(directory / TOY_TEACHER_FILE)
+        write_json(directory / COLD_START_MARKER, marker)
+        return directory
+
+    def _load_cold_start(self) -> None:
+        """Load a shared cold start weights-only; the arm starts with a fresh optimizer."""
+        from safetensors.torch import load_file
+
+        assert self.cold_start is not None
+        marker_path = self.cold_start / COLD_START_MARKER
+        if not marker_path.is_file():
+            raise CheckpointError(f"{marker_path} not found", hint="run the benchmark cold start first")
+        marker = read_json(marker_path)
+        student_path = self.cold_start / COLD_START_STUDENT
+        if not student_path.is_file() or sha256_file(student_path) != marker.get("student_sha256"):
+            raise CheckpointError(f"{student_path} is missing or does not match {marker_path}")
+        self.student.load_trainable_state_dict({k: v.to(self.student.device) for k, v in load_file(str(student_path)).items()})
+        teacher_sha = None
+        if self.config.models.backend == "toy" and self.teacher is not None:
+            teacher_path = self.cold_start / TOY_TEACHER_FILE
+            teacher_sha = sha256_file(teacher_path) if teacher_path.is_file() else None
+            if teacher_sha is None or teacher_sha != marker.get("toy_teacher_sha256"):
+                raise CheckpointError(f"{teacher_path} is missing or does not match {marker_path}")
+            self.teacher.load_full_state_dict(load_file(str(teacher_path)))
+            self.toy_teacher_report = {**(marker.get("toy_teacher") or {}), "weights_sha256": self._save_toy_teacher(self.paths.root / TOY_TEACHER_FILE)}
+        self.events.emit(
+            "benchmark_cold_start_loaded",
+            echo=f"weights-only cold start from {self.cold_start.name}",
+            student_sha256=marker["student_sha256"],
+            toy_teacher_sha256=teacher_sha,
+            cold_start_parameter_version=marker.get("parameter_version"),
+        )
+
+    def _load_toy_teacher(self) -> None:
+        if self.config.models.backend != "toy" or self.teacher is None:
+            return
+        from safetensors.torch import load_file
+
+        path = self.paths.root / TOY_TEACHER_FILE
+        report = read_json(self.paths.manifest).get("toy_teacher") or {}
+        if not path.is_file() or sha256_file(path) != report.get("weights_sha256"):
+            raise CheckpointError(f"{path} is missing or does not match the manifest", hint="start a new run")
+        self.teacher.load_full_state_dict(load_file(str(path)))
+        self.toy_teacher_report = report
+
+    # ---------------------------------------------------------------- evaluation
+
+    def evaluate(self, tag: str, *, temperature: float | None = None, split: str | None = None, write: bool = True) -> dict[str, Any]:
+        """Roll out the held-out split (greedy by default) and summarize it."""
+        cfg = self.config
+        split = split or cfg.eval.split
+        tasks = self.splits[split][: cfg.eval.max_tasks]
+        temp = cfg.eval.temperature if temperature is None else temperature
+        self.student.set_train(False)
+        trajectories = []
+        with self.progress.task(f"eval {tag}", len(tasks)) as advance:
+            for i, task in enumerate(tasks):
+                traj = self.runner.rollout(
+                    task,
+                    derive_seed(cfg.run.seed, "eval", i),
+                    policy_version=self.parameter_version,
+                    temperature=temp,
+                    trajectory_id=f"{task.task_id}:eval-{tag}:v{self.parameter_version}",
+                    extra_metadata={"eval_tag": tag},
+                )
+                trajectories.append(traj)
+                advance()
+        if write:
+            append_trajectories(self.paths.eval_trajectories, trajectories)
+        result = summarize_rollouts(trajectories)
+        result.update(tag=tag, split=split, temperature=temp, parameter_version=self.parameter_version, global_optimizer_step=self.global_step)
+        self.eval_results[tag] = result
+        self.events.emit("eval", echo=f"{tag}: {result['solved']}/{result['tasks']} solved", **result)
+        self.metrics.write({"kind": "eval", **result})
+        return result
+
+    def eval_summary(self, seconds: float | None = None) -> dict[str, Any]:
+        final = self.eval_results.get("final", {})
+        summary: dict[str, Any] = {
+            "run_id": self.paths.root.name,
+            "mode": self.config.run.mode,
+            "objective": self.config.objective_label(),
+            "config_digest": self.config.digest(),
+            "global_optimizer_step": self.global_step,
+            "parameter_version": self.parameter_version,
+            "evaluations": self.eval_results,
+            "baseline": self.eval_results.get("baseline"),
+            "after_warmup": self.eval_results.get("after_warmup"),
+            "final": final,
+            "toy_teacher": self.toy_teacher_report,
+        }
+        if seconds is not None:
+            summary["seconds"] = round(seconds, 2)
+        return summary
+
+    # ---------------------------------------------------------------- SFT
+
+    def _oracle_samples(self, tasks: Sequence[Task], suffix: str) -> list[TrainingSample]:
+        trajectories = [
+            self.runner.oracle_rollout(t, trajectory_id=f"{t.task_id}:oracle:{suffix}", policy_version=self.parameter_version)
+            for t in tasks
+        ]
+        append_trajectories(self.paths.trajectories, trajectories)
+        samples = []
+        for traj in trajectories:
+            targets = model_target_positions(traj.model_generated_mask)
+            weights = [1.0] * len(targets)
+            selection = SelectionResult(traj.trajectory_id, "all_model_tokens", targets, weights, len(targets), sum(traj.critical_mask), traj.span_types_at(targets))
+            samples.append(TrainingSample(traj, selection, build_alignment_map(traj, targets, weights), traj.policy_version))
+        return samples
+
+    def _run_sft_warmup(self, cycles: int) -> None:
+        """Oracle-trace cross-entropy before KD/OPD: gets the policy emitting valid calls."""
+        self.events.emit("sft_warmup_start", echo=f"{cycles} cycles", cycles=cycles)
+        with self.progress.task("SFT warm-up", cycles) as advance:
+            for k in range(cycles):
+                tasks = self._next_tasks(self.config.train.rollouts_per_cycle)
+                samples = self._oracle_samples(tasks, f"c-{cycles - k}")
+                records = self._optimize(samples, phase="sft", cycle=k - cycles)
+                self.events.emit("sft_warmup_cycle", cycle=k - cycles, steps=len(records), loss=records[-1]["loss"] if records else None)
+                advance()
+
+    # ---------------------------------------------------------------- one cycle
+
+    def _run_cycle(self, cycle: int) -> None:
+        """collect -> select -> (privileged render) -> align -> score -> cache -> optimize."""
+        cfg = self.config
+        self.cycle = cycle
+        started = time.perf_counter()
+        mode = cfg.run.mode
+        rollout_stats: dict[str, Any] = {}
+        if mode == "sft":
+            samples = self._oracle_samples(self._next_tasks(cfg.train.rollouts_per_cycle), f"c{cycle}")
+        elif mode == "offline_kd":
+            samples = self._offline_kd_samples(cycle)
+        else:
+            tasks = self._next_tasks(cfg.train.rollouts_per_cycle)
+            trajectories = self._collect(tasks, cycle)
+            rollout_stats = summarize_rollouts(trajectories)
+            samples = self._build_samples(trajectories, cycle)
+        selection = aggregate_selection_stats(s.selection for s in samples)
+        record: dict[str, Any] = {
+            "kind": "cycle",
+            "cycle": cycle,
+            "mode": mode,
+            "parameter_version_before": self.parameter_version,
+            "rollouts": rollout_stats,
+            "selection": selection,
+        }
+        if not any(s.trainable for s in samples):
+            self.events.emit(
+                "cycle_skipped_no_selected_positions",
+                echo=f"cycle {cycle}: the selector found nothing to supervise",
+                cycle=cycle,
+                selector=cfg.selection.selector,
+                trajectories=len(samples),
+            )
+            record.update(skipped=True, steps=0, parameter_version=self.parameter_version, seconds=round(time.perf_counter() - started, 3))
+            self.metrics.write(record)
+            return
+        steps = self._optimize(samples, phase=mode, cycle=cycle)
+        if cycle == cfg.train.cycles - 1:
+            self._write_token_analysis(samples, cycle)
+        self._prune_cache()
+        record.update(
+            skipped=False,
+            steps=len(steps),
+            parameter_version=self.parameter_version,
+            loss=steps[-1]["loss"] if steps else None,
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        self.metrics.write(record)
+
+    def _collect(self, tasks: Sequence[Task], cycle: int) -> list[Trajectory]:
+        """Sample one rollout per task from the current student."""
+        cfg = self.config
+        self.student.set_train(False)
+        self._rollout_version = self.parameter_version
+        trajectories = []
+        with self.progress.task(f"rollouts cycle {cycle}", len(tasks)) as advance:
+            for offset, task in enumerate(tasks):
+                seed = cfg.run.seed + self.global_step * 1013 + offset
+                trajectories.append(
+                    self.runner.rollout(task, seed, policy_version=self.parameter_version, extra_metadata={"cycle": cycle})
+                )
+                advance()
+        append_trajectories(self.paths.trajectories, trajectories)
+        stats = summarize_rollouts(trajectories)
+        self.events.emit(
+            "rollouts_collected",
+            echo=f"cycle {cycle}: {stats['solved']}/{stats['tasks']} solved at version {self.parameter_version}",
+            cycle=cycle,
+            policy_version=self.parameter_version,
+            **stats,
+        )
+        return trajectories
+
+    def _build_samples(self, trajectories: Sequence[Trajectory], cycle: int, *, rollout_version: int | None = None) -> list[TrainingSample]:
+        """select -> privileged render -> align -> score -> cache write + flush -> providers."""
+        cfg = self.config
+        version = self.parameter_version if rollout_version is None else rollout_version
+        samples: list[TrainingSample] = []
+        swap = not self.memory_plan.teacher_resident
+        if swap:
+            self._student_off_device()
+        for traj in trajectories:
+            selection = select_positions(traj, cfg.selection, run_seed=cfg.run.seed)
+            teacher_view = None
+            if cfg.teacher.mode == "privileged_context":
+                teacher_view = self.runner.privileged_render(traj, self.tasks_by_id[traj.task_id])
+            alignment = build_alignment_map(traj, selection.positions, selection.weights, teacher=teacher_view)
+            sample = TrainingSample(traj, selection, alignment, version)
+            if alignment.num_positions:
+                assert self.scorer is not None
+                result = self.scorer.score(traj, alignment, teacher_trajectory=teacher_view)
+                sample.provider = result.provider
+                sample.teacher_entropy = [float(x) for x in result.teacher_entropy]
+                if self.cache is not None and result.shape == "bucketed":
+                    sample.cache_key = f"{traj.trajectory_id}@c{cycle}"
+                    self.cache.write(sample.cache_key, result, policy_version=version)
+            samples.append(sample)
+        if self.cache is not None:
+            self.cache.flush()
+        if swap:
+            self._student_on_device()
+        self._reload_targets_from_cache(samples, expect_policy_version=self._expected_version(version))
+        return samples
+
+    def _expected_version(self, rollout_version: int) -> int:
+        """Strict OPD: the current parameters; replay and offline KD: the data's version."""
+        if self.config.run.mode == "opd" and self.config.train.opd_freshness == "strict":
+            return self.parameter_version
+        return rollout_version
+
+    def _reload_targets_from_cache(self, samples: Sequence[TrainingSample], *, expect_policy_version: int) -> None:
+        """Re-attach providers from disk: the policy-version check happens here."""
+        if self.cache is None:
+            return
+        for sample in samples:
+            if sample.cache_key is not None:
+                cached = self.cache.read(sample.cache_key, expect_policy_version=expect_policy_version)
+                sample.provider = cached.provider(self.spec)
+
+    def _student_off_device(self) -> None:
+        """swap: student weights and optimizer moments to host memory, teacher on."""
+        self.student.to_device("cpu")
+        move_optimizer_state(self.optimizer, "cpu")
+        if self.teacher is not None:
+            self.teacher.to_device(self.device)
+
+    def _student_on_device(self) -> None:
+        """swap: teacher off the accelerator, student and its moments back."""
+        if self.teacher is not None:
+            self.teacher.to_device("cpu")
+        self.student.to_device(self.device)
+        move_optimizer_state(self.optimizer, self.device)
+
+    # ---------------------------------------------------------------- offline KD
+
+    def _offline_kd_samples(self, cycle: int) -> list[TrainingSample]:
+        """One fixed set of teacher rollouts and one frozen cache, reused every cycle."""
+        cfg = self.config
+        if not self.offline_pool:
+            tasks = self.splits["train"]
+            runner = self._teacher_runner()
+            self._rollout_version = self.parameter_version
+            trajectories = [
+                runner.rollout(t, derive_seed(cfg.run.seed, "offline", i), policy_version=self.parameter_version, extra_metadata={"offline_kd_pool": True})
+                for i, t in enumerate(tasks)
+            ]
+            append_trajectories(self.paths.trajectories, trajectories)
+            self.offline_version = self.parameter_version
+            samples = self._build_samples(trajectories, cycle=-1, rollout_version=self.offline_version)
+            self.offline_pool = [s.trajectory.trajectory_id for s in samples]
+            self._offline_samples = {s.trajectory.trajectory_id: s for s in samples}
+            self.events.emit("rollouts_collected", echo=f"offline_kd: {len(trajectories)} fixed teacher rollouts", cycle=cycle, offline_kd_pool=True, **summarize_rollouts(trajectories))
+        else:
+            self.events.emit("offline_kd_reuse", echo=f"cycle {cycle}: reusing the frozen cache", cycle=cycle, pool=len(self.offline_pool), cache_policy_version=self.offline_version, parameter_version=self.parameter_version)
+        picked = []
+        for _ in range(cfg.train.rollouts_per_cycle):
+            picked.append(self._offline_samples[self.offline_pool[self.offline_cursor % len(self.offline_pool)]])
+            self.offline_cursor += 1
+        return picked
+
+    def _restore_offline_pool(self) -> None:
+        if self.config.run.mode != "offline_kd" or not self.offline_pool:
+            return
+        by_id = {t.trajectory_id: t for t in read_trajectories(self.paths.trajectories) if t.metadata.get("offline_kd_pool")}
+        samples = {}
+        for tid in self.offline_pool:
+            traj = by_id[tid]
+            selection = select_positions(traj, self.config.selection, run_seed=self.config.run.seed)
+            teacher_view = None
+            if self.config.teacher.mode == "privileged_context":
+                teacher_view = self.runner.privileged_render(traj, self.tasks_by_id[traj.task_id])
+            alignment = build_alignment_map(traj, selection.positions, selection.weights, teacher=teacher_view)
+            sample = TrainingSample(traj, selection, alignment, int(self.offline_version or 0))
+            if alignment.num_positions and self.cache is not None:
+                sample.cache_key = f"{tid}@c-1"
+            samples[tid] = sample
+        self._reload_targets_from_cache(list(samples.values()), expect_policy_version=int(self.offline_version or 0))
+        self._offline_samples = samples
+
+    # ---------------------------------------------------------------- update
+
+    def _optimize(self, samples: Sequence[TrainingSample], *, phase: str, cycle: int) -> list[dict[str, Any]]:
+        """Optimizer groups of ``group_size`` trainable rows; one commit per group."""
+        cfg = self.config
+        rows = [s for s in samples if s.trainable]
+        group = cfg.train.group_size()
+        passes = cfg.train.replay_passes if (phase == "opd" and cfg.train.opd_freshness == "replay") else 1
+        records = []
+        self.student.set_train(True)
+        step_in_cycle = 0
+        for _ in range(passes):
+            for start in range(0, len(rows), group):
+                members = rows[start : start + group]
+                t0 = time.perf_counter()
+                gpu.reset_peak(self.device if self.device.startswith("cuda") else None)
+                result, used_chunk = run_with_oom_retry(
+                    lambda chunk, members=members: self._compute_group_gradients(members, chunk, phase),
+                    chunk_size=self.chunk_size,
+                    min_chunk_size=cfg.memory.min_chunk_size,
+                    retries=cfg.memory.oom_retries,
+                    events=self.events,
+                    on_retry=lambda: self.optimizer.zero_grad(set_to_none=True),
+                )
+                self.chunk_size = used_chunk
+                committed, grad_norm, lr = self._commit_update()
+                seconds = time.perf_counter() - t0
+                positions = result.positions
+                record = {
+                    "kind": "step",
+                    "phase": phase,
+                    "cycle": cycle,
+                    "step": step_in_cycle,
+                    "global_optimizer_step": self.global_step,
+                    "parameter_version": self.parameter_version,
+                    "policy_version": self.parameter_version,
+                    "rollout_policy_version": members[0].rollout_policy_version,
+                    "committed": committed,
+                    "loss": result.loss,
+                    "divergence_loss": result.divergence_loss,
+                    "sampled_token_nll": result.sampled_token_nll,
+                    "grad_norm": grad_norm,
+                    "lr": lr,
+                    "selected_positions": positions,
+                    "trajectories_in_step": len(members),
+                    "teacher_entropy_mean": (result.entropy_sum / result.entropy_positions) if result.entropy_positions else None,
+                    "high_entropy_fraction": (result.high_entropy_sum / result.entropy_positions) if result.entropy_positions else None,
+                    "loss_by_span_type": result.loss_by_span_type,
+                    "seconds": round(seconds, 4),
+                    "train_selected_tokens_per_second": round(positions / seconds, 2) if seconds > 0 else None,
+                    "projection_chunk_size": used_chunk,
+                    "gpu": gpu.snapshot(self.device),
+                }
+                self.metrics.write(record)
+                records.append(record)
+                step_in_cycle += 1
+        self.student.set_train(False)
+        return records
+
+    def _compute_group_gradients(self, group: Sequence[TrainingSample], chunk_size: int, phase: str) -> GroupResult:
+        """Accumulate the gradient of L = (1/G) sum_r L_r over length-bucketed micro-batches."""
+        cfg = self.config
+        self.optimizer.zero_grad(set_to_none=True)
+        batch_rows = self.resolved_config.train.trajectory_batch_size
+        ce_weight = 1.0 if phase == "sft" else cfg.loss.sampled_token_nll_weight
+        out = GroupResult()
+        for bucket in length_buckets([s.trajectory.length for s in group], int(batch_rows)):
+            rows = [group[i] for i in bucket]
+            batch = build_padded_trajectory_batch(
+                token_ids=[r.trajectory.token_ids for r in rows],
+                selected_positions=[r.alignment.student_prediction_positions for r in rows],
+                pad_token_id=self.tokenizer.pad_token_id,
+                device=self.student.device,
+            )
+            hidden = self.student.hidden_states_at_batch(batch, with_grad=True)
+            weights = torch.cat(normalize_trajectory_weights([r.alignment.token_weights for r in rows])).to(hidden.device)
+            provider = None if phase == "sft" else concat_providers([r.provider for r in rows])
+            targets = torch.tensor([t for r in rows for t in r.alignment.target_token_ids], dtype=torch.long, device=hidden.device)
+            res = chunked_selected_position_loss(
+                hidden_states=hidden,
+                lm_head=self.student.project,
+                weights=weights,
+                weight_normalizer=float(len(rows)),
+                provider=provider,
+                target_token_ids=targets,
+                ce_weight=ce_weight,
+                chunk_size=chunk_size,
+                backward=True,
+                loss_scale=len(rows) / len(group),
+                span_types=[t for r in rows for t in r.alignment.span_types],
+            )
+            out.loss += res.loss
+            out.divergence_loss += res.divergence_loss
+            out.sampled_token_nll += res.sampled_token_nll
+            out.positions += res.num_positions
+            if res.teacher_entropy_mean is not None:
+                out.entropy_sum += res.teacher_entropy_mean * res.num_positions
+                out.high_entropy_sum += (res.high_entropy_fraction or 0.0) * res.num_positions
+                out.entropy_positions += res.num_positions
+            for key, value in res.loss_by_span_type.items():
+                out.loss_by_span_type[key] = out.loss_by_span_type.get(key, 0.0) + value
+        return out
+
+    def _commit_update(self) -> tuple[bool, float, float]:
+        """Clip, set the scheduled lr, step. A non-finite gradient skips the step."""
+        params = self.student.trainable_parameters()
+        max_norm = self.config.train.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+        grad_norm = float(norm)
+        lr = self.schedule.lr_at(self.global_step)
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.events.emit("update_skipped_nonfinite", echo="non-finite gradient: update skipped", global_optimizer_step=self.global_step)
+            return False, grad_norm, lr
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        self.parameter_version += 1
+        return True, grad_norm, lr
+
+    # ---------------------------------------------------------------- analysis
+
+    @torch.no_grad()
+    def _write_token_analysis(self, samples: Sequence[TrainingSample], cycle: int) -> None:
+        """Per-token divergence at the positions the policy emitted (after the update)."""
+        records = []
+        self.student.set_train(False)
+        for sample in samples:
+            al = sample.alignment
+            if not al.num_positions:
+                continue
+            hidden = self.student.hidden_states_at(sample.trajectory.token_ids, al.student_prediction_positions)
+            logits = self.student.project(hidden).float()
+            log_probs = torch.log_softmax(logits, dim=-1)
+            targets = torch.tensor(al.target_token_ids, dtype=torch.long, device=logits.device)
+            student_lp = log_probs.gather(1, targets[:, None])[:, 0].tolist()
+            divergence: list[float | None] = [None] * al.num_positions
+            if sample.provider is not None:
+                divergence = sample.provider.divergence(logits, 0, al.num_positions).divergence.tolist()
+            for i, pred in enumerate(al.student_prediction_positions):
+                records.append(
+                    {
+                        "trajectory_id": sample.trajectory.trajectory_id,
+                        "cycle": cycle,
+                        "measured": "after_update",
+                        "target_position": pred + 1,
+                        "prediction_position": pred,
+                        "token_id": al.target_token_ids[i],
+                        "token_text": self.tokenizer.decode([al.target_token_ids[i]]),
+                        "span_type": al.span_types[i],
+                        "weight": al.token_weights[i],
+                        "divergence": divergence[i],
+                        "student_log_prob": student_lp[i],
+                        "teacher_entropy": sample.teacher_entropy[i] if i < len(sample.teacher_entropy) else None,
+                    }
+                )
+        from miniverl.utils.io import append_jsonl
+
+        self.paths.token_analysis.unlink(missing_ok=True)
+        append_jsonl(self.paths.token_analysis, records)
+        self.events.emit("token_analysis_written", cycle=cycle, positions=len(records))
+
+    def _prune_cache(self) -> None:
+        keep = self.config.cache.keep_versions
+        if self.cache is None or keep is None or self.config.run.mode == "offline_kd":
+            return
+        versions = self.cache.stats().get("versions", {})
+        present = sorted(int(v) for v in versions)
+        keep_set = set(present[-keep:])
+        if set(present) - keep_set:
+            report = self.cache.prune(keep_versions=keep_set)
+            self.events.emit("cache_pruned", kept_versions=sorted(keep_set), report=report)
+
+    # ================================================================== checkpoints
+
+    def _jsonl_sizes(self) -> dict[str, int]:
+        sizes = {}
+        for name in ("metrics", "trajectories", "eval_trajectories", "token_analysis"):
+            path = getattr(self.paths, name)
+            sizes[name] = path.stat().st_size if path.exists() else 0
+        return sizes
+
+    def save_checkpoint(self, name: str, *, cycle: int) -> Path:
+        """Trainable weights, optimizer moments and every counter needed to resume."""
+        tensors, optimizer_meta = optimizer_state_tensors(self.optimizer)
+        state = {
+            "cycle": cycle,
+            "global_step": self.global_step,
+            "parameter_version": self.parameter_version,
+            "rollout_policy_version": self._last_rollout_version(),
+            "task_cursor": self.task_cursor,
+            "chunk_size": self.chunk_size,
+            "schedule": self.schedule.to_dict(),
+            "rng": capture_rng_state(),
+            "optimizer": optimizer_meta,
+            "eval_results": self.eval_results,
+            "jsonl_sizes": self._jsonl_sizes(),
+            "offline_kd": {"pool": self.offline_pool, "version": self.offline_version, "cursor": self.offline_cursor},
+            "miniverl_version": __version__,
+        }
+        path = save_checkpoint(
+            self.paths.checkpoint(name),
+            trainable=self.student.trainable_state_dict(),
+            optimizer_tensors=tensors,
+            state=state,
+            config_digest=self.config.digest(),
+        )
+        if name.startswith("cycle-"):
+            for old in self.paths.checkpoints.glob("cycle-*"):
+                if old.name != name and old.is_dir():
+                    import shutil
+
+                    shutil.rmtree(old, ignore_errors=True)
+        self.events.emit("checkpoint_saved", name=name, cycle=cycle, global_optimizer_step=self.global_step)
+        return path
+
+    def load_from_checkpoint(self, path: str | Path | None = None) -> None:
+        """Resume: skip baseline eval and warm-up, continue at ``state.cycle + 1``."""
+        path = Path(path) if path is not None else find_latest_checkpoint(self.paths.checkpoints)
+        if path is None:
+            raise CheckpointError(
+                f"no complete checkpoint under {self.paths.checkpoints}",
+                hint="the run stopped before its first checkpoint; start it again without --resume",
+            )
+        if path.name == "final":
+            raise CheckpointError(f"{self.paths.root} already finished (checkpoints/final exists)", hint="nothing to resume; use 'miniverl eval --run' to re-evaluate")
+        loaded = load_checkpoint(path, device=self.student.device)
+        if loaded.state["config_digest"] != self.config.digest():
+            raise CheckpointError(
+                f"checkpoint {path} was written by a different config (digest {loaded.state['config_digest'][:12]} vs {self.config.digest()[:12]})",
+                hint="resume with exactly the recipe and overrides of the original run (see config.validated.yaml)",
+            )
+        self._load_toy_teacher()
+        self.student.load_trainable_state_dict(loaded.trainable)
+        load_optimizer_state(self.optimizer, loaded.optimizer, loaded.state["optimizer"])
+        state = loaded.state
+        self.global_step = int(state["global_step"])
+        self.parameter_version = int(state["parameter_version"])
+        self._rollout_version = state.get("rollout_policy_version")
+        self.task_cursor = int(state["task_cursor"])
+        self.chunk_size = int(state["chunk_size"])
+        self.eval_results = dict(state.get("eval_results") or {})
+        offline = state.get("offline_kd") or {}
+        self.offline_pool = list(offline.get("pool") or [])
+        self.offline_version = offline.get("version")
+        self.offline_cursor = int(offline.get("cursor") or 0)
+        for name, size in (state.get("jsonl_sizes") or {}).items():
+            _truncate(getattr(self.paths, name), int(size))
+        restore_rng_state(state["rng"])
+        self._start_cycle = int(state["cycle"]) + 1
+        self._restore_offline_pool()
+        self.events.emit("checkpoint_loaded", name=path.name, global_optimizer_step=self.global_step)
+        self.events.emit("resumed", echo=f"from {path.name}: continuing at cycle {self._start_cycle}", start_cycle=self._start_cycle, parameter_version=self.parameter_version)
+
+
+# ====================================================================== helpers
+
+
+def summarize_rollouts(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """Success rate, token counts and the exact failure taxonomy of a batch of rollouts."""
+    n = len(trajectories)
+    solved = sum(1 for t in trajectories if t.solved)
+    termination = Counter(t.termination_reason.value for t in trajectories)
+    failures = Counter(t.verification.failure_category for t in trajectories if t.verification and t.verification.failure_category)
+    generated = [t.generated_token_count for t in trajectories]
+    return {
+        "tasks": n,
+        "solved": solved,
+        "success_rate": solved / n if n else 0.0,
+        "mean_generated_tokens": sum(generated) / n if n else 0.0,
+        "generated_tokens": sum(generated),
+        "invalid_tool_calls": sum(t.invalid_tool_calls for t in trajectories),
+        "termination": dict(sorted(termination.items())),
+        "failure_categories": dict(sorted(failures.items())),
+    }
+
+
+def _truncate(path: Path, size: int) -> None:
+    """Cut an append-only log back to the length recorded at the checkpoint."""
+    if path.exists() and path.stat().st_size > size:
+        with open(path, "r+b") as handle:
+            handle.truncate(size)
+
+
+def _git_commit() -> str | None:
+    """The miniverl source commit when running from a git checkout, else None."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def load_resolved_config(run_dir: str | Path) -> RunConfig:
+    """``config.resolved.yaml`` of a run (what ``miniverl eval --run`` rebuilds from)."""
+    paths = RunPaths(run_dir)
+    if not paths.config_resolved.is_file():
+        raise RunDirectoryError(f"{paths.config_resolved} not found", hint="point --run at a directory written by 'miniverl train'")
+    data = yaml.safe_load(paths.config_resolved.read_text(encoding="utf-8"))
+    return RunConfig.from_mapping(data, source=str(paths.config_resolved))
+
+
+__all__ = ["OPDTrainer", "TrainingSample", "load_resolved_config", "summarize_rollouts"]
+_ = (dataclasses, write_trajectories)

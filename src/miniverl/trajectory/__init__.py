@@ -1,0 +1,1 @@
+"""Masks, the j -> j-1 alignment and JSONL I/O of trajectories (no torch)."""

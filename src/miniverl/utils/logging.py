@@ -1,0 +1,58 @@
+"""Console output and the append-only ``events.jsonl`` lifecycle log.
+
+There is no telemetry: events go to the console and to the run directory, nowhere else.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from miniverl.utils.io import append_jsonl
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class EventLog:
+    """Appends one JSON object per lifecycle event (design.txt §5.3) and echoes it.
+
+    ``console`` may be ``None`` for quiet runs; events are written either way.
+    """
+
+    def __init__(self, path: str | Path | None, console: Console | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.console = console
+        self.events: list[dict[str, Any]] = []
+
+    def emit(self, event: str, *, echo: str | None = None, **fields: Any) -> dict[str, Any]:
+        record = {"event": event, "time": utc_now(), "monotonic_s": round(time.monotonic(), 3), **fields}
+        self.events.append(record)
+        if self.path is not None:
+            append_jsonl(self.path, [record])
+        if self.console is not None and echo:
+            self.console.print(f"[bold cyan]{event}[/] {echo}")
+        return record
+
+
+class MetricsLog:
+    """Append-only ``metrics.jsonl``: one object per optimizer step, cycle and eval."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if self.path is not None:
+            append_jsonl(self.path, [record])
+
+
+def make_console(quiet: bool = False) -> Console:
+    """A rich console; quiet mode prints nothing (errors still go to stderr)."""
+    return Console(quiet=quiet, highlight=False)

@@ -1,0 +1,159 @@
+"""``miniverl inspect``: summary, --limit, --trajectory, --spans, --json, and failing loudly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import oracle_trajectories, record_of, write_records
+from miniverl.cli import main as cli
+from miniverl.inspection.summary import provenance_check, summarize_file
+from miniverl.schemas.trajectory import Trajectory
+from miniverl.trajectory.io import write_trajectories
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables are not folded at CliRunner's default 80 columns."""
+    monkeypatch.setattr(cli.console, "_width", 250)
+    monkeypatch.setattr(cli.err_console, "_width", 250)
+
+
+@pytest.fixture(scope="module")
+def trajectories() -> list[Trajectory]:
+    return oracle_trajectories(3, difficulty="hard")
+
+
+@pytest.fixture
+def traj_file(tmp_path: Path, trajectories: list[Trajectory]) -> Path:
+    path = tmp_path / "trajectories.jsonl"
+    write_trajectories(path, trajectories)
+    return path
+
+
+def _invoke(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(cli.app, list(args))
+
+
+def test_summary(traj_file: Path, trajectories: list[Trajectory]) -> None:
+    result = _invoke("inspect", str(traj_file))
+    assert result.exit_code == 0, result.output
+    tokens = sum(t.length for t in trajectories)
+    model = sum(sum(t.model_generated_mask) for t in trajectories)
+    assert f"3 trajectories | {tokens} tokens | {model} model tokens" in result.stdout
+    assert "graded 3 | solved 3 (100.0%)" in result.stdout
+    assert "termination {'final_answer': 3}" in result.stdout
+    assert "tools {'calculator': 6}" in result.stdout
+    assert "no (context)" in result.stdout and "assistant_tool_call" in result.stdout
+    assert "first 3 trajectories" in result.stdout
+    for t in trajectories:
+        assert t.trajectory_id in result.stdout
+
+
+def test_limit(traj_file: Path, trajectories: list[Trajectory]) -> None:
+    result = _invoke("inspect", str(traj_file), "--limit", "1")
+    assert result.exit_code == 0
+    assert "first 1 trajectories" in result.stdout
+    assert trajectories[0].trajectory_id in result.stdout
+    assert trajectories[2].trajectory_id not in result.stdout
+    zero = _invoke("inspect", str(traj_file), "--limit", "0")
+    assert zero.exit_code == 0 and "first " not in zero.stdout
+    assert "3 trajectories" in zero.stdout
+    assert _invoke("inspect", str(traj_file), "--limit", "-1").exit_code == 2
+
+
+def test_trajectory_and_spans(traj_file: Path, trajectories: list[Trajectory]) -> None:
+    target = trajectories[1]
+    result = _invoke("inspect", str(traj_file), "--trajectory", target.trajectory_id, "--spans")
+    assert result.exit_code == 0, result.output
+    assert f"1 trajectories | {target.length} tokens" in result.stdout
+    assert f"spans of {target.trajectory_id}" in result.stdout
+    for span in target.spans:
+        assert f"[{span.start}, {span.end})" in result.stdout
+    assert "<|im_start|>system" in result.stdout
+
+
+def test_spans_need_trajectory(traj_file: Path) -> None:
+    result = _invoke("inspect", str(traj_file), "--spans")
+    assert result.exit_code == 2
+    assert "--spans needs --trajectory ID" in result.stderr
+
+
+def test_unknown_trajectory(traj_file: Path) -> None:
+    result = _invoke("inspect", str(traj_file), "--trajectory", "nope")
+    assert result.exit_code == 1
+    assert f"trajectory 'nope' not found in {traj_file}" in result.stderr
+
+
+def test_json(traj_file: Path, trajectories: list[Trajectory]) -> None:
+    result = _invoke("inspect", str(traj_file), "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["trajectories"] == 3
+    assert data["tokens"] == sum(t.length for t in trajectories)
+    assert data["model_tokens"] == sum(sum(t.model_generated_mask) for t in trajectories)
+    assert data["critical_tokens"] == sum(sum(t.critical_mask) for t in trajectories)
+    assert (data["graded"], data["solved"], data["solve_rate"]) == (3, 3, 1.0)
+    assert data["termination"] == {"final_answer": 3}
+    assert data["failure_categories"] == {"solved": 3}
+    assert data["tokenizer_fingerprints"] == [trajectories[0].tokenizer_fingerprint]
+    assert data["policy_versions"] == [0]
+    assert sum(data["tokens_by_span_type"].values()) == data["tokens"]
+    assert [r["trajectory_id"] for r in data["trajectory_rows"]] == [t.trajectory_id for t in trajectories]
+    assert data["spans"] is None
+    assert data["provenance_check"] == {
+        "trainable_span_types": ["assistant_final", "assistant_text", "assistant_tool_call"],
+        "critical_span_types": ["assistant_final", "assistant_tool_call"],
+        "context_span_types_excluded_from_loss": ["system", "tool_result", "user"],
+    }
+    assert data["provenance_check"] == provenance_check()
+
+
+def test_json_with_spans(traj_file: Path, trajectories: list[Trajectory]) -> None:
+    target = trajectories[0]
+    result = _invoke("inspect", str(traj_file), "--trajectory", target.trajectory_id, "--spans", "--json")
+    data = json.loads(result.stdout)
+    assert [(s["span_type"], s["start"], s["end"], s["tokens"], s["in_loss"]) for s in data["spans"]] == [
+        (s.span_type.value, s.start, s.end, s.length, s.is_model_generated) for s in target.spans
+    ]
+    assert data["spans"][0]["text"] == target.spans[0].text[:400]
+
+
+@pytest.mark.parametrize("where", [0, 2])
+def test_tampered_record_fails_with_path_and_line(tmp_path: Path, trajectories: list[Trajectory], where: int) -> None:
+    records = [record_of(t) for t in trajectories]
+    records[where]["model_generated_mask"][2] = True  # a system token claims to be model-generated
+    path = write_records(tmp_path / "t.jsonl", records)
+    for args in ([], ["--json"], ["--trajectory", trajectories[1].trajectory_id]):
+        result = _invoke("inspect", str(path), *args)
+        assert result.exit_code == 1
+        assert f"{path}:{where + 1}: Value error, model_generated_mask disagrees with the span partition" in result.stderr
+        assert result.stdout == ""
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    result = _invoke("inspect", str(tmp_path / "none.jsonl"))
+    assert result.exit_code == 1
+    assert f"trajectory file not found: {tmp_path / 'none.jsonl'}" in result.stderr
+    assert "run 'miniverl demo' or 'miniverl train <recipe>' first" in result.stderr
+
+
+def test_summarize_file_counts_failures_and_tools(tmp_path: Path) -> None:
+    from helpers import calculator_tasks, final_text, make_runner, tool_call_text
+
+    task = calculator_tasks(1)[0]
+    wrong = make_runner([tool_call_text("1 +"), final_text("7")]).rollout(task, seed=1, policy_version=2)
+    unparsed = make_runner(["nothing"]).rollout(task, seed=2, policy_version=1)
+    path = tmp_path / "t.jsonl"
+    write_trajectories(path, [wrong, unparsed])
+    summary = summarize_file(path, limit=1)
+    assert (summary.trajectories, summary.graded, summary.solved) == (2, 1, 0)
+    assert summary.failure_categories == {"wrong_answer": 1}
+    assert summary.tools == {"calculator": 1}  # the unparsed turn is not counted as a tool
+    assert summary.policy_versions == [1, 2]
+    assert summary.termination == {"final_answer": 1, "parse_error_limit": 1}
+    assert len(summary.rows) == 1 and summary.rows[0].source == "policy"
+    assert summary.rows[0].solved is False
