@@ -343,3 +343,26 @@ def run_cli(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> subp
         cwd=str(cwd or REPO_ROOT),
         check=False,
     )
+
+
+TINY_RUN_OVERRIDES: dict[str, Any] = {
+    "run": {"name": "tiny", "seed": 1234},
+    "models": {
+        "backend": "toy",
+        "device": "cpu",
+        "student": {"model_id": "toy-student", "lora": {"enabled": False}},
+        "teacher": {"model_id": "toy-teacher"},
+        "toy_fit": {"max_steps": 20, "check_every": 10, "batch_size": 4},
+    },
+    "environment": {"name": "calculator", "train_tasks": 8, "eval_tasks": 2},
+    "rollout": {"max_turns": 2, "max_new_tokens_per_turn": 16, "max_total_tokens": 200},
+    "loss": {"top_k": 8},
+    "train": {"cycles": 2, "rollouts_per_cycle": 2, "sft_warmup_cycles": 1, "lr": 0.003},
+}
+
+
+def tiny_config(*overrides: str, base: dict[str, Any] | None = None) -> Any:
+    """A seconds-long toy recipe for end-to-end trainer tests, with dotted overrides."""
+    from miniverl.config.models import RunConfig, apply_overrides
+
+    return RunConfig.from_mapping(apply_overrides(base or TINY_RUN_OVERRIDES, overrides), source="<tiny>")

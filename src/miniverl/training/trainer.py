@@ -200,7 +200,7 @@ class OPDTrainer:
         self.resolved_config = self._resolved_config()
         self.role_graph = LocalRoleGraph.for_trainer(self)
         self._is_setup = True
-        if write_artifacts:
+        if write_artifacts and not self.resume:
             self._write_config_files()
             write_json(self.paths.environment, collect_environment())
             write_json(self.paths.manifest, self.build_manifest())
@@ -494,6 +494,7 @@ class OPDTrainer:
             "checks": checks,
             "weights_sha256": weights_sha256,
         }
+        write_json(self.paths.manifest, self.build_manifest())
         self.events.emit(
             "toy_teacher_fitted",
             echo=f"{report.steps_run} steps, greedy success train {train_success:.2f} / held-out {eval_success:.2f}",
@@ -565,15 +566,16 @@ class OPDTrainer:
             cold_start_parameter_version=marker.get("parameter_version"),
         )
 
-    def _load_toy_teacher(self) -> None:
+    def _load_toy_teacher(self, report: dict[str, Any] | None) -> None:
+        """Resume: the fitted toy teacher, verified against the hash in the checkpoint."""
         if self.config.models.backend != "toy" or self.teacher is None:
             return
         from safetensors.torch import load_file
 
         path = self.paths.root / TOY_TEACHER_FILE
-        report = read_json(self.paths.manifest).get("toy_teacher") or {}
+        report = report or {}
         if not path.is_file() or sha256_file(path) != report.get("weights_sha256"):
-            raise CheckpointError(f"{path} is missing or does not match the manifest", hint="start a new run")
+            raise CheckpointError(f"{path} is missing or does not match its SHA-256 in the checkpoint", hint="start a new run")
         self.teacher.load_full_state_dict(load_file(str(path)))
         self.toy_teacher_report = report
 
@@ -1034,6 +1036,7 @@ class OPDTrainer:
             "eval_results": self.eval_results,
             "jsonl_sizes": self._jsonl_sizes(),
             "offline_kd": {"pool": self.offline_pool, "version": self.offline_version, "cursor": self.offline_cursor},
+            "toy_teacher": self.toy_teacher_report,
             "miniverl_version": __version__,
         }
         path = save_checkpoint(
@@ -1054,6 +1057,8 @@ class OPDTrainer:
 
     def load_from_checkpoint(self, path: str | Path | None = None) -> None:
         """Resume: skip baseline eval and warm-up, continue at ``state.cycle + 1``."""
+        if path is None and (self.paths.final_checkpoint / "checkpoint.json").is_file():
+            path = self.paths.final_checkpoint
         path = Path(path) if path is not None else find_latest_checkpoint(self.paths.checkpoints)
         if path is None:
             raise CheckpointError(
@@ -1068,7 +1073,7 @@ class OPDTrainer:
                 f"checkpoint {path} was written by a different config (digest {loaded.state['config_digest'][:12]} vs {self.config.digest()[:12]})",
                 hint="resume with exactly the recipe and overrides of the original run (see config.validated.yaml)",
             )
-        self._load_toy_teacher()
+        self._load_toy_teacher(loaded.state.get("toy_teacher"))
         self.student.load_trainable_state_dict(loaded.trainable)
         load_optimizer_state(self.optimizer, loaded.optimizer, loaded.state["optimizer"])
         state = loaded.state
