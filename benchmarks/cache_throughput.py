@@ -47,7 +47,9 @@ def provenance(top_k: int, dtype: str, vocab: int = QWEN_VOCAB) -> CacheProvenan
     )
 
 
-def synthetic_targets(n: int, k: int, vocab: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+def synthetic_targets(
+    n: int, k: int, vocab: int, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
     """Random ``[n, k]`` ids and decreasing log-probs, an ``[n]`` tail and entropy."""
     log_probs = -torch.rand(n, k, generator=generator).mul(10).sort(dim=-1).values
     return {
@@ -58,7 +60,9 @@ def synthetic_targets(n: int, k: int, vocab: int, generator: torch.Generator) ->
     }
 
 
-def stage(cache: TeacherCache, entries: int, positions: int, k: int, vocab: int, seed: int = 0) -> None:
+def stage(
+    cache: TeacherCache, entries: int, positions: int, k: int, vocab: int, seed: int = 0
+) -> None:
     generator = torch.Generator().manual_seed(seed)
     for i in range(entries):
         key = f"synthetic-{i:06d}"
@@ -144,7 +148,9 @@ def main() -> None:
     parser.add_argument("--positions", type=int, default=250, help="positions per entry")
     parser.add_argument("--top-k", type=int, default=16)
     parser.add_argument("--dtype", choices=sorted(LOG_PROB_BYTES), default="float32")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of tables"
+    )
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -157,7 +163,9 @@ def main() -> None:
         print(json.dumps({"sizes": sizes, "throughput": speed}, indent=2))
         return
     print(f"bytes per cached position at V = {QWEN_VOCAB:,} (int32 ids, float32 entropy)")
-    print(f"{'K':>4} {'log-probs':>9} {'B/pos':>6} {'no entropy':>10} {'file B/pos':>10} {'bf16 logits':>11} {'ratio':>7}")
+    print(
+        f"{'K':>4} {'log-probs':>9} {'B/pos':>6} {'no entropy':>10} {'file B/pos':>10} {'bf16 logits':>11} {'ratio':>7}"
+    )
     for row in sizes:
         print(
             f"{row['K']:>4} {row['log_prob_dtype']:>9} {row['bytes_per_position']:>6} {row['without_entropy']:>10} "

@@ -26,7 +26,7 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 FULL = {"vocab": 151_936, "hidden": 1024, "positions": (1024, 2048), "chunks": (256, 1024)}
 QUICK = {"vocab": 16_384, "hidden": 256, "positions": (256, 512), "chunks": (64, 256)}
@@ -37,6 +37,11 @@ def _rss_now_bytes() -> int:
     with open("/proc/self/statm") as handle:
         resident_pages = int(handle.read().split()[1])
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _peak_rss_bytes() -> int:
@@ -51,10 +56,14 @@ def run_arm(
     divergence: str,
     temperature: float,
     repeats: int,
+    threads: int,
 ) -> dict:
-    """Run one arm in this process; time the best of ``repeats`` forward+backward passes."""
+    """Run one arm in this process and return its memory and per-pass time measurements."""
     import torch
     import torch.nn.functional as F
+
+    if threads > 0:
+        torch.set_num_threads(threads)
 
     from miniverl.losses import (
         DivergenceSpec,
@@ -126,20 +135,21 @@ def run_arm(
     student_hidden.grad = None
     setup_rss = _rss_now_bytes()
     setup_peak = _peak_rss_bytes()
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
         student_hidden.grad = None
-        start = time.perf_counter()
+        cpu_start, start = _cpu_seconds(), time.perf_counter()
         loss = run(positions)
-        times.append(time.perf_counter() - start)
+        wall.append(time.perf_counter() - start)
+        cpu.append(_cpu_seconds() - cpu_start)
     return {
         "arm": arm,
         "positions": positions,
         "setup_rss": setup_rss,
         "setup_peak": setup_peak,
         "peak_rss": _peak_rss_bytes(),
-        "seconds": min(times),
-        "all_seconds": times,
+        "wall": wall,
+        "cpu": cpu,
         "loss": loss,
         "grad_norm": float(student_hidden.grad.norm()),
         "threads": torch.get_num_threads(),
@@ -147,50 +157,59 @@ def run_arm(
 
 
 @dataclass
-class ArmResult:
+class ArmSummary:
+    """Every subprocess run of one arm at one N."""
+
     arm: str
     positions: int
-    data: dict | None
-    failure: str | None
+    runs: list[dict] = field(default_factory=list)
+    failure: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and bool(self.runs)
+
+    @property
+    def setup_rss(self) -> int:
+        return max(r["setup_rss"] for r in self.runs)
+
+    @property
+    def peak_rss(self) -> int:
+        return max(r["peak_rss"] for r in self.runs)
+
+    @property
+    def peak_above_setup(self) -> int:
+        return max(r["peak_rss"] - r["setup_rss"] for r in self.runs)
+
+    @property
+    def wall(self) -> float:
+        return min(min(r["wall"]) for r in self.runs)
+
+    @property
+    def cpu(self) -> float:
+        return min(min(r["cpu"]) for r in self.runs)
 
 
-def _spawn(arm: str, args: argparse.Namespace, config: dict, positions: int) -> ArmResult:
+def _spawn(arm: str, args: argparse.Namespace, config: dict, positions: int) -> dict | str:
+    """Run one arm in a fresh interpreter; its measurements, or why it failed."""
     command = [
         sys.executable,
         os.path.abspath(__file__),
-        "--arm",
-        arm,
-        "--vocab",
-        str(config["vocab"]),
-        "--hidden",
-        str(config["hidden"]),
-        "--positions",
-        str(positions),
-        "--divergence",
-        args.divergence,
-        "--temperature",
-        str(args.temperature),
-        "--repeats",
-        str(args.repeats),
+        *("--arm", arm, "--vocab", str(config["vocab"]), "--hidden", str(config["hidden"])),
+        *("--positions", str(positions), "--divergence", args.divergence),
+        *("--temperature", str(args.temperature), "--repeats", str(args.repeats)),
+        *("--threads", str(args.threads)),
     ]
     proc = subprocess.run(command, capture_output=True, text=True, env=os.environ.copy())
-    if proc.returncode != 0:
-        if (
-            proc.returncode in (-9, 137)
-            or "MemoryError" in proc.stderr
-            or "DefaultCPUAllocator" in proc.stderr
-        ):
-            reason = "did not fit in RAM (killed / out of memory)"
-        else:
-            reason = (
-                f"failed with exit code {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
-            )
-        return ArmResult(arm, positions, None, reason)
-    return ArmResult(arm, positions, json.loads(proc.stdout.strip().splitlines()[-1]), None)
+    if proc.returncode == 0:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    if proc.returncode in (-9, 137) or "DefaultCPUAllocator" in proc.stderr:
+        return "did not fit in RAM (killed or allocation failed)"
+    return f"failed with exit code {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
 
 
 def _gib(num_bytes: float) -> str:
-    return f"{num_bytes / 2**30:7.2f}"
+    return f"{num_bytes / 2**30:.2f}"
 
 
 def main() -> None:
@@ -204,75 +223,99 @@ def main() -> None:
     parser.add_argument("--positions", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--divergence", default="reverse_kl", choices=("reverse_kl", "forward_kl"))
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=1, help="timed passes per subprocess")
     parser.add_argument(
-        "--repeats", type=int, default=3, help="timed passes per arm; the best is reported"
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads per arm (0: torch's default); one by default because on a "
+        "shared 2-vCPU machine OpenMP synchronisation, not the loss, dominates multi-threaded runs",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="subprocesses per arm, interleaved across arms"
     )
     args = parser.parse_args()
 
     if args.arm:
-        print(
-            json.dumps(
-                run_arm(
-                    args.arm,
-                    args.vocab,
-                    args.hidden,
-                    args.positions,
-                    args.divergence,
-                    args.temperature,
-                    args.repeats,
-                )
-            )
+        measured = run_arm(
+            args.arm,
+            args.vocab,
+            args.hidden,
+            args.positions,
+            args.divergence,
+            args.temperature,
+            args.repeats,
+            args.threads,
         )
+        print(json.dumps(measured))
         return
 
     config = QUICK if args.quick else FULL
     arms = ["full"] + [f"chunk{c}" for c in config["chunks"]]
     print(
-        f"loss forward+backward, V={config['vocab']:,} H={config['hidden']} divergence={args.divergence} "
-        f"tau={args.temperature}, float32 CPU, LM heads frozen (gradient to hidden states only)"
+        f"one loss forward+backward: V={config['vocab']:,} H={config['hidden']} "
+        f"divergence={args.divergence} tau={args.temperature}, float32 on CPU "
+        f"({os.cpu_count()} cores, {args.threads or 'default'} torch thread(s) per arm), "
+        "LM heads frozen (gradient to hidden states only)"
     )
     print(
-        "(a) full = materialised student+teacher logits, plain autograd; "
-        "(b) chunkC = chunked_selected_position_loss, ExactTargetProvider, chunk C"
+        "(a) full      = materialised [N, V] student and teacher logits, plain autograd\n"
+        "(b) chunkC    = chunked_selected_position_loss + ExactTargetProvider, chunk C"
     )
     print(
-        f"each arm in its own subprocess, one at a time; memory in GiB (resident set); "
-        f"seconds = best of {args.repeats} passes (the host's timing noise is large)\n"
+        f"Each arm runs alone in its own subprocess, {args.rounds} rounds interleaved across "
+        f"arms, {args.repeats} timed passes each.\nMemory: resident set in GiB (setup = after "
+        "weights and hidden states exist; peak = ru_maxrss). Time: best wall seconds and best\n"
+        "process CPU seconds (user + sys) over all passes; this host's wall times are noisy.\n"
     )
-    header = f"{'N':>5}  {'arm':<10} {'setup':>7} {'peak':>7} {'above setup':>11} {'seconds':>8}  {'loss':>12}"
+    header = (
+        f"{'N':>5}  {'arm':<10} {'setup':>6} {'peak':>6} {'above setup':>11} "
+        f"{'wall s':>7} {'cpu s':>7}  {'loss':>10}"
+    )
     print(header)
     print("-" * len(header))
-    results: dict[tuple[int, str], ArmResult] = {}
+    summaries: dict[tuple[int, str], ArmSummary] = {}
     for positions in config["positions"]:
         for arm in arms:
-            result = _spawn(arm, args, config, positions)
-            results[(positions, arm)] = result
-            if result.data is None:
-                print(f"{positions:>5}  {arm:<10} {result.failure}")
+            summaries[(positions, arm)] = ArmSummary(arm, positions)
+        for _ in range(args.rounds):
+            for arm in arms:
+                summary = summaries[(positions, arm)]
+                if summary.failure is not None:
+                    continue
+                outcome = _spawn(arm, args, config, positions)
+                if isinstance(outcome, str):
+                    summary.failure = outcome
+                else:
+                    summary.runs.append(outcome)
+        for arm in arms:
+            summary = summaries[(positions, arm)]
+            if not summary.ok:
+                print(f"{positions:>5}  {arm:<10} {summary.failure}")
                 continue
-            d = result.data
             print(
-                f"{positions:>5}  {arm:<10} {_gib(d['setup_rss'])} {_gib(d['peak_rss'])} "
-                f"{_gib(d['peak_rss'] - d['setup_rss']):>11} {d['seconds']:8.2f}  {d['loss']:12.6f}",
+                f"{positions:>5}  {arm:<10} {_gib(summary.setup_rss):>6} "
+                f"{_gib(summary.peak_rss):>6} {_gib(summary.peak_above_setup):>11} "
+                f"{summary.wall:7.2f} {summary.cpu:7.2f}  {summary.runs[-1]['loss']:10.6f}",
                 flush=True,
             )
     print()
     for positions in config["positions"]:
-        full = results[(positions, "full")].data
+        full = summaries[(positions, "full")]
         for chunk in config["chunks"]:
-            chunked = results[(positions, f"chunk{chunk}")].data
-            if full is None or chunked is None:
-                print(f"N={positions} chunk {chunk}: ratio unavailable (an arm did not complete)")
+            chunked = summaries[(positions, f"chunk{chunk}")]
+            if not (full.ok and chunked.ok):
+                print(f"N={positions} chunk {chunk}: no ratio, an arm did not complete")
                 continue
-            above_full = full["peak_rss"] - full["setup_rss"]
-            above_chunked = chunked["peak_rss"] - chunked["setup_rss"]
-            loss_gap = abs(full["loss"] - chunked["loss"]) / max(abs(full["loss"]), 1e-30)
-            grad_gap = abs(full["grad_norm"] - chunked["grad_norm"]) / max(full["grad_norm"], 1e-30)
+            full_run, chunked_run = full.runs[-1], chunked.runs[-1]
+            loss_gap = abs(full_run["loss"] - chunked_run["loss"]) / abs(full_run["loss"])
+            grad_gap = abs(full_run["grad_norm"] - chunked_run["grad_norm"]) / full_run["grad_norm"]
             print(
-                f"N={positions} chunk {chunk}: memory (a)/(b) {above_full / above_chunked:6.2f}x above setup, "
-                f"{full['peak_rss'] / chunked['peak_rss']:5.2f}x absolute peak; "
-                f"time (b)/(a) {chunked['seconds'] / full['seconds']:5.2f}x; "
-                f"|loss diff| {loss_gap:.1e} rel, |grad-norm diff| {grad_gap:.1e} rel"
+                f"N={positions} chunk {chunk}: memory (a)/(b) "
+                f"{full.peak_above_setup / chunked.peak_above_setup:5.2f}x above setup, "
+                f"{full.peak_rss / chunked.peak_rss:4.2f}x absolute; time (b)/(a) "
+                f"{chunked.wall / full.wall:4.2f}x wall, {chunked.cpu / full.cpu:4.2f}x cpu; "
+                f"loss differs by {loss_gap:.0e}, grad norm by {grad_gap:.0e} (relative)"
             )
 
 

@@ -117,15 +117,21 @@ class ScriptedBackend:
         stop_sequences: tuple[str, ...] = (),
     ) -> GenerationResult:
         self.calls.append(
-            GenerateCall(list(prompt_ids), max_new_tokens, temperature, top_p, seed, tuple(stop_sequences))
+            GenerateCall(
+                list(prompt_ids), max_new_tokens, temperature, top_p, seed, tuple(stop_sequences)
+            )
         )
         if self.script:
             entry = self.script.pop(0)
         elif self.default is not None:
             entry = self.default
         else:
-            raise AssertionError(f"ScriptedBackend: script exhausted after {len(self.calls) - 1} generate calls")
-        planned = self.tokenizer.encode(entry) if isinstance(entry, str) else [int(i) for i in entry]
+            raise AssertionError(
+                f"ScriptedBackend: script exhausted after {len(self.calls) - 1} generate calls"
+            )
+        planned = (
+            self.tokenizer.encode(entry) if isinstance(entry, str) else [int(i) for i in entry]
+        )
         return emulate_generation(
             planned,
             tokenizer=self.tokenizer,
@@ -195,7 +201,12 @@ def calculator(prompt_style: str = "compact") -> ToolEnvironment:
 
 
 def calculator_tasks(
-    n: int = 4, *, difficulty: str = "easy", seed: int = 7, split: str = "train", prompt_style: str = "compact"
+    n: int = 4,
+    *,
+    difficulty: str = "easy",
+    seed: int = 7,
+    split: str = "train",
+    prompt_style: str = "compact",
 ) -> list[Task]:
     env = calculator(prompt_style)
     counts = {"train": 0, "eval": 0, "test": 0}
@@ -211,10 +222,14 @@ def make_runner(
     **backend_kwargs: Any,
 ) -> RolloutRunner:
     backend = ScriptedBackend(list(script), **backend_kwargs)
-    return RolloutRunner(backend=backend, environment=environment or calculator(), config=config or RolloutConfig())
+    return RolloutRunner(
+        backend=backend, environment=environment or calculator(), config=config or RolloutConfig()
+    )
 
 
-def oracle_trajectory(task: Task | None = None, *, environment: ToolEnvironment | None = None, **kwargs: Any) -> Trajectory:
+def oracle_trajectory(
+    task: Task | None = None, *, environment: ToolEnvironment | None = None, **kwargs: Any
+) -> Trajectory:
     """``RolloutRunner(...).oracle_rollout(task)`` with a scripted backend (never called)."""
     env = environment or calculator()
     task = task or calculator_tasks(1)[0]
@@ -224,7 +239,10 @@ def oracle_trajectory(task: Task | None = None, *, environment: ToolEnvironment 
 def oracle_trajectories(n: int = 3, *, difficulty: str = "easy", seed: int = 7) -> list[Trajectory]:
     env = calculator()
     runner = make_runner(environment=env)
-    return [runner.oracle_rollout(task) for task in calculator_tasks(n, difficulty=difficulty, seed=seed)]
+    return [
+        runner.oracle_rollout(task)
+        for task in calculator_tasks(n, difficulty=difficulty, seed=seed)
+    ]
 
 
 # ------------------------------------------------------------------ hand-built trajectories
@@ -249,7 +267,11 @@ def make_trajectory(
     tok = tokenizer or toy_tokenizer()
     rng = random.Random(seed)
     builder = TranscriptBuilder(
-        tok, trajectory_id=trajectory_id, task_id="task-0", environment="calculator", model_id="toy-student"
+        tok,
+        trajectory_id=trajectory_id,
+        task_id="task-0",
+        environment="calculator",
+        model_id="toy-student",
     )
     model_turn = 0
     for index, (span_type, spec) in enumerate(segments):
@@ -281,7 +303,9 @@ def write_records(path: str | os.PathLike[str], records: Iterable[dict[str, Any]
     return path
 
 
-def write_oracle_file(path: str | os.PathLike[str], n: int = 3, *, difficulty: str = "easy") -> list[Trajectory]:
+def write_oracle_file(
+    path: str | os.PathLike[str], n: int = 3, *, difficulty: str = "easy"
+) -> list[Trajectory]:
     """Write ``n`` oracle trajectories with :func:`write_trajectories`; returns them."""
     trajectories = oracle_trajectories(n, difficulty=difficulty)
     write_trajectories(path, trajectories)
@@ -296,7 +320,9 @@ def first_index_of(trajectory: Trajectory, span_type: SpanType | str) -> int:
 # ------------------------------------------------------------------ subprocesses
 
 
-def subprocess_env(*, hash_seed: str | None = None, extra_paths: Sequence[Path] = ()) -> dict[str, str]:
+def subprocess_env(
+    *, hash_seed: str | None = None, extra_paths: Sequence[Path] = ()
+) -> dict[str, str]:
     """Environment for a child Python that imports miniverl from ``src/``."""
     env = dict(os.environ)
     paths = [str(SRC_DIR), *(str(p) for p in extra_paths)]
@@ -330,7 +356,9 @@ def run_python(
     )
 
 
-def run_cli(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout: float = 120.0, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python -m miniverl.cli.main ARGS`` in a child process."""
     env = subprocess_env()
     env["COLUMNS"] = "200"
@@ -365,4 +393,6 @@ def tiny_config(*overrides: str, base: dict[str, Any] | None = None) -> Any:
     """A seconds-long toy recipe for end-to-end trainer tests, with dotted overrides."""
     from miniverl.config.models import RunConfig, apply_overrides
 
-    return RunConfig.from_mapping(apply_overrides(base or TINY_RUN_OVERRIDES, overrides), source="<tiny>")
+    return RunConfig.from_mapping(
+        apply_overrides(base or TINY_RUN_OVERRIDES, overrides), source="<tiny>"
+    )

@@ -79,7 +79,9 @@ class CacheIntegrityError(MiniverlError):
 class CheckpointError(MiniverlError):
     """A checkpoint is missing, incomplete, tampered with or belongs to another config."""
 
-    default_hint = "resume only from a checkpoint with a valid checkpoint.json written by the same recipe"
+    default_hint = (
+        "resume only from a checkpoint with a valid checkpoint.json written by the same recipe"
+    )
 
 
 class GpuMemoryError(MiniverlError):

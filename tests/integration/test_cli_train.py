@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import TINY_RUN_OVERRIDES
 from typer.testing import CliRunner
 
+from helpers import TINY_RUN_OVERRIDES
 from miniverl.cli.main import app
 from miniverl.config.models import RunConfig
 from miniverl.config.presets import FAST_OVERRIDES, demo_config, demo_recipe_bytes
@@ -27,7 +27,16 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     recipe = root / "tiny.yaml"
     recipe.write_text("# a tiny recipe\n" + yaml.safe_dump(TINY_RUN_OVERRIDES), encoding="utf-8")
     out = root / "run"
-    result = _invoke("train", str(recipe), "train.cycles=1", "loss.divergence=reverse_kl", "--output", str(out), "--no-report", "--quiet")
+    result = _invoke(
+        "train",
+        str(recipe),
+        "train.cycles=1",
+        "loss.divergence=reverse_kl",
+        "--output",
+        str(out),
+        "--no-report",
+        "--quiet",
+    )
     assert result.exit_code == 0, result.output
     return recipe, out
 
@@ -38,7 +47,9 @@ def test_train_records_submitted_bytes_and_validated_overrides(trained: tuple[Pa
     validated = yaml.safe_load((out / "config.validated.yaml").read_text())
     assert validated["train"]["cycles"] == 1 and validated["loss"]["divergence"] == "reverse_kl"
     resolved = yaml.safe_load((out / "config.resolved.yaml").read_text())
-    assert resolved["memory"]["strategy"] == "resident" and isinstance(resolved["loss"]["chunk_size"], int)
+    assert resolved["memory"]["strategy"] == "resident" and isinstance(
+        resolved["loss"]["chunk_size"], int
+    )
     assert resolved["models"]["device"] == "cpu" and resolved["loss"]["top_k"] == 8
     assert "# memory plan: auto -> resident" in (out / "config.resolved.yaml").read_text()
     RunConfig.from_mapping(resolved)
@@ -68,7 +79,9 @@ def test_eval_rebuilds_from_the_resolved_config(trained: tuple[Path, Path]) -> N
 
 def test_train_into_an_existing_run_needs_resume(trained: tuple[Path, Path]) -> None:
     recipe, out = trained
-    result = _invoke("train", str(recipe), "train.cycles=1", "loss.divergence=reverse_kl", "--output", str(out))
+    result = _invoke(
+        "train", str(recipe), "train.cycles=1", "loss.divergence=reverse_kl", "--output", str(out)
+    )
     assert result.exit_code == 1 and "already holds a run" in result.stderr
 
 
@@ -81,9 +94,15 @@ def test_every_recipe_validates(recipe: Path) -> None:
 def test_the_qwen_recipe_is_the_documented_16gb_path() -> None:
     config = RunConfig.from_yaml(REPO / "recipes" / "qwen_consumer_gpu_calc_raw_teacher.yaml")
     assert config.models.backend == "hf"
-    assert (config.models.student.model_id, config.models.student.quantization) == ("Qwen/Qwen3-0.6B", "nf4")
+    assert (config.models.student.model_id, config.models.student.quantization) == (
+        "Qwen/Qwen3-0.6B",
+        "nf4",
+    )
     assert config.models.student.lora.enabled
-    assert (config.models.teacher.model_id, config.models.teacher.precision) == ("Qwen/Qwen3-1.7B", "bfloat16")
+    assert (config.models.teacher.model_id, config.models.teacher.precision) == (
+        "Qwen/Qwen3-1.7B",
+        "bfloat16",
+    )
     assert config.environment.name == "calculator"
 
 
@@ -93,3 +112,17 @@ def test_the_packaged_demo_recipe_is_the_one_in_recipes() -> None:
     full = demo_config()
     assert fast.train.cycles < full.train.cycles and len(FAST_OVERRIDES) >= 5
     assert fast.to_dict()["models"]["backend"] == "toy"
+
+
+def test_the_configuration_reference_is_current() -> None:
+    from miniverl.config.reference import markdown_reference
+
+    assert (REPO / "docs" / "configuration.md").read_text(encoding="utf-8") == markdown_reference()
+
+
+def test_the_readme_quick_start_and_ci_run_the_same_test_command() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    command = 'pip install torch==2.13.0 -e ".[hf,dev]" && ruff check . && python -m pytest'
+    assert command in readme and command in ci
+    assert 'pip install torch==2.13.0 ".[torch]" && miniverl demo' in readme

@@ -9,8 +9,8 @@ import pytest
 
 from miniverl.cache.store import TeacherCache
 from miniverl.schemas.trajectory import MODEL_GENERATED_SPAN_TYPES
-from miniverl.trajectory.io import read_trajectories
 from miniverl.training.checkpoint import read_marker
+from miniverl.trajectory.io import read_trajectories
 from miniverl.utils.runs import RunPaths
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ def test_contents_validate(demo_fast_run: Path) -> None:
     TeacherCache.open(paths.teacher_cache).validate()
     marker = read_marker(paths.final_checkpoint)
     manifest = json.loads(paths.manifest.read_text())
-    assert MANIFEST_FIELDS <= set(manifest)
+    assert set(manifest) >= MANIFEST_FIELDS
     assert marker["config_digest"] == manifest["config_digest"]
     assert manifest["measurement_status"]["gpu_memory"] == "not_run_no_cuda"
     assert manifest["memory_plan"]["reason"]
@@ -63,13 +63,25 @@ def test_token_analysis_only_covers_tokens_the_policy_emitted(demo_fast_run: Pat
         traj = by_id[row["trajectory_id"]]
         j = row["target_position"]
         assert row["prediction_position"] == j - 1
-        assert traj.model_generated_mask[j] and traj.span_at(j).span_type in MODEL_GENERATED_SPAN_TYPES
+        assert (
+            traj.model_generated_mask[j] and traj.span_at(j).span_type in MODEL_GENERATED_SPAN_TYPES
+        )
         assert traj.token_ids[j] == row["token_id"]
 
 
 def test_events_tell_the_run_in_order(demo_fast_run: Path) -> None:
-    events = [json.loads(line)["event"] for line in RunPaths(demo_fast_run).events.read_text().splitlines()]
-    order = ["run_start", "toy_teacher_fitted", "sft_warmup_start", "rollouts_collected", "token_analysis_written", "run_end"]
+    events = [
+        json.loads(line)["event"]
+        for line in RunPaths(demo_fast_run).events.read_text().splitlines()
+    ]
+    order = [
+        "run_start",
+        "toy_teacher_fitted",
+        "sft_warmup_start",
+        "rollouts_collected",
+        "token_analysis_written",
+        "run_end",
+    ]
     positions = [events.index(e) for e in order]
     assert positions == sorted(positions)
     assert events[-1] == "run_end"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config
 from safetensors.torch import load_file
 
+from helpers import tiny_config
 from miniverl.config.models import RunConfig
 from miniverl.errors import ConfigError, GpuMemoryError
 from miniverl.training import memory
@@ -26,7 +27,9 @@ def _weights(trainer: OPDTrainer) -> dict[str, torch.Tensor]:
 
 
 def test_resident_and_swap_give_the_same_losses(tmp_path: Path) -> None:
-    resident = OPDTrainer(tiny_config("memory.strategy=resident"), output_dir=tmp_path / "resident", quiet=True)
+    resident = OPDTrainer(
+        tiny_config("memory.strategy=resident"), output_dir=tmp_path / "resident", quiet=True
+    )
     swap = OPDTrainer(tiny_config("memory.strategy=swap"), output_dir=tmp_path / "swap", quiet=True)
     resident.train()
     swap.train()
@@ -38,7 +41,9 @@ def test_resident_and_swap_give_the_same_losses(tmp_path: Path) -> None:
     assert manifest["memory_plan"]["reason"].startswith("requested: swap")
 
 
-def test_an_injected_oom_halves_the_chunk_and_keeps_the_gradient(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_injected_oom_halves_the_chunk_and_keeps_the_gradient(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = tiny_config("loss.chunk_size=64", "memory.min_chunk_size=16")
     plain = OPDTrainer(config, output_dir=tmp_path / "plain", quiet=True)
     plain.train()
@@ -58,7 +63,10 @@ def test_an_injected_oom_halves_the_chunk_and_keeps_the_gradient(tmp_path: Path,
     assert seen[:3] == [64, 32, 16]
     events = [json.loads(line) for line in retried.paths.events.read_text().splitlines()]
     retries = [e for e in events if e["event"] == "oom_chunk_retry"]
-    assert [(e["previous_chunk_size"], e["chunk_size"]) for e in retries[:2]] == [(64, 32), (32, 16)]
+    assert [(e["previous_chunk_size"], e["chunk_size"]) for e in retries[:2]] == [
+        (64, 32),
+        (32, 16),
+    ]
     assert _losses(plain) == pytest.approx(_losses(retried), rel=1e-6)
     a, b = _weights(plain), _weights(retried)
     for k in a:
@@ -112,16 +120,23 @@ def _hf_quantized(strategy: str) -> RunConfig:
 def test_auto_with_a_quantized_model_resolves_to_resident_with_the_documented_reason() -> None:
     plan = memory.resolve_strategy(_hf_quantized("auto"), device="cuda")
     assert plan.strategy == "resident"
-    assert plan.reason == "auto -> resident: a quantized model cannot be moved off the accelerator, so swap is unavailable"
+    assert (
+        plan.reason
+        == "auto -> resident: a quantized model cannot be moved off the accelerator, so swap is unavailable"
+    )
 
 
 def test_swap_with_a_quantized_model_is_refused() -> None:
-    with pytest.raises(ConfigError, match="memory.strategy: swap is unavailable with a quantized model"):
+    with pytest.raises(
+        ConfigError, match=re.escape("memory.strategy: swap is unavailable with a quantized model")
+    ):
         _hf_quantized("swap")
 
 
 def test_auto_on_cuda_uses_free_memory_and_headroom() -> None:
-    config = RunConfig.from_mapping({"memory": {"strategy": "auto", "auto_swap_vram_headroom_gb": 2.0}})
+    config = RunConfig.from_mapping(
+        {"memory": {"strategy": "auto", "auto_swap_vram_headroom_gb": 2.0}}
+    )
     roomy = memory.resolve_strategy(config, device="cuda", model_bytes=4 << 30, free_gib=10.0)
     tight = memory.resolve_strategy(config, device="cuda", model_bytes=4 << 30, free_gib=5.0)
     assert (roomy.strategy, tight.strategy) == ("resident", "swap")
@@ -130,16 +145,24 @@ def test_auto_on_cuda_uses_free_memory_and_headroom() -> None:
 
 
 @pytest.mark.parametrize("batch_rows", [1, 2, 3, 4])
-def test_the_group_loss_does_not_depend_on_the_micro_batch_layout(tmp_path: Path, batch_rows: int) -> None:
+def test_the_group_loss_does_not_depend_on_the_micro_batch_layout(
+    tmp_path: Path, batch_rows: int
+) -> None:
     config = tiny_config("train.rollouts_per_cycle=4", "environment.train_tasks=8")
     trainer = OPDTrainer(config, output_dir=tmp_path / "layout", quiet=True)
     trainer.setup(write_artifacts=False)
     trainer._run_sft_warmup(1)
-    samples = [s for s in trainer._build_samples(trainer._collect(trainer._next_tasks(4), cycle=0), cycle=0) if s.trainable]
+    samples = [
+        s
+        for s in trainer._build_samples(trainer._collect(trainer._next_tasks(4), cycle=0), cycle=0)
+        if s.trainable
+    ]
     assert len(samples) >= 3
 
     def group_loss(rows: int) -> tuple[float, list[torch.Tensor]]:
-        trainer.resolved_config = trainer.resolved_config.with_overrides([f"train.trajectory_batch_size={rows}"])
+        trainer.resolved_config = trainer.resolved_config.with_overrides(
+            [f"train.trajectory_batch_size={rows}"]
+        )
         result = trainer._compute_group_gradients(samples, 7, "opd")
         return result.loss, [p.grad.clone() for p in trainer.student.trainable_parameters()]
 

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import tiny_config
 
+from helpers import tiny_config
 from miniverl.cache.store import TeacherCache
 from miniverl.errors import StaleCacheError
-from miniverl.trajectory.io import read_trajectories
 from miniverl.training.trainer import OPDTrainer
+from miniverl.trajectory.io import read_trajectories
 
 STEP_FIELDS = {
     "phase", "cycle", "step", "global_optimizer_step", "parameter_version", "policy_version",
@@ -39,7 +39,7 @@ def _run(tmp_path: Path, *overrides: str, name: str = "run") -> OPDTrainer:
 def test_opd_end_to_end(tmp_path: Path) -> None:
     trainer = _run(tmp_path)
     steps = _records(trainer.paths.metrics, "step")
-    assert steps and all(STEP_FIELDS <= set(s) for s in steps)
+    assert steps and all(set(s) >= STEP_FIELDS for s in steps)
     assert all(s["gpu"] == {"status": "not_run_no_cuda"} for s in steps)
     assert [s["phase"] for s in steps] == ["sft", "opd", "opd"]
     # one strict update per rollout version: each OPD step consumes the version it was sampled at
@@ -48,11 +48,15 @@ def test_opd_end_to_end(tmp_path: Path) -> None:
     opd = [s for s in steps if s["phase"] == "opd"]
     assert [s["rollout_policy_version"] for s in opd] == [1, 2]
     assert trainer.parameter_version == trainer.global_step == 3
-    policy = [t for t in read_trajectories(trainer.paths.trajectories) if t.metadata.get("source") == "policy"]
+    policy = [
+        t
+        for t in read_trajectories(trainer.paths.trajectories)
+        if t.metadata.get("source") == "policy"
+    ]
     assert sorted({t.policy_version for t in policy}) == [1, 2]
     cache = TeacherCache.open(trainer.paths.teacher_cache)
     cache.validate()
-    assert cache.stats()["versions"] == {"1": 2, "2": 2}
+    assert cache.stats()["versions"] == {1: 2, 2: 2}
     names = _events(trainer)
     for expected in ("run_start", "toy_teacher_fitted", "sft_warmup_start", "sft_warmup_cycle", "rollouts_collected",
                      "token_analysis_written", "eval", "checkpoint_saved", "run_end"):  # fmt: skip
@@ -72,7 +76,9 @@ def test_opd_reading_another_version_is_stale(tmp_path: Path) -> None:
     assert cache.read(key, expect_policy_version=stored).num_positions > 0
 
 
-def test_opd_trainer_refuses_targets_of_another_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_opd_trainer_refuses_targets_of_another_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     trainer = OPDTrainer(tiny_config(), output_dir=tmp_path / "run", quiet=True)
     monkeypatch.setattr(trainer, "_expected_version", lambda rollout_version: rollout_version + 1)
     with pytest.raises(StaleCacheError):
@@ -88,7 +94,9 @@ def test_sft_mode_uses_no_teacher(tmp_path: Path) -> None:
     assert all(s["divergence_loss"] == 0.0 and s["teacher_entropy_mean"] is None for s in steps)
     assert all(s["loss"] == pytest.approx(s["sampled_token_nll"]) for s in steps)
     assert not trainer.paths.teacher_cache.exists()
-    assert all(t.metadata["source"] == "oracle" for t in read_trajectories(trainer.paths.trajectories))
+    assert all(
+        t.metadata["source"] == "oracle" for t in read_trajectories(trainer.paths.trajectories)
+    )
 
 
 def test_offline_kd_reuses_one_frozen_cache(tmp_path: Path) -> None:
@@ -97,7 +105,7 @@ def test_offline_kd_reuses_one_frozen_cache(tmp_path: Path) -> None:
     assert names.count("offline_kd_reuse") == 2
     cache = TeacherCache.open(trainer.paths.teacher_cache)
     versions = cache.stats()["versions"]
-    assert versions == {str(trainer.offline_version): trainer.config.environment.train_tasks}
+    assert versions == {trainer.offline_version: trainer.config.environment.train_tasks}
     assert len(cache) == trainer.config.environment.train_tasks
     steps = _records(trainer.paths.metrics, "step")
     kd = [s for s in steps if s["phase"] == "offline_kd"]

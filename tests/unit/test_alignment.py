@@ -80,14 +80,21 @@ def test_privileged_render_alignment(difficulty: str) -> None:
     assert amap.student_prediction_positions == [j - 1 for j in selection.positions]
     assert amap.teacher_prediction_positions == [j - 1 + priv.length for j in selection.positions]
     for s, t, tok in zip(
-        amap.student_prediction_positions, amap.teacher_prediction_positions, amap.target_token_ids, strict=True
+        amap.student_prediction_positions,
+        amap.teacher_prediction_positions,
+        amap.target_token_ids,
+        strict=True,
     ):
         assert student.token_ids[s + 1] == teacher.token_ids[t + 1] == tok
 
 
 def _teacher_from(
-    student: Trajectory, *, order: list[int] | None = None, keys: list[str] | None = None,
-    replace: dict[int, list[int]] | None = None, prefix: int = 0,
+    student: Trajectory,
+    *,
+    order: list[int] | None = None,
+    keys: list[str] | None = None,
+    replace: dict[int, list[int]] | None = None,
+    prefix: int = 0,
 ) -> Trajectory:
     """A hand-built teacher render from the student's segments (reordered/rekeyed/replaced)."""
     segments: list[tuple[str, list[int] | int]] = [("system", prefix)] if prefix else []
@@ -103,7 +110,13 @@ def _teacher_from(
 
 def _student() -> Trajectory:
     return make_trajectory(
-        [("system", 4), ("user", 3), ("assistant_tool_call", 3), ("tool_result", 2), ("assistant_final", 2)],
+        [
+            ("system", 4),
+            ("user", 3),
+            ("assistant_tool_call", 3),
+            ("tool_result", 2),
+            ("assistant_final", 2),
+        ],
         segment_keys=["sys", "user", "gen:0:block", "obs:0", "gen:1:block"],
     )
 
@@ -111,10 +124,19 @@ def _student() -> Trajectory:
 def test_per_span_offsets_are_recomputed_not_assumed_constant() -> None:
     student = _student()
     # Privileged block inserted *between* segments: the offset differs per span.
-    segments = [("system", student.token_ids[0:4]), ("user", student.token_ids[4:7]), ("system", 5),
-                ("assistant_tool_call", student.token_ids[7:10]), ("tool_result", student.token_ids[10:12]),
-                ("system", 2), ("assistant_final", student.token_ids[12:14])]
-    teacher = make_trajectory(segments, segment_keys=["sys", "user", "priv", "gen:0:block", "obs:0", "priv2", "gen:1:block"])
+    segments = [
+        ("system", student.token_ids[0:4]),
+        ("user", student.token_ids[4:7]),
+        ("system", 5),
+        ("assistant_tool_call", student.token_ids[7:10]),
+        ("tool_result", student.token_ids[10:12]),
+        ("system", 2),
+        ("assistant_final", student.token_ids[12:14]),
+    ]
+    teacher = make_trajectory(
+        segments,
+        segment_keys=["sys", "user", "priv", "gen:0:block", "obs:0", "priv2", "gen:1:block"],
+    )
     targets = model_target_positions(student.model_generated_mask)
     assert targets == [7, 8, 9, 12, 13]
     amap = build_alignment_map(student, targets, teacher=teacher)
@@ -153,7 +175,9 @@ def test_teacher_span_without_segment_key() -> None:
     spans = list(student.spans)
     spans[4] = spans[4].model_copy(update={"metadata": {"other": 1}})
     teacher = student.model_copy(update={"spans": spans})
-    with pytest.raises(AlignmentError, match=r"^span assistant_final at \[12,14\) has no 'segment_key' metadata; "):
+    with pytest.raises(
+        AlignmentError, match=r"^span assistant_final at \[12,14\) has no 'segment_key' metadata; "
+    ):
         build_alignment_map(student, [7], teacher=teacher)
 
 
@@ -164,7 +188,10 @@ def test_duplicate_teacher_segment_key() -> None:
     teacher = student.model_copy(update={"spans": spans})  # TranscriptBuilder would refuse this
     with pytest.raises(AlignmentError) as info:
         build_alignment_map(student, [7], teacher=teacher)
-    assert str(info.value) == "teacher render contains duplicate segment key 'obs:0'; keys must be unique"
+    assert (
+        str(info.value)
+        == "teacher render contains duplicate segment key 'obs:0'; keys must be unique"
+    )
 
 
 def test_missing_counterpart() -> None:
@@ -211,7 +238,10 @@ def test_target_landing_at_teacher_position_zero() -> None:
     teacher = _teacher_from(student, order=[2, 0, 1, 3, 4])
     with pytest.raises(AlignmentError) as info:
         build_alignment_map(student, [7], teacher=teacher)
-    assert str(info.value) == "a target token landed at teacher position 0, which has no preceding prediction position"
+    assert (
+        str(info.value)
+        == "a target token landed at teacher position 0, which has no preceding prediction position"
+    )
     # Other targets of the same span land at 1 and 2 and are fine.
     amap = build_alignment_map(student, [8, 9], teacher=teacher)
     assert amap.teacher_prediction_positions == [0, 1]

@@ -30,8 +30,14 @@ runner = CliRunner()
 def build(directory: Path, versions: dict[str, int]) -> None:
     cache = TeacherCache(
         directory,
-        CacheProvenance(teacher_model_id="toy-teacher", tokenizer_fingerprint="c" * 64, top_k=K, temperature=1.0,
-                        vocab_size=VOCAB, dtype="bfloat16"),
+        CacheProvenance(
+            teacher_model_id="toy-teacher",
+            tokenizer_fingerprint="c" * 64,
+            top_k=K,
+            temperature=1.0,
+            vocab_size=VOCAB,
+            dtype="bfloat16",
+        ),
         max_entries_per_shard=2,
     )
     for i, (key, version) in enumerate(versions.items()):
@@ -60,7 +66,15 @@ def cache_dir(tmp_path: Path) -> Path:
 def test_stats_table_and_json(cache_dir: Path) -> None:
     result = runner.invoke(app, ["cache", "stats", str(cache_dir)])
     assert result.exit_code == 0, result.output
-    for text in ("entries", "positions", "bytes per position", "versions", "shards", "v1: 2", "toy-teacher"):
+    for text in (
+        "entries",
+        "positions",
+        "bytes per position",
+        "versions",
+        "shards",
+        "v1: 2",
+        "toy-teacher",
+    ):
         assert text in result.output
     result = runner.invoke(app, ["cache", "stats", str(cache_dir), "--json"])
     assert result.exit_code == 0, result.output
@@ -91,7 +105,9 @@ def test_a_missing_cache_is_a_clean_error(tmp_path: Path) -> None:
 
 
 def test_prune_keeps_the_given_versions(cache_dir: Path) -> None:
-    result = runner.invoke(app, ["cache", "prune", str(cache_dir), "--keep-version", "1", "--keep-version", "2"])
+    result = runner.invoke(
+        app, ["cache", "prune", str(cache_dir), "--keep-version", "1", "--keep-version", "2"]
+    )
     assert result.exit_code == 0, result.output
     assert "removed 1 entries, kept 3" in result.output
     assert sorted(TeacherCache.open(cache_dir).keys()) == ["b", "c", "d"]
@@ -134,7 +150,12 @@ TORCH_FREE = textwrap.dedent(
 def run_torch_free(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(SRC), "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-c", TORCH_FREE, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+        [sys.executable, "-c", TORCH_FREE, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
     )
 
 

@@ -32,7 +32,13 @@ SHARD = "shard-00000.safetensors"
 def build(directory: Path, keys: tuple[str, ...] = ("alpha", "beta", "gamma")) -> TeacherCache:
     cache = TeacherCache(
         directory,
-        CacheProvenance(teacher_model_id="t", tokenizer_fingerprint="a" * 64, top_k=K, temperature=1.0, vocab_size=VOCAB),
+        CacheProvenance(
+            teacher_model_id="t",
+            tokenizer_fingerprint="a" * 64,
+            top_k=K,
+            temperature=1.0,
+            vocab_size=VOCAB,
+        ),
     )
     for i, key in enumerate(keys):
         g = torch.Generator().manual_seed(i)
@@ -40,7 +46,11 @@ def build(directory: Path, keys: tuple[str, ...] = ("alpha", "beta", "gamma")) -
         top = torch.topk(log_probs, K)
         cache.write(
             key,
-            {"topk_indices": top.indices, "topk_log_probs": top.values, "tail_log_prob": torch.full((6,), -2.0)},
+            {
+                "topk_indices": top.indices,
+                "topk_log_probs": top.values,
+                "tail_log_prob": torch.full((6,), -2.0),
+            },
             trajectory_id=key,
             policy_version=0,
             alignment_digest=hashlib.sha256(key.encode()).hexdigest(),
@@ -89,7 +99,10 @@ def test_a_truncated_shard_is_a_clear_error(tmp_path: Path) -> None:
     shard.write_bytes(data[: len(data) - 40])
     with pytest.raises(CacheIntegrityError) as caught:
         TeacherCache.open(tmp_path).validate()
-    assert f"shard {SHARD} is {len(data) - 40} bytes but the index records {len(data)}" in caught.value.message
+    assert (
+        f"shard {SHARD} is {len(data) - 40} bytes but the index records {len(data)}"
+        in caught.value.message
+    )
     assert "truncated" in caught.value.message
     with pytest.raises(CacheIntegrityError, match=f"{SHARD}.*(truncated|data region)"):
         cache.read("gamma", expect_policy_version=0)
@@ -237,13 +250,22 @@ F32 = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
         (header_file({"t": F32 | {"dtype": "F128"}}, b"\0" * 8), "unknown dtype"),
         (header_file({"t": F32 | {"shape": [-2]}}, b"\0" * 8), "invalid shape"),
         (header_file({"t": F32 | {"shape": [True, 2]}}, b"\0" * 8), "invalid shape"),
-        (header_file({"t": F32 | {"data_offsets": [0, 16]}}, b"\0" * 8), "outside the 8-byte data region"),
+        (
+            header_file({"t": F32 | {"data_offsets": [0, 16]}}, b"\0" * 8),
+            "outside the 8-byte data region",
+        ),
         (header_file({"t": F32 | {"data_offsets": [8, 0]}}, b"\0" * 8), "outside"),
         (header_file({"t": F32 | {"data_offsets": [0]}}, b"\0" * 8), "invalid data_offsets"),
         (header_file({"t": F32 | {"shape": [3]}}, b"\0" * 8), "= 12 bytes but its offsets span 8"),
-        (header_file({"t": {"dtype": "F32", "shape": [2]}}, b"\0" * 8), "exactly dtype, shape and data_offsets"),
+        (
+            header_file({"t": {"dtype": "F32", "shape": [2]}}, b"\0" * 8),
+            "exactly dtype, shape and data_offsets",
+        ),
         (header_file({"a": F32, "b": F32 | {"data_offsets": [4, 12]}}, b"\0" * 12), "overlaps"),
-        (header_file({"a": F32, "b": F32 | {"data_offsets": [12, 20]}}, b"\0" * 20), "unaccounted bytes"),
+        (
+            header_file({"a": F32, "b": F32 | {"data_offsets": [12, 20]}}, b"\0" * 20),
+            "unaccounted bytes",
+        ),
         (header_file({"a": F32}, b"\0" * 16), "holds 16 bytes but its tensors cover 8"),
         (header_file({"a": F32, "__metadata__": {"k": 1}}, b"\0" * 8), "__metadata__"),
         (header_file({"t": F32 | {"shape": [2**62, 2**62]}}, b"\0" * 8), "offsets span 8"),
@@ -269,17 +291,24 @@ def test_a_missing_file_is_an_integrity_error(tmp_path: Path) -> None:
         read_safetensors_header(tmp_path / "absent.safetensors")
 
 
-VALID = save({"x": torch.arange(6, dtype=torch.float32).reshape(2, 3), "y": torch.tensor([1, 2], dtype=torch.int32)})
+VALID = save(
+    {
+        "x": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        "y": torch.tensor([1, 2], dtype=torch.int32),
+    }
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(
-    st.binary(max_size=256),
-    st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)).map(
-        lambda edit: VALID[: edit[0]] + bytes([edit[1]]) + VALID[edit[0] + 1 :]
-    ),
-    st.integers(0, len(VALID)).map(lambda cut: VALID[:cut]),
-))
+@given(
+    st.one_of(
+        st.binary(max_size=256),
+        st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)).map(
+            lambda edit: VALID[: edit[0]] + bytes([edit[1]]) + VALID[edit[0] + 1 :]
+        ),
+        st.integers(0, len(VALID)).map(lambda cut: VALID[:cut]),
+    )
+)
 def test_arbitrary_bytes_never_crash_the_parser(content: bytes) -> None:
     try:
         header, start = parse_safetensors_header(content, len(content))

@@ -50,14 +50,18 @@ def violations(source: str) -> list[str]:
 
 
 def test_the_scanner_catches_uses_and_ignores_mentions() -> None:
-    assert violations("import pickle\n") == ["pickle (any spelling, incl. cPickle and allow_pickle)"]
+    assert violations("import pickle\n") == [
+        "pickle (any spelling, incl. cPickle and allow_pickle)"
+    ]
     assert violations("import numpy as np\nnp.load(f, allow_pickle=True)\n")
     assert violations("state = torch.load(path)\n") == ["torch.load"]
     assert violations("from torch import load as l\n") == ["load imported from torch"]
     assert violations("value = eval(text)\n") == ["bare eval("]
     assert violations("exec (code)\n") == ["bare exec("]
     assert violations("import marshal\n")
-    assert violations('"""no pickle, never torch.load or eval(x)"""\nmodel.eval()\n# exec(x)\n') == []
+    assert (
+        violations('"""no pickle, never torch.load or eval(x)"""\nmodel.eval()\n# exec(x)\n') == []
+    )
     assert violations("def set_eval(x): ...\nself.exec_count = 1\nf'no pickle {x}'\n") == []
     assert violations("class M:\n    def eval(self): ...\n") == []
 

@@ -25,7 +25,13 @@ TENSORS = {
     "b/big": torch.arange(5, dtype=torch.int64),
     "empty/rows": torch.empty((0, 4), dtype=torch.float32),
 }
-CODES = {torch.int32: "I32", torch.int64: "I64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+CODES = {
+    torch.int32: "I32",
+    torch.int64: "I64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+}
 
 
 def raw(name: str, tensor: torch.Tensor) -> RawTensor:
@@ -79,4 +85,6 @@ def test_the_writer_refuses_inconsistent_tensors() -> None:
     with pytest.raises(ValueError, match="bytes"):
         encode_safetensors([RawTensor("x", "F32", (3,), b"\0" * 8)])
     with pytest.raises(ValueError, match="reserved or repeated"):
-        encode_safetensors([RawTensor("x", "F32", (1,), b"\0" * 4), RawTensor("x", "F32", (1,), b"\0" * 4)])
+        encode_safetensors(
+            [RawTensor("x", "F32", (1,), b"\0" * 4), RawTensor("x", "F32", (1,), b"\0" * 4)]
+        )

@@ -37,7 +37,13 @@ K, VOCAB = 4, 50
 
 
 def provenance(**changes) -> CacheProvenance:
-    fields = {"teacher_model_id": "teacher", "tokenizer_fingerprint": "a" * 64, "top_k": K, "temperature": 1.0, "vocab_size": VOCAB}
+    fields = {
+        "teacher_model_id": "teacher",
+        "tokenizer_fingerprint": "a" * 64,
+        "top_k": K,
+        "temperature": 1.0,
+        "vocab_size": VOCAB,
+    }
     return CacheProvenance(**(fields | changes))
 
 
@@ -60,9 +66,13 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def put(cache: TeacherCache, key: str, n: int = 5, version: int = 0, seed: int | None = None) -> dict[str, torch.Tensor]:
+def put(
+    cache: TeacherCache, key: str, n: int = 5, version: int = 0, seed: int | None = None
+) -> dict[str, torch.Tensor]:
     tensors = synthetic(n, seed if seed is not None else len(key) + 31 * version)
-    cache.write(key, tensors, trajectory_id=key, policy_version=version, alignment_digest=digest(key))
+    cache.write(
+        key, tensors, trajectory_id=key, policy_version=version, alignment_digest=digest(key)
+    )
     return tensors
 
 
@@ -89,7 +99,9 @@ def scored():
 def loss_and_grads(student, trajectory, alignment, provider):
     for p in student.trainable_parameters():
         p.grad = None
-    hidden = student.hidden_states_at(trajectory.token_ids, alignment.student_prediction_positions, with_grad=True)
+    hidden = student.hidden_states_at(
+        trajectory.token_ids, alignment.student_prediction_positions, with_grad=True
+    )
     result = chunked_selected_position_loss(
         hidden_states=hidden,
         lm_head=student.project,
@@ -114,15 +126,24 @@ def test_round_trip_is_bit_identical(tmp_path: Path, scored, dtype: str) -> None
     assert cache.flush() == ["shard-00000.safetensors", "shard-00001.safetensors"]
     reopened = TeacherCache.open(tmp_path, scorer.cache_provenance(dtype=dtype))
     for trajectory, alignment, result in rows:
-        cached = reopened.read(trajectory.trajectory_id, expect_policy_version=trajectory.policy_version)
+        cached = reopened.read(
+            trajectory.trajectory_id, expect_policy_version=trajectory.policy_version
+        )
         expected = result.cache_tensors(dtype)
         assert set(cached.tensors) == set(expected)
         for name, tensor in expected.items():
             assert cached.tensors[name].dtype == tensor.dtype
-            assert torch.equal(cached.tensors[name].view(torch.uint8), tensor.view(torch.uint8)), name
-        assert cached.alignment_digest == alignment.digest() and cached.policy_version == trajectory.policy_version
+            assert torch.equal(cached.tensors[name].view(torch.uint8), tensor.view(torch.uint8)), (
+                name
+            )
+        assert (
+            cached.alignment_digest == alignment.digest()
+            and cached.policy_version == trajectory.policy_version
+        )
         assert cached.entropy_is_lower_bound
-        assert reopened.record(trajectory.trajectory_id).teacher_entropy_mean == pytest.approx(result.teacher_entropy_mean)
+        assert reopened.record(trajectory.trajectory_id).teacher_entropy_mean == pytest.approx(
+            result.teacher_entropy_mean
+        )
     assert reopened.validate().entries == len(rows)
 
 
@@ -133,10 +154,15 @@ def test_cached_provider_gives_the_live_loss_and_gradients(tmp_path: Path, score
         cache.write(trajectory.trajectory_id, result)
     cache.flush()
     for trajectory, alignment, result in rows:
-        cached = cache.read(trajectory.trajectory_id, expect_policy_version=trajectory.policy_version,
-                            expect_alignment_digest=alignment.digest())
+        cached = cache.read(
+            trajectory.trajectory_id,
+            expect_policy_version=trajectory.policy_version,
+            expect_alignment_digest=alignment.digest(),
+        )
         live_loss, live_grads = loss_and_grads(student, trajectory, alignment, result.provider)
-        cached_loss, cached_grads = loss_and_grads(student, trajectory, alignment, cached.provider(SPEC))
+        cached_loss, cached_grads = loss_and_grads(
+            student, trajectory, alignment, cached.provider(SPEC)
+        )
         assert cached_loss == live_loss and live_loss > 0
         for a, b in zip(cached_grads, live_grads, strict=True):
             assert torch.equal(a, b)
@@ -156,7 +182,9 @@ def test_cached_targets_refuse_another_temperature(tmp_path: Path, scored) -> No
 def test_a_result_from_other_settings_is_refused(tmp_path: Path, scored) -> None:
     scorer, _, rows = scored
     trajectory, _, result = rows[0]
-    cache = TeacherCache(tmp_path, scorer.cache_provenance().model_copy(update={"temperature": 2.0}))
+    cache = TeacherCache(
+        tmp_path, scorer.cache_provenance().model_copy(update={"temperature": 2.0})
+    )
     with pytest.raises(ConfigError, match="temperature"):
         cache.write(trajectory.trajectory_id, result)
     cache = TeacherCache(tmp_path / "b", scorer.cache_provenance())
@@ -174,7 +202,11 @@ def test_stale_read_raises_and_reuse_allows_it(tmp_path: Path) -> None:
     assert cache.read("traj-a", expect_policy_version=3).policy_version == 3
     with pytest.raises(StaleCacheError) as caught:
         cache.read("traj-a", expect_policy_version=4)
-    assert "'traj-a'" in caught.value.message and "version 3" in caught.value.message and "4" in caught.value.message
+    assert (
+        "'traj-a'" in caught.value.message
+        and "version 3" in caught.value.message
+        and "4" in caught.value.message
+    )
     with pytest.raises(ValueError, match="expect_policy_version"):
         cache.read("traj-a", expect_policy_version=None)
     reuse = TeacherCache.open(tmp_path, reuse_across_policy_versions=True)
@@ -251,7 +283,9 @@ def test_flush_writes_new_shards_and_never_rewrites_old_ones(tmp_path: Path) -> 
     put(cache, "t4")
     assert cache.flush() == ["shard-00002.safetensors"]
     for name, (mtime, data) in before.items():
-        assert (tmp_path / name).stat().st_mtime_ns == mtime and (tmp_path / name).read_bytes() == data
+        assert (tmp_path / name).stat().st_mtime_ns == mtime and (
+            tmp_path / name
+        ).read_bytes() == data
     assert cache.flush() == []
     assert len(TeacherCache.open(tmp_path)) == 5
     assert cache.validate().shards == 3
@@ -284,7 +318,9 @@ def test_empty_entries_and_empty_caches(tmp_path: Path) -> None:
 # -- crash safety ----------------------------------------------------------------------
 
 
-def test_a_crash_before_the_index_rename_leaves_the_previous_cache_valid(tmp_path: Path, monkeypatch) -> None:
+def test_a_crash_before_the_index_rename_leaves_the_previous_cache_valid(
+    tmp_path: Path, monkeypatch
+) -> None:
     cache = TeacherCache(tmp_path, provenance(), max_entries_per_shard=2)
     old = {key: put(cache, key) for key in ("a", "b", "c")}
     cache.flush()
@@ -309,12 +345,16 @@ def test_a_crash_before_the_index_rename_leaves_the_previous_cache_valid(tmp_pat
 
     assert renamed == ["shard-00002.safetensors"]
     assert (tmp_path / INDEX_NAME).read_bytes() == index_before
-    assert {p.name: p.read_bytes() for p in tmp_path.glob("shard-*") if p.name in shards_before} == shards_before
+    assert {
+        p.name: p.read_bytes() for p in tmp_path.glob("shard-*") if p.name in shards_before
+    } == shards_before
     survivor = TeacherCache.open(tmp_path, provenance())
     report = survivor.validate()
     assert report.entries == 3 and report.orphan_files == ["shard-00002.safetensors"]
     assert sorted(survivor.keys()) == ["a", "b", "c"]
-    assert torch.equal(survivor.read("a", expect_policy_version=0).topk_log_probs, old["a"]["topk_log_probs"])
+    assert torch.equal(
+        survivor.read("a", expect_policy_version=0).topk_log_probs, old["a"]["topk_log_probs"]
+    )
     assert not list(tmp_path.glob(".*.tmp"))
 
     assert cache.num_staged == 2
@@ -333,18 +373,25 @@ def test_prune_deletes_empty_shards_and_compacts_partial_ones(tmp_path: Path) ->
     versions = {"a": 0, "b": 1, "c": 0, "d": 1, "e": 1, "f": 1, "g": 2}
     written = {key: put(cache, key, version=v) for key, v in versions.items()}
     cache.flush()
-    assert sorted(p.name for p in tmp_path.glob("shard-*")) == [f"shard-0000{i}.safetensors" for i in range(3)]
+    assert sorted(p.name for p in tmp_path.glob("shard-*")) == [
+        f"shard-0000{i}.safetensors" for i in range(3)
+    ]
     result = cache.prune(keep_versions=[0, 2])
     assert result["removed_entries"] == 4 and result["kept_entries"] == 3
     assert result["kept_versions"] == {0: 2, 2: 1}
     assert result["deleted_shards"] == ["shard-00001.safetensors"]
     assert result["compacted_shards"] == {"shard-00000.safetensors": "shard-00003.safetensors"}
     assert result["bytes_after"] < result["bytes_before"]
-    assert sorted(p.name for p in tmp_path.glob("shard-*")) == ["shard-00002.safetensors", "shard-00003.safetensors"]
+    assert sorted(p.name for p in tmp_path.glob("shard-*")) == [
+        "shard-00002.safetensors",
+        "shard-00003.safetensors",
+    ]
     compacted = tmp_path / "shard-00003.safetensors"
     with safe_open(compacted, framework="pt") as handle:
         assert sorted(handle.keys()) == sorted(tensor_name(k, t) for k in "ac" for t in written[k])
-        assert torch.equal(handle.get_tensor(tensor_name("c", "topk_log_probs")), written["c"]["topk_log_probs"])
+        assert torch.equal(
+            handle.get_tensor(tensor_name("c", "topk_log_probs")), written["c"]["topk_log_probs"]
+        )
     reopened = TeacherCache.open(tmp_path, provenance())
     reopened.validate()
     for key in "acg":
@@ -393,7 +440,12 @@ def test_stats(tmp_path: Path) -> None:
     put(cache, "c", n=30, version=1)
     cache.flush()
     stats = cache.stats()
-    assert stats["entries"] == 3 and stats["positions"] == 60 and stats["shards"] == 2 and stats["top_k"] == K
+    assert (
+        stats["entries"] == 3
+        and stats["positions"] == 60
+        and stats["shards"] == 2
+        and stats["top_k"] == K
+    )
     assert stats["versions"] == {0: 1, 1: 2}
     assert stats["bytes_per_position"] == K * (4 + 4) + 4 + 4
     assert stats["tensor_bytes"] == 60 * stats["bytes_per_position"]

@@ -51,9 +51,14 @@ def test_make_splits_missing_counts_are_empty() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"counts": {"validation": 1}}, "unknown split name(s) ['validation']; expected ['train', 'eval', 'test']"),
-        ({"counts": {"train": 1}, "difficulty": "extreme"},
-         "unknown difficulty 'extreme'; expected one of ['easy', 'medium', 'hard', 'mixed']"),
+        (
+            {"counts": {"validation": 1}},
+            "unknown split name(s) ['validation']; expected ['train', 'eval', 'test']",
+        ),
+        (
+            {"counts": {"train": 1}, "difficulty": "extreme"},
+            "unknown difficulty 'extreme'; expected one of ['easy', 'medium', 'hard', 'mixed']",
+        ),
         ({"counts": {"train": -1}}, "split counts must be non-negative"),
     ],
 )
@@ -121,8 +126,19 @@ def test_oracle_without_expressions() -> None:
 
 @pytest.mark.parametrize(
     ("expression", "value"),
-    [("7 - 3", 4), ("(3 + 4) * 2", 14), ("7 / 2", 3.5), ("7 // 2", 3), ("7 % 4", 3), ("2 ** 10", 1024),
-     ("-3 * -3", 9), ("+5", 5), ("2 ** -1", 0.5), ("1.5 + 1.5", 3.0), ("  12  ", 12)],
+    [
+        ("7 - 3", 4),
+        ("(3 + 4) * 2", 14),
+        ("7 / 2", 3.5),
+        ("7 // 2", 3),
+        ("7 % 4", 3),
+        ("2 ** 10", 1024),
+        ("-3 * -3", 9),
+        ("+5", 5),
+        ("2 ** -1", 0.5),
+        ("1.5 + 1.5", 3.0),
+        ("  12  ", 12),
+    ],
 )
 def test_safe_evaluate_arithmetic(expression: str, value: float) -> None:
     assert safe_evaluate(expression) == value
@@ -130,14 +146,26 @@ def test_safe_evaluate_arithmetic(expression: str, value: float) -> None:
 
 MALICIOUS = {
     "import": ("__import__('os')", "unsupported syntax: Call; use numbers and + - * / // % ** ( )"),
-    "system call": ("__import__('os').system('true')", "unsupported syntax: Call; use numbers and + - * / // % ** ( )"),
-    "attribute": ("(1).__class__", "unsupported syntax: Attribute; use numbers and + - * / // % ** ( )"),
-    "dunder chain": ("().__class__.__bases__[0]", "unsupported syntax: Subscript; use numbers and + - * / // % ** ( )"),
+    "system call": (
+        "__import__('os').system('true')",
+        "unsupported syntax: Call; use numbers and + - * / // % ** ( )",
+    ),
+    "attribute": (
+        "(1).__class__",
+        "unsupported syntax: Attribute; use numbers and + - * / // % ** ( )",
+    ),
+    "dunder chain": (
+        "().__class__.__bases__[0]",
+        "unsupported syntax: Subscript; use numbers and + - * / // % ** ( )",
+    ),
     "huge power": ("9**9**9", "exponent 387420489 is too large (limit 64)"),
     "power magnitude": ("10**40", "result exceeds 1e+30 in magnitude"),
     "10,000 digits": ("9" * 10_000, "expression is too long (10000 characters, limit 200)"),
     "19-digit literal": ("1" * 19 + " + 1", "number with 19 digits is too long (limit 18)"),
-    "deep parentheses": ("(" * 100 + "1" + ")" * 100, "expression is too long (201 characters, limit 200)"),
+    "deep parentheses": (
+        "(" * 100 + "1" + ")" * 100,
+        "expression is too long (201 characters, limit 200)",
+    ),
     "nested parentheses": ("(" * 40 + "1" + ")" * 40, "expression is nested too deeply (limit 16)"),
     "nested unary": ("-" * 30 + "1", "expression is nested too deeply (limit 16)"),
     "lambda": ("lambda: 1", "unsupported syntax: Lambda; use numbers and + - * / // % ** ( )"),
@@ -147,7 +175,10 @@ MALICIOUS = {
     "complex": ("1j * 2", "unsupported syntax: Constant; use numbers and + - * / // % ** ( )"),
     "comparison": ("1 < 2", "unsupported syntax: Compare; use numbers and + - * / // % ** ( )"),
     "list": ("[1] * 9", "unsupported syntax: List; use numbers and + - * / // % ** ( )"),
-    "conditional": ("1 if 1 else 2", "unsupported syntax: IfExp; use numbers and + - * / // % ** ( )"),
+    "conditional": (
+        "1 if 1 else 2",
+        "unsupported syntax: IfExp; use numbers and + - * / // % ** ( )",
+    ),
     "bit ops": ("1 << 100", "unsupported syntax: BinOp; use numbers and + - * / // % ** ( )"),
     "multiplication chain": ("*".join(["999999999"] * 12), "result exceeds 1e+30 in magnitude"),
     "many parts": ("+".join(["1"] * 60), "expression has too many parts (179, limit 64)"),
@@ -183,8 +214,10 @@ def test_malicious_expressions_are_fast_error_results(name: str) -> None:
         (ToolCall("python", {"expression": "1"}), "unknown tool 'python'; available: calculator"),
         (ToolCall("calculator", {}), "missing string argument 'expression'"),
         (ToolCall("calculator", {"expression": 5}), "missing string argument 'expression'"),
-        (ToolCall("calculator", {"expression": "1", "mode": "x"}),
-         "unexpected argument(s) ['mode']; calculator takes 'expression'"),
+        (
+            ToolCall("calculator", {"expression": "1", "mode": "x"}),
+            "unexpected argument(s) ['mode']; calculator takes 'expression'",
+        ),
     ],
 )
 def test_bad_calls_are_error_results(call: ToolCall, error: str) -> None:
@@ -197,11 +230,16 @@ def test_steps_count_state_ids_and_reset() -> None:
     env = calculator()
     task = make_splits(env, {"train": 1}, seed=0)["train"][0]
     env.reset(task)
-    assert env.step(ToolCall("calculator", {"expression": "1+1"})) == ToolResult(ok=True, result="2", env_state_id="calc:1")
+    assert env.step(ToolCall("calculator", {"expression": "1+1"})) == ToolResult(
+        ok=True, result="2", env_state_id="calc:1"
+    )
     assert env.step(ToolCall("nope")).env_state_id == "calc:2"
     env.reset(task)
     assert env.step(ToolCall("calculator", {"expression": "2*3"})).env_state_id == "calc:1"
-    assert json.loads(ToolResult(ok=True, result="6").observation_text()) == {"ok": True, "result": "6"}
+    assert json.loads(ToolResult(ok=True, result="6").observation_text()) == {
+        "ok": True,
+        "result": "6",
+    }
 
 
 def test_safe_evaluate_refuses_non_strings() -> None:

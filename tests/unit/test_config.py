@@ -31,7 +31,11 @@ def _problems(data: dict[str, Any]) -> list[str]:
     return [line[4:] for line in lines]
 
 
-HF_NF4 = {"backend": "hf", "student": {"model_id": "m", "quantization": "nf4"}, "teacher": {"model_id": "m"}}
+HF_NF4 = {
+    "backend": "hf",
+    "student": {"model_id": "m", "quantization": "nf4"},
+    "teacher": {"model_id": "m"},
+}
 
 COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
     "opd reuse": (
@@ -61,9 +65,18 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         "loss.mode: exact_full_vocab uses the full teacher distribution, so an explicit loss.top_k: 8 contradicts "
         "it; remove loss.top_k or use loss.mode: bucketed",
     ),
-    "bucketed top_k 0": ({"loss": {"top_k": 0}}, "loss.mode: bucketed needs loss.top_k >= 1 or 'auto'"),
-    "bucketed top_k None": ({"loss": {"top_k": None}}, "loss.mode: bucketed needs loss.top_k (an integer or 'auto')"),
-    "chunk below min": ({"loss": {"chunk_size": 8}}, "loss.chunk_size 8 is below memory.min_chunk_size 16"),
+    "bucketed top_k 0": (
+        {"loss": {"top_k": 0}},
+        "loss.mode: bucketed needs loss.top_k >= 1 or 'auto'",
+    ),
+    "bucketed top_k None": (
+        {"loss": {"top_k": None}},
+        "loss.mode: bucketed needs loss.top_k (an integer or 'auto')",
+    ),
+    "chunk below min": (
+        {"loss": {"chunk_size": 8}},
+        "loss.chunk_size 8 is below memory.min_chunk_size 16",
+    ),
     "toy student quantized": (
         {"models": {"student": {"model_id": "toy-student", "quantization": "nf4"}}},
         "models.backend: toy cannot be quantized (models.student.quantization); quantization needs the hf backend on CUDA",
@@ -136,16 +149,31 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         "models.runtime: shared_backbone needs models.backend: hf",
     ),
     "shared backbone without lora": (
-        {"models": {"backend": "hf", "runtime": "shared_backbone", "student": {"model_id": "m", "lora": {"enabled": False}},
-                    "teacher": {"model_id": "m"}}},
+        {
+            "models": {
+                "backend": "hf",
+                "runtime": "shared_backbone",
+                "student": {"model_id": "m", "lora": {"enabled": False}},
+                "teacher": {"model_id": "m"},
+            }
+        },
         "models.runtime: shared_backbone needs models.student.lora.enabled: true (only actor adapters are trained)",
     ),
     "shared backbone, two bases": (
-        {"models": {"backend": "hf", "runtime": "shared_backbone", "student": {"model_id": "a"},
-                    "teacher": {"model_id": "b"}}},
+        {
+            "models": {
+                "backend": "hf",
+                "runtime": "shared_backbone",
+                "student": {"model_id": "a"},
+                "teacher": {"model_id": "b"},
+            }
+        },
         "models.runtime: shared_backbone needs student and teacher to share one base (same model_id)",
     ),
-    "test split without tasks": ({"eval": {"split": "test"}}, "eval.split: test needs environment.test_tasks > 0"),
+    "test split without tasks": (
+        {"eval": {"split": "test"}},
+        "eval.split: test needs environment.test_tasks > 0",
+    ),
     "eval without tasks": (
         {"environment": {"eval_tasks": 0}},
         "environment.eval_tasks is 0 but evaluation is enabled; set eval.baseline/after_warmup false or add eval tasks",
@@ -168,8 +196,10 @@ def test_chunk_size_zero_reports_both_problems() -> None:
 
 def test_every_problem_is_reported_at_once() -> None:
     problems = _problems(
-        {"cache": {"reuse_across_policy_versions": True, "strict_policy_version": False},
-         "loss": {"divergence": "jsd", "jsd_beta": 0.0}}
+        {
+            "cache": {"reuse_across_policy_versions": True, "strict_policy_version": False},
+            "loss": {"divergence": "jsd", "jsd_beta": 0.0},
+        }
     )
     assert len(problems) == 3
     assert problems[0].startswith("run.mode: opd cannot set cache.reuse_across_policy_versions")
@@ -188,13 +218,44 @@ def test_every_problem_is_reported_at_once() -> None:
         {"loss": {"mode": "exact_full_vocab"}},
         {"loss": {"chunk_size": 16, "top_k": 4}},
         {"rollout": {"max_total_tokens": 65, "max_new_tokens_per_turn": 64}},
-        {"train": {"rollouts_per_cycle": 8, "gradient_accumulation_steps": 8, "trajectory_batch_size": "auto"}},
-        {"train": {"rollouts_per_cycle": 8, "gradient_accumulation_steps": 4, "opd_freshness": "replay"}},
+        {
+            "train": {
+                "rollouts_per_cycle": 8,
+                "gradient_accumulation_steps": 8,
+                "trajectory_batch_size": "auto",
+            }
+        },
+        {
+            "train": {
+                "rollouts_per_cycle": 8,
+                "gradient_accumulation_steps": 4,
+                "opd_freshness": "replay",
+            }
+        },
         {"train": {"opd_freshness": "replay", "replay_passes": 3}},
-        {"models": {"backend": "hf", "student": {"model_id": "m", "quantization": "nf4"}, "teacher": {"model_id": "m"}},
-         "memory": {"strategy": "resident"}},
-        {"models": {"backend": "hf", "student": {"model_id": "m", "quantization": "nf4"}, "teacher": {"model_id": "m"}}},
-        {"models": {"backend": "hf", "runtime": "shared_backbone", "student": {"model_id": "m"}, "teacher": {"model_id": "m"}}},
+        {
+            "models": {
+                "backend": "hf",
+                "student": {"model_id": "m", "quantization": "nf4"},
+                "teacher": {"model_id": "m"},
+            },
+            "memory": {"strategy": "resident"},
+        },
+        {
+            "models": {
+                "backend": "hf",
+                "student": {"model_id": "m", "quantization": "nf4"},
+                "teacher": {"model_id": "m"},
+            }
+        },
+        {
+            "models": {
+                "backend": "hf",
+                "runtime": "shared_backbone",
+                "student": {"model_id": "m"},
+                "teacher": {"model_id": "m"},
+            }
+        },
         {"models": {"student": {"model_id": "my-toy", "toy": {"hidden_size": 32, "num_heads": 4}}}},
         {"selection": {"selector": "tool_and_final", "other_weight": 0}},
         {"environment": {"eval_tasks": 0}, "eval": {"baseline": False, "after_warmup": False}},
@@ -215,7 +276,10 @@ def test_accepted_neighbours(data: dict[str, Any]) -> None:
         ({"bogus": 1}, "bogus"),
         ({"train": {"cycle": 4}}, "train.cycle"),
         ({"models": {"student": {"lora": {"rank": 4}}}}, "models.student.lora.rank"),
-        ({"models": {"student": {"model_id": "x", "toy": {"hidden": 3}}}}, "models.student.toy.hidden"),
+        (
+            {"models": {"student": {"model_id": "x", "toy": {"hidden": 3}}}},
+            "models.student.toy.hidden",
+        ),
         ({"models": {"toy_fit": {"epochs": 3}}}, "models.toy_fit.epochs"),
         ({"environment": {"difficulty": "easy", "seed": 3}}, "environment.seed"),
     ],
@@ -225,16 +289,25 @@ def test_unknown_keys_rejected_with_key_path(data: dict[str, Any], path: str) ->
 
 
 def test_environment_params_are_free_form() -> None:
-    cfg = RunConfig.from_mapping({"environment": {"params": {"prompt_style": "verbose", "anything": {"nested": 1}}}})
+    cfg = RunConfig.from_mapping(
+        {"environment": {"params": {"prompt_style": "verbose", "anything": {"nested": 1}}}}
+    )
     assert cfg.environment.params == {"prompt_style": "verbose", "anything": {"nested": 1}}
 
 
 def test_field_errors_have_key_paths() -> None:
     problems = _problems(
-        {"loss": {"divergence": "kl"}, "train": {"cycles": -1}, "rollout": {"top_p": 0},
-         "models": {"student": {"model_id": "x", "toy": {"hidden_size": 48, "num_heads": 5}}}}
+        {
+            "loss": {"divergence": "kl"},
+            "train": {"cycles": -1},
+            "rollout": {"top_p": 0},
+            "models": {"student": {"model_id": "x", "toy": {"hidden_size": 48, "num_heads": 5}}},
+        }
     )
-    assert "loss.divergence: Input should be 'forward_kl', 'reverse_kl', 'jsd' or 'entropy_aware'" in problems
+    assert (
+        "loss.divergence: Input should be 'forward_kl', 'reverse_kl', 'jsd' or 'entropy_aware'"
+        in problems
+    )
     assert "train.cycles: Input should be greater than or equal to 0" in problems
     assert "rollout.top_p: Input should be greater than 0" in problems
     assert "models.student.toy: num_heads=5 must divide hidden_size=48" in problems
@@ -245,7 +318,9 @@ def test_positive_or_auto(field: str) -> None:
     assert f"train.{field}: must be >= 1 or 'auto'" in _problems({"train": {field: 0}})
 
 
-@pytest.mark.parametrize("name", ["os.path", "../x", "Calculator", "1calc", "calc-ulator", "", "a" * 65, "os/path"])
+@pytest.mark.parametrize(
+    "name", ["os.path", "../x", "Calculator", "1calc", "calc-ulator", "", "a" * 65, "os/path"]
+)
 def test_environment_name_regex(name: str) -> None:
     assert _problems({"environment": {"name": name}}) == [
         f"environment.name: String should match pattern '{ENVIRONMENT_NAME_PATTERN}'"
@@ -258,7 +333,9 @@ def test_environment_name_pattern_accepts_identifiers() -> None:
 
 
 def test_non_mapping_recipe() -> None:
-    with pytest.raises(ConfigError, match=r"^<mapping>: a recipe must be a mapping of sections, got list$"):
+    with pytest.raises(
+        ConfigError, match=r"^<mapping>: a recipe must be a mapping of sections, got list$"
+    ):
         RunConfig.from_mapping([1, 2])  # type: ignore[arg-type]
     assert RunConfig.from_mapping(None) == RunConfig()
 
@@ -282,9 +359,23 @@ def _sections(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[
 def test_every_field_has_a_description() -> None:
     sections = _sections(RunConfig)
     names = {cls.__name__ for _, cls in sections}
-    assert {"RunSection", "ModelsConfig", "ModelSpec", "LoraConfig", "ToyArchConfig", "ToyFitConfig",
-            "EnvironmentConfig", "RolloutConfig", "SelectionConfig", "TeacherConfig", "LossConfig",
-            "CacheConfig", "MemoryConfig", "TrainConfig", "EvalConfig"} <= names
+    assert {
+        "RunSection",
+        "ModelsConfig",
+        "ModelSpec",
+        "LoraConfig",
+        "ToyArchConfig",
+        "ToyFitConfig",
+        "EnvironmentConfig",
+        "RolloutConfig",
+        "SelectionConfig",
+        "TeacherConfig",
+        "LossConfig",
+        "CacheConfig",
+        "MemoryConfig",
+        "TrainConfig",
+        "EvalConfig",
+    } <= names
     missing = [
         f"{path}.{name}"
         for path, cls in sections
@@ -322,8 +413,13 @@ def test_defaults_follow_the_design() -> None:
 
 
 def test_train_derived_views() -> None:
-    assert TrainConfig(rollouts_per_cycle=8, gradient_accumulation_steps=3).steps_per_rollout_batch() == 3
-    replay = TrainConfig(rollouts_per_cycle=8, gradient_accumulation_steps=4, opd_freshness="replay", replay_passes=2)
+    assert (
+        TrainConfig(rollouts_per_cycle=8, gradient_accumulation_steps=3).steps_per_rollout_batch()
+        == 3
+    )
+    replay = TrainConfig(
+        rollouts_per_cycle=8, gradient_accumulation_steps=4, opd_freshness="replay", replay_passes=2
+    )
     assert replay.group_size() == 4 and replay.steps_per_rollout_batch() == 4
 
 
@@ -334,7 +430,10 @@ def test_train_derived_views() -> None:
         ({"run": {"mode": "offline_kd"}}, "offline_knowledge_distillation"),
         ({}, "on_policy_distillation"),
         ({"train": {"opd_freshness": "replay", "replay_passes": 1}}, "on_policy_distillation"),
-        ({"train": {"opd_freshness": "replay", "replay_passes": 2}}, "online_distillation_with_replay"),
+        (
+            {"train": {"opd_freshness": "replay", "replay_passes": 2}},
+            "online_distillation_with_replay",
+        ),
     ],
 )
 def test_objective_label(data: dict[str, Any], label: str) -> None:
@@ -347,7 +446,13 @@ NON_DEFAULT = {
     "run": {"name": "exp", "mode": "opd", "seed": 9},
     "loss": {"divergence": "jsd", "jsd_beta": 0.25, "top_k": 16, "chunk_size": 64},
     "train": {"betas": [0.8, 0.95], "max_grad_norm": None, "cycles": 2},
-    "models": {"student": {"model_id": "tiny", "toy": {"hidden_size": 32}, "lora": {"target_modules": ["q", "v"]}}},
+    "models": {
+        "student": {
+            "model_id": "tiny",
+            "toy": {"hidden_size": 32},
+            "lora": {"target_modules": ["q", "v"]},
+        }
+    },
     "environment": {"params": {"prompt_style": "verbose"}},
     "selection": {"selector": "hybrid", "ratio": 0.3, "critical_weight": 2.0},
 }
@@ -361,8 +466,19 @@ def test_yaml_round_trip_keeps_the_digest(data: dict[str, Any]) -> None:
     assert again == cfg
     assert again.digest() == cfg.digest()
     assert again.to_yaml() == text
-    assert list(yaml.safe_load(text)) == ["run", "models", "environment", "rollout", "selection", "teacher",
-                                          "loss", "cache", "memory", "train", "eval"]
+    assert list(yaml.safe_load(text)) == [
+        "run",
+        "models",
+        "environment",
+        "rollout",
+        "selection",
+        "teacher",
+        "loss",
+        "cache",
+        "memory",
+        "train",
+        "eval",
+    ]
 
 
 def test_digest_changes_with_content() -> None:
@@ -378,7 +494,10 @@ def test_from_yaml_with_overrides(tmp_path: Path) -> None:
     assert (cfg.train.cycles, cfg.loss.divergence) == (4, "reverse_kl")
     same = RunConfig.from_mapping({"train": {"cycles": 4}, "loss": {"divergence": "reverse_kl"}})
     assert cfg.digest() == same.digest()
-    assert RunConfig().with_overrides(["train.cycles=4", "loss.divergence=reverse_kl"]).digest() == same.digest()
+    assert (
+        RunConfig().with_overrides(["train.cycles=4", "loss.divergence=reverse_kl"]).digest()
+        == same.digest()
+    )
 
 
 def test_overrides_are_validated_like_the_file(tmp_path: Path) -> None:
@@ -417,8 +536,14 @@ def test_parse_override_values_are_yaml_scalars() -> None:
     [
         ("train.cycles", "override 'train.cycles' is not of the form section.key=value"),
         ("=4", "override '=4' is not of the form section.key=value"),
-        ("train..cycles=4", "override key 'train..cycles' must be dotted identifiers, e.g. loss.top_k"),
-        ("train.cycles-x=4", "override key 'train.cycles-x' must be dotted identifiers, e.g. loss.top_k"),
+        (
+            "train..cycles=4",
+            "override key 'train..cycles' must be dotted identifiers, e.g. loss.top_k",
+        ),
+        (
+            "train.cycles-x=4",
+            "override key 'train.cycles-x' must be dotted identifiers, e.g. loss.top_k",
+        ),
     ],
 )
 def test_bad_override_syntax(item: str, message: str) -> None:
@@ -452,7 +577,9 @@ def test_load_yaml_mapping_errors(tmp_path: Path) -> None:
         load_yaml_mapping(bad)
     listing = tmp_path / "list.yaml"
     listing.write_text("- 1\n- 2\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match=rf"^{listing}: a recipe must be a mapping of sections, got list$"):
+    with pytest.raises(
+        ConfigError, match=rf"^{listing}: a recipe must be a mapping of sections, got list$"
+    ):
         load_yaml_mapping(listing)
     empty = tmp_path / "empty.yaml"
     empty.write_text("", encoding="utf-8")
@@ -466,7 +593,10 @@ def test_load_yaml_mapping_errors(tmp_path: Path) -> None:
 def test_config_error_hint() -> None:
     with pytest.raises(ConfigError) as info:
         RunConfig.from_mapping({"bogus": 1})
-    assert info.value.hint == "run 'miniverl validate <recipe.yaml>' to see every problem with its key path"
+    assert (
+        info.value.hint
+        == "run 'miniverl validate <recipe.yaml>' to see every problem with its key path"
+    )
 
 
 def test_validate_assignment() -> None:
@@ -499,7 +629,9 @@ def _static_prefixes() -> list[str]:
 
 def test_every_combination_rule_has_a_test() -> None:
     """A new rule in _combination_problems must come with a case in COMBINATIONS."""
-    tested = [message for _, message in COMBINATIONS.values()] + ["loss.chunk_size must be >= 1 or 'auto'"]
+    tested = [message for _, message in COMBINATIONS.values()] + [
+        "loss.chunk_size must be >= 1 or 'auto'"
+    ]
     prefixes = _static_prefixes()
     assert len(prefixes) >= 26
     untested = [p for p in prefixes if not any(m.startswith(p) for m in tested)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import platform
 
-import pytest
 from typer.testing import CliRunner
 
 from miniverl import __version__
@@ -18,7 +17,7 @@ def test_doctor_table() -> None:
     assert f"miniverl {__version__} doctor" in result.stdout
     assert platform.python_version() in result.stdout
     assert "calculator" in result.stdout
-    assert "torch-free commands: doctor, validate, inspect, report, cache" in result.stdout
+    assert "torch-free commands: doctor, validate, inspect, report, export, cache" in result.stdout
 
 
 def test_doctor_json_with_torch_probe() -> None:

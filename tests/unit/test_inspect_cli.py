@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from helpers import oracle_trajectories, record_of, write_records
+from miniverl.cli import common
 from miniverl.cli import main as cli
 from miniverl.inspection.summary import provenance_check, summarize_file
 from miniverl.schemas.trajectory import Trajectory
@@ -18,8 +19,8 @@ from miniverl.trajectory.io import write_trajectories
 @pytest.fixture(autouse=True)
 def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tables are not folded at CliRunner's default 80 columns."""
-    monkeypatch.setattr(cli.console, "_width", 250)
-    monkeypatch.setattr(cli.err_console, "_width", 250)
+    monkeypatch.setattr(common.console, "_width", 250)
+    monkeypatch.setattr(common.err_console, "_width", 250)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,9 @@ def test_json(traj_file: Path, trajectories: list[Trajectory]) -> None:
     assert data["tokenizer_fingerprints"] == [trajectories[0].tokenizer_fingerprint]
     assert data["policy_versions"] == [0]
     assert sum(data["tokens_by_span_type"].values()) == data["tokens"]
-    assert [r["trajectory_id"] for r in data["trajectory_rows"]] == [t.trajectory_id for t in trajectories]
+    assert [r["trajectory_id"] for r in data["trajectory_rows"]] == [
+        t.trajectory_id for t in trajectories
+    ]
     assert data["spans"] is None
     assert data["provenance_check"] == {
         "trainable_span_types": ["assistant_final", "assistant_text", "assistant_tool_call"],
@@ -114,23 +117,30 @@ def test_json(traj_file: Path, trajectories: list[Trajectory]) -> None:
 
 def test_json_with_spans(traj_file: Path, trajectories: list[Trajectory]) -> None:
     target = trajectories[0]
-    result = _invoke("inspect", str(traj_file), "--trajectory", target.trajectory_id, "--spans", "--json")
+    result = _invoke(
+        "inspect", str(traj_file), "--trajectory", target.trajectory_id, "--spans", "--json"
+    )
     data = json.loads(result.stdout)
-    assert [(s["span_type"], s["start"], s["end"], s["tokens"], s["in_loss"]) for s in data["spans"]] == [
-        (s.span_type.value, s.start, s.end, s.length, s.is_model_generated) for s in target.spans
-    ]
+    assert [
+        (s["span_type"], s["start"], s["end"], s["tokens"], s["in_loss"]) for s in data["spans"]
+    ] == [(s.span_type.value, s.start, s.end, s.length, s.is_model_generated) for s in target.spans]
     assert data["spans"][0]["text"] == target.spans[0].text[:400]
 
 
 @pytest.mark.parametrize("where", [0, 2])
-def test_tampered_record_fails_with_path_and_line(tmp_path: Path, trajectories: list[Trajectory], where: int) -> None:
+def test_tampered_record_fails_with_path_and_line(
+    tmp_path: Path, trajectories: list[Trajectory], where: int
+) -> None:
     records = [record_of(t) for t in trajectories]
     records[where]["model_generated_mask"][2] = True  # a system token claims to be model-generated
     path = write_records(tmp_path / "t.jsonl", records)
     for args in ([], ["--json"], ["--trajectory", trajectories[1].trajectory_id]):
         result = _invoke("inspect", str(path), *args)
         assert result.exit_code == 1
-        assert f"{path}:{where + 1}: Value error, model_generated_mask disagrees with the span partition" in result.stderr
+        assert (
+            f"{path}:{where + 1}: Value error, model_generated_mask disagrees with the span partition"
+            in result.stderr
+        )
         assert result.stdout == ""
 
 
@@ -145,7 +155,9 @@ def test_summarize_file_counts_failures_and_tools(tmp_path: Path) -> None:
     from helpers import calculator_tasks, final_text, make_runner, tool_call_text
 
     task = calculator_tasks(1)[0]
-    wrong = make_runner([tool_call_text("1 +"), final_text("7")]).rollout(task, seed=1, policy_version=2)
+    wrong = make_runner([tool_call_text("1 +"), final_text("7")]).rollout(
+        task, seed=1, policy_version=2
+    )
     unparsed = make_runner(["nothing"]).rollout(task, seed=2, policy_version=1)
     path = tmp_path / "t.jsonl"
     write_trajectories(path, [wrong, unparsed])

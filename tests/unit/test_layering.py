@@ -41,7 +41,9 @@ TORCH_FREE_MODULES_PREFIXES = (
     "miniverl.models.tokenizers",
 )
 # design.txt §2.2: models/toy.py imports the objective inside fit_toy_model, function-locally.
-LOCAL_IMPORT_EXCEPTIONS = {("miniverl.models.toy", "fit_toy_model"): {"losses", "trajectory", "selection"}}
+LOCAL_IMPORT_EXCEPTIONS = {
+    ("miniverl.models.toy", "fit_toy_model"): {"losses", "trajectory", "selection"}
+}
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,9 @@ class _Collector(ast.NodeVisitor):
         self.edges: list[ImportEdge] = []
 
     def _add(self, imported: str, lineno: int) -> None:
-        self.edges.append(ImportEdge(self.module, imported, tuple(self.functions), self.type_checking > 0, lineno))
+        self.edges.append(
+            ImportEdge(self.module, imported, tuple(self.functions), self.type_checking > 0, lineno)
+        )
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         self.functions.append(node.name)
@@ -154,25 +158,42 @@ def _exception_allows(edge: ImportEdge, layer: str) -> bool:
     )
 
 
-def _violations(importer_layers: set[str], allowed: set[str] | None = None, forbidden: set[str] | None = None) -> list[str]:
+def _violations(
+    importer_layers: set[str], allowed: set[str] | None = None, forbidden: set[str] | None = None
+) -> list[str]:
     bad = []
     for edge in ALL_EDGES:
         src, dst = _layer(edge.importer), _layer(edge.imported)
         if src not in importer_layers or dst is None or dst == src or _exception_allows(edge, dst):
             continue
-        if (allowed is not None and dst not in allowed) or (forbidden is not None and dst in forbidden):
+        if (allowed is not None and dst not in allowed) or (
+            forbidden is not None and dst in forbidden
+        ):
             bad.append(edge.where)
     return bad
 
 
 def test_the_parser_sees_the_tree() -> None:
     modules = {_module_name(p) for p in MODULE_FILES}
-    assert {"miniverl.errors", "miniverl.schemas.trajectory", "miniverl.cli.main", "miniverl.agent.loop"} <= modules
+    assert {
+        "miniverl.errors",
+        "miniverl.schemas.trajectory",
+        "miniverl.cli.main",
+        "miniverl.agent.loop",
+    } <= modules
     edges = {(e.importer, e.imported) for e in ALL_EDGES}
     assert ("miniverl.trajectory.alignment", "miniverl.trajectory.masks") in edges
-    loop_models = [e for e in ALL_EDGES if e.importer == "miniverl.agent.loop" and e.imported == "miniverl.models.base"]
+    loop_models = [
+        e
+        for e in ALL_EDGES
+        if e.importer == "miniverl.agent.loop" and e.imported == "miniverl.models.base"
+    ]
     assert loop_models and all(e.type_checking for e in loop_models)
-    cli_local = [e for e in ALL_EDGES if e.importer == "miniverl.cli.main" and e.imported == "miniverl.config.models"]
+    cli_local = [
+        e
+        for e in ALL_EDGES
+        if e.importer == "miniverl.cli.main" and e.imported == "miniverl.config.models"
+    ]
     assert cli_local and all(e.functions for e in cli_local)
     assert any(e.functions == ("validate",) for e in cli_local)
 
@@ -201,18 +222,32 @@ def test_supervision_does_not_import_training() -> None:
 
 
 def test_only_orchestration_and_surfaces_import_training() -> None:
-    others = {_layer(_module_name(p)) for p in MODULE_FILES} - {"cli", "training", "evaluation", "reporting"}
+    others = {_layer(_module_name(p)) for p in MODULE_FILES} - {
+        "cli",
+        "training",
+        "evaluation",
+        "reporting",
+    }
     assert _violations(others, forbidden={"training"}) == []
 
 
 def test_cli_imports_heavy_layers_only_inside_commands() -> None:
     heavy = {"models", "losses", "teachers", "training", "agent"}
-    bad = [e.where for e in ALL_EDGES if _layer(e.importer) == "cli" and not e.functions and _layer(e.imported) in heavy]
+    bad = [
+        e.where
+        for e in ALL_EDGES
+        if _layer(e.importer) == "cli" and not e.functions and _layer(e.imported) in heavy
+    ]
     assert bad == []
 
 
 def test_inspection_stays_torch_free() -> None:
-    assert _violations({"inspection"}, forbidden={"models", "losses", "teachers", "training", "evaluation"}) == []
+    assert (
+        _violations(
+            {"inspection"}, forbidden={"models", "losses", "teachers", "training", "evaluation"}
+        )
+        == []
+    )
 
 
 def test_torch_free_modules_do_not_import_torch_at_module_level() -> None:
@@ -236,7 +271,9 @@ def _code_only(path: Path) -> str:
     out = []
     tokens = tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline)
     for tok in tokens:
-        if tok.type in (tokenize.COMMENT, tokenize.STRING) or tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
+        if tok.type in (tokenize.COMMENT, tokenize.STRING) or tok.type == getattr(
+            tokenize, "FSTRING_MIDDLE", -1
+        ):
             continue
         out.append(tok.string)
         out.append(" ")
@@ -268,13 +305,23 @@ def test_no_code_executing_loaders(name: str) -> None:
 
 def test_forbidden_patterns_do_catch_what_they_should() -> None:
     samples = {
-        "pickle": "import pickle", "torch.load": "x = torch.load(f)", "torch.save": "torch . save(x, f)",
-        "bare eval(": "y = eval(s)", "bare exec(": "exec (code)", "unsafe yaml": "yaml.load(text)",
+        "pickle": "import pickle",
+        "torch.load": "x = torch.load(f)",
+        "torch.save": "torch . save(x, f)",
+        "bare eval(": "y = eval(s)",
+        "bare exec(": "exec (code)",
+        "unsafe yaml": "yaml.load(text)",
         "remote code": "f(trust_remote_code=True)",
     }
     for name, sample in samples.items():
         assert FORBIDDEN_PATTERNS[name].search(sample), name
-    for harmless in ("model.eval()", "self.eval(x)", "module.exec_module(m)", "yaml.safe_load(t)", "evaluate(x)"):
+    for harmless in (
+        "model.eval()",
+        "self.eval(x)",
+        "module.exec_module(m)",
+        "yaml.safe_load(t)",
+        "evaluate(x)",
+    ):
         assert not any(p.search(harmless) for p in FORBIDDEN_PATTERNS.values()), harmless
 
 
@@ -283,11 +330,27 @@ def test_no_dangerous_imports_or_calls() -> None:
     for path in MODULE_FILES:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"eval", "exec", "__import__"}:
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in {"eval", "exec", "__import__"}
+            ):
                 bad.append(f"{path.name}:{node.lineno} calls {node.func.id}")
             if isinstance(node, ast.ImportFrom) and node.module == "torch":
-                bad += [f"{path.name}:{node.lineno} imports torch.{a.name}" for a in node.names if a.name in {"load", "save"}]
+                bad += [
+                    f"{path.name}:{node.lineno} imports torch.{a.name}"
+                    for a in node.names
+                    if a.name in {"load", "save"}
+                ]
             if isinstance(node, ast.Import | ast.ImportFrom):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-                bad += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in {"pickle", "dill", "shelve", "marshal"}]
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                )
+                bad += [
+                    f"{path.name}:{node.lineno} imports {n}"
+                    for n in names
+                    if n.split(".")[0] in {"pickle", "dill", "shelve", "marshal"}
+                ]
     assert bad == []

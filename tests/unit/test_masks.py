@@ -94,7 +94,9 @@ def test_prediction_positions_spec_message() -> None:
         ([2, 1], [False, True, True], "target positions must be strictly increasing"),
     ],
 )
-def test_validate_target_positions_messages(targets: list[int], mask: list[bool], message: str) -> None:
+def test_validate_target_positions_messages(
+    targets: list[int], mask: list[bool], message: str
+) -> None:
     with pytest.raises(TrajectoryError) as info:
         validate_target_positions(targets, mask)
     assert str(info.value) == message
@@ -110,7 +112,9 @@ def test_validate_accepts_model_positions(oracle_traj: Trajectory) -> None:
 def test_every_context_token_is_refused(oracle_traj: Trajectory, span_type: str) -> None:
     for span in oracle_traj.spans_of(span_type):
         for j in range(max(span.start, 1), span.end):
-            with pytest.raises(TrajectoryError, match=f"target position {j} is not a model-generated token"):
+            with pytest.raises(
+                TrajectoryError, match=f"target position {j} is not a model-generated token"
+            ):
                 validate_target_positions([j], oracle_traj.model_generated_mask)
 
 
@@ -145,7 +149,9 @@ def test_im_end_after_a_tool_call_is_never_a_target(oracle_traj: Trajectory) -> 
         assert oracle_traj.span_at(after).span_type is SpanType.TOOL_RESULT
         assert after not in targets
         assert not oracle_traj.model_generated_mask[after]
-        with pytest.raises(TrajectoryError, match=f"target position {after} is not a model-generated token"):
+        with pytest.raises(
+            TrajectoryError, match=f"target position {after} is not a model-generated token"
+        ):
             validate_target_positions([after], oracle_traj.model_generated_mask)
     # ... and the trajectory ends at the last generated token: no trailing <|im_end|>.
     assert oracle_traj.spans[-1].span_type is SpanType.ASSISTANT_FINAL

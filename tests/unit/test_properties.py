@@ -55,7 +55,9 @@ def test_random_partitions_round_trip(trajectories: list[Trajectory]) -> None:
     assert back == trajectories
     for t in back:
         assert sum(s.length for s in t.spans) == t.length
-        assert t.model_token_positions() == [j for s in t.spans if s.is_model_generated for j in range(s.start, s.end)]
+        assert t.model_token_positions() == [
+            j for s in t.spans if s.is_model_generated for j in range(s.start, s.end)
+        ]
 
 
 @settings(max_examples=200)
@@ -89,9 +91,13 @@ def student_and_teacher(draw: st.DrawFn) -> tuple[Trajectory, Trajectory, dict[s
     student = draw(partitions(min_spans=2))
     if not model_target_positions(student.model_generated_mask):
         extra = [(s.span_type.value, student.token_ids[s.start : s.end]) for s in student.spans]
-        student = make_trajectory([*extra, (draw(st.sampled_from(MODEL_TYPES)), 3)], trajectory_id=student.trajectory_id)
+        student = make_trajectory(
+            [*extra, (draw(st.sampled_from(MODEL_TYPES)), 3)], trajectory_id=student.trajectory_id
+        )
     n = len(student.spans)
-    inserts = draw(st.lists(st.tuples(st.integers(0, n), st.integers(1, 40)), min_size=1, max_size=3))
+    inserts = draw(
+        st.lists(st.tuples(st.integers(0, n), st.integers(1, 40)), min_size=1, max_size=3)
+    )
     segments: list[tuple[str, list[int] | int]] = []
     keys: list[str] = []
     offsets: dict[str, int] = {}
@@ -107,7 +113,9 @@ def student_and_teacher(draw: st.DrawFn) -> tuple[Trajectory, Trajectory, dict[s
             segments.append((span.span_type.value, student.token_ids[span.start : span.end]))
             keys.append(span.segment_key or "")
             offsets[span.segment_key or ""] = shift
-    teacher = make_trajectory(segments, segment_keys=keys, seed=draw(st.integers(0, 999)), trajectory_id="teacher")
+    teacher = make_trajectory(
+        segments, segment_keys=keys, seed=draw(st.integers(0, 999)), trajectory_id="teacher"
+    )
     return student, teacher, offsets
 
 
@@ -124,7 +132,11 @@ def test_alignment_under_random_privileged_prefixes(
     expected_teacher_targets = [j + offsets[student.span_at(j).segment_key] for j in targets]
     assert amap.teacher_prediction_positions == [k - 1 for k in expected_teacher_targets]
     for j, s, t, tok in zip(
-        targets, amap.student_prediction_positions, amap.teacher_prediction_positions, amap.target_token_ids, strict=True
+        targets,
+        amap.student_prediction_positions,
+        amap.teacher_prediction_positions,
+        amap.target_token_ids,
+        strict=True,
     ):
         assert student.token_ids[j] == teacher.token_ids[t + 1] == tok
         assert s == j - 1
@@ -138,7 +150,9 @@ def test_alignment_under_random_privileged_prefixes(
     seed=st.integers(0, 10_000),
     prompt_style=st.sampled_from(["compact", "verbose"]),
 )
-def test_privileged_render_alignment_on_oracle_rollouts(difficulty: str, seed: int, prompt_style: str) -> None:
+def test_privileged_render_alignment_on_oracle_rollouts(
+    difficulty: str, seed: int, prompt_style: str
+) -> None:
     env = calculator(prompt_style)
     task = calculator_tasks(1, difficulty=difficulty, seed=seed, prompt_style=prompt_style)[0]
     runner = make_runner(environment=env)
@@ -150,6 +164,10 @@ def test_privileged_render_alignment_on_oracle_rollouts(difficulty: str, seed: i
     assert amap.num_positions == sum(student.model_generated_mask)
     assert amap.student_prediction_positions == [j - 1 for j in targets]
     assert amap.teacher_prediction_positions == [j - 1 + prefix for j in targets]
-    assert [teacher.token_ids[t + 1] for t in amap.teacher_prediction_positions] == amap.target_token_ids
-    assert [student.token_ids[s + 1] for s in amap.student_prediction_positions] == amap.target_token_ids
+    assert [
+        teacher.token_ids[t + 1] for t in amap.teacher_prediction_positions
+    ] == amap.target_token_ids
+    assert [
+        student.token_ids[s + 1] for s in amap.student_prediction_positions
+    ] == amap.target_token_ids
     json.dumps(amap.model_dump(mode="json"))

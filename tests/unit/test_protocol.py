@@ -41,7 +41,12 @@ def test_parse_tool_call_defaults_arguments() -> None:
 
 def test_parse_final() -> None:
     parsed = parse_assistant_text("So:<final>\n 42 \n</final>")
-    assert (parsed.kind, parsed.final_answer, parsed.prose, parsed.block_start) == ("final", "42", "So:", 3)
+    assert (parsed.kind, parsed.final_answer, parsed.prose, parsed.block_start) == (
+        "final",
+        "42",
+        "So:",
+        3,
+    )
 
 
 def test_first_block_wins() -> None:
@@ -54,19 +59,42 @@ def test_first_block_wins() -> None:
 @pytest.mark.parametrize(
     ("text", "error", "block_start"),
     [
-        ("just prose", "no <tool_call> or <final> block found; call a tool or give the final answer", None),
+        (
+            "just prose",
+            "no <tool_call> or <final> block found; call a tool or give the final answer",
+            None,
+        ),
         ("<final>42", "unterminated <final> block; close it with </final>", None),
         ("x<tool_call>{}", "unterminated <tool_call> block; close it with </tool_call>", None),
-        ("<tool_call>{bad}</tool_call>",
-         "tool call is not valid JSON: Expecting property name enclosed in double quotes at character 1", 0),
-        ("ab<tool_call>[1]</tool_call>", 'tool call must be a JSON object with "name" and "arguments"', 2),
+        (
+            "<tool_call>{bad}</tool_call>",
+            "tool call is not valid JSON: Expecting property name enclosed in double quotes at character 1",
+            0,
+        ),
+        (
+            "ab<tool_call>[1]</tool_call>",
+            'tool call must be a JSON object with "name" and "arguments"',
+            2,
+        ),
         ('<tool_call>{"arguments": {}}</tool_call>', 'tool call needs a string "name"', 0),
         ('<tool_call>{"name": ""}</tool_call>', 'tool call needs a string "name"', 0),
-        ('<tool_call>{"name": "c", "arguments": [1]}</tool_call>', 'tool call "arguments" must be a JSON object', 0),
-        ('<tool_call>{"name": "c", "id": 3}</tool_call>',
-         "tool call has unexpected keys ['id']; use only name and arguments", 0),
-        ("<tool_call>" + json.dumps({"name": "c", "arguments": {"e": "1" * 5000}}) + "</tool_call>",
-         "tool call JSON is too long (5037 characters)", 0),
+        (
+            '<tool_call>{"name": "c", "arguments": [1]}</tool_call>',
+            'tool call "arguments" must be a JSON object',
+            0,
+        ),
+        (
+            '<tool_call>{"name": "c", "id": 3}</tool_call>',
+            "tool call has unexpected keys ['id']; use only name and arguments",
+            0,
+        ),
+        (
+            "<tool_call>"
+            + json.dumps({"name": "c", "arguments": {"e": "1" * 5000}})
+            + "</tool_call>",
+            "tool call JSON is too long (5037 characters)",
+            0,
+        ),
     ],
 )
 def test_parse_errors(text: str, error: str, block_start: int | None) -> None:

@@ -29,12 +29,21 @@ def test_calculator_is_registered() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["nope", "miniverl.environments.calculator.CalculatorEnvironment", "os.path", "../calculator", "Calculator"],
+    [
+        "nope",
+        "miniverl.environments.calculator.CalculatorEnvironment",
+        "os.path",
+        "../calculator",
+        "Calculator",
+    ],
 )
 def test_unknown_names_are_not_imported(name: str) -> None:
     with pytest.raises(ToolEnvironmentError) as info:
         make_environment(name)
-    assert str(info.value) == f"unknown environment {name!r}; registered: {', '.join(available_environments())}"
+    assert (
+        str(info.value)
+        == f"unknown environment {name!r}; registered: {', '.join(available_environments())}"
+    )
     assert "doctor" in info.value.hint
 
 
@@ -42,7 +51,10 @@ def test_bad_params() -> None:
     with pytest.raises(ToolEnvironmentError) as info:
         make_environment("calculator", bogus=1)
     assert str(info.value).startswith("environment 'calculator' rejected its params ['bogus']: ")
-    with pytest.raises(ToolEnvironmentError, match=r"^calculator: unknown prompt_style 'x'; expected one of \['compact', 'verbose'\]$"):
+    with pytest.raises(
+        ToolEnvironmentError,
+        match=r"^calculator: unknown prompt_style 'x'; expected one of \['compact', 'verbose'\]$",
+    ):
         make_environment("calculator", prompt_style="x")
 
 
@@ -56,7 +68,10 @@ def test_register(clean_registry: dict) -> None:
     assert isinstance(env, Echo) and env.name == "echo_env"
     with pytest.raises(ToolEnvironmentError) as info:
         register("echo_env", Echo)
-    assert str(info.value) == "environment 'echo_env' is already registered; pass replace=True to override"
+    assert (
+        str(info.value)
+        == "environment 'echo_env' is already registered; pass replace=True to override"
+    )
     register("echo_env", CalculatorEnvironment, replace=True)
     assert type(make_environment("echo_env")) is CalculatorEnvironment
 
@@ -75,5 +90,9 @@ def test_registry_module_has_no_dynamic_imports() -> None:
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
     }
     assert not imported & {"importlib", "importlib.metadata", "pkg_resources", "importlib.util"}
-    calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    calls = {
+        n.func.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
     assert not calls & {"__import__", "eval", "exec", "getattr", "import_module"}

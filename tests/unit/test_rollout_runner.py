@@ -54,7 +54,13 @@ def test_final_answer_episode(task: Task) -> None:
     runner = make_runner([tool_call_text("6 - 3"), final_text("3")])
     traj = runner.rollout(task, seed=5)
     assert traj.termination_reason is TerminationReason.FINAL_ANSWER
-    assert _types(traj) == ["system", "user", "assistant_tool_call", "tool_result", "assistant_final"]
+    assert _types(traj) == [
+        "system",
+        "user",
+        "assistant_tool_call",
+        "tool_result",
+        "assistant_final",
+    ]
     assert _ids(traj, "assistant_tool_call") == tok.encode(tool_call_text("6 - 3"))
     assert _ids(traj, "assistant_final") == tok.encode(final_text("3"))
     assert traj.generated_token_count == sum(traj.model_generated_mask)
@@ -62,9 +68,19 @@ def test_final_answer_episode(task: Task) -> None:
     assert traj.verification is not None and traj.verification.solved
     assert traj.verification.failure_category == "solved"
     assert traj.trajectory_id == f"{task.task_id}:v0:s5"
-    assert traj.metadata == {"source": "policy", "seed": 5, "temperature": 1.0, "difficulty": "easy", "split": "train"}
+    assert traj.metadata == {
+        "source": "policy",
+        "seed": 5,
+        "temperature": 1.0,
+        "difficulty": "easy",
+        "split": "train",
+    }
     call_span = traj.spans_of("assistant_tool_call")[0]
-    assert (call_span.tool_name, call_span.tool_call_id, call_span.turn_id) == ("calculator", "c0", 0)
+    assert (call_span.tool_name, call_span.tool_call_id, call_span.turn_id) == (
+        "calculator",
+        "c0",
+        0,
+    )
     obs = traj.spans_of("tool_result")[0]
     assert (obs.tool_call_id, obs.env_state_id) == ("c0", "calc:1")
     assert obs.text.startswith(IM_END + "\n") and obs.text.endswith(ASSISTANT_HEADER)
@@ -82,7 +98,10 @@ def test_generate_receives_the_exact_prefix_and_limits(task: Task) -> None:
     traj = runner.rollout(task, seed=11)
     calls = runner.backend.calls
     assert len(calls) == 2
-    call_span, final_span = traj.spans_of("assistant_tool_call")[0], traj.spans_of("assistant_final")[0]
+    call_span, final_span = (
+        traj.spans_of("assistant_tool_call")[0],
+        traj.spans_of("assistant_final")[0],
+    )
     # Generation begins exactly at the first token of each model span.
     assert calls[0].prompt_ids == traj.token_ids[: call_span.start]
     assert calls[1].prompt_ids == traj.token_ids[: final_span.start]
@@ -116,7 +135,12 @@ def test_wrong_final_answer_is_graded(task: Task) -> None:
 def test_rollout_options(task: Task) -> None:
     runner = make_runner([final_text("3")])
     traj = runner.rollout(
-        task, seed=3, policy_version=7, temperature=0.0, trajectory_id="custom", extra_metadata={"cycle": 2}
+        task,
+        seed=3,
+        policy_version=7,
+        temperature=0.0,
+        trajectory_id="custom",
+        extra_metadata={"cycle": 2},
     )
     assert (traj.trajectory_id, traj.policy_version) == ("custom", 7)
     assert traj.metadata["temperature"] == 0.0 and traj.metadata["cycle"] == 2
@@ -127,11 +151,20 @@ def test_rollout_options(task: Task) -> None:
 
 
 def test_max_turns(task: Task) -> None:
-    runner = make_runner([tool_call_text("6 - 3"), tool_call_text("3 + 0")], config=RolloutConfig(max_turns=2))
+    runner = make_runner(
+        [tool_call_text("6 - 3"), tool_call_text("3 + 0")], config=RolloutConfig(max_turns=2)
+    )
     traj = runner.rollout(task, seed=0)
     assert traj.termination_reason is TerminationReason.MAX_TURNS
     assert traj.verification is None
-    assert _types(traj) == ["system", "user", "assistant_tool_call", "tool_result", "assistant_tool_call", "tool_result"]
+    assert _types(traj) == [
+        "system",
+        "user",
+        "assistant_tool_call",
+        "tool_result",
+        "assistant_tool_call",
+        "tool_result",
+    ]
     assert [t.tool_result.result for t in traj.turns] == ["3", "3"]
     assert len(runner.backend.calls) == 2
 
@@ -156,7 +189,10 @@ def test_budget_truncates_a_turn(task: Task) -> None:
     assert traj.length == config.max_total_tokens
     assert _ids(traj, "assistant_text") == toy_tokenizer().encode(tool_call_text("6 - 3"))[:10]
     assert traj.termination_reason is TerminationReason.PARSE_ERROR_LIMIT
-    assert traj.turns[0].tool_call.parse_error == "unterminated <tool_call> block; close it with </tool_call>"
+    assert (
+        traj.turns[0].tool_call.parse_error
+        == "unterminated <tool_call> block; close it with </tool_call>"
+    )
 
 
 NO_BLOCK = "no <tool_call> or <final> block found; call a tool or give the final answer"
@@ -164,7 +200,9 @@ NO_BLOCK = "no <tool_call> or <final> block found; call a tool or give the final
 
 @pytest.mark.parametrize("max_parse_errors", [0, 1])
 def test_parse_error_limit_stops_on_first_error(task: Task, max_parse_errors: int) -> None:
-    runner = make_runner(["I am not sure what to do."], config=RolloutConfig(max_parse_errors=max_parse_errors))
+    runner = make_runner(
+        ["I am not sure what to do."], config=RolloutConfig(max_parse_errors=max_parse_errors)
+    )
     traj = runner.rollout(task, seed=0)
     assert traj.termination_reason is TerminationReason.PARSE_ERROR_LIMIT
     assert _types(traj) == ["system", "user", "assistant_text"]
@@ -178,13 +216,18 @@ def test_parse_error_limit_stops_on_first_error(task: Task, max_parse_errors: in
 
 
 def test_parse_error_limit_two_stops_on_second(task: Task) -> None:
-    runner = make_runner(["hmm", '<tool_call>{"name": 3}</tool_call>'], config=RolloutConfig(max_parse_errors=2))
+    runner = make_runner(
+        ["hmm", '<tool_call>{"name": 3}</tool_call>'], config=RolloutConfig(max_parse_errors=2)
+    )
     traj = runner.rollout(task, seed=0)
     assert traj.termination_reason is TerminationReason.PARSE_ERROR_LIMIT
     assert _types(traj) == ["system", "user", "assistant_text", "tool_result", "assistant_text"]
     obs = traj.spans_of("tool_result")[0]
     assert json.dumps({"ok": False, "error": NO_BLOCK}) in obs.text
-    assert [t.tool_call.parse_error for t in traj.turns] == [NO_BLOCK, 'tool call needs a string "name"']
+    assert [t.tool_call.parse_error for t in traj.turns] == [
+        NO_BLOCK,
+        'tool call needs a string "name"',
+    ]
     assert traj.invalid_tool_calls == 2
 
 
@@ -227,7 +270,9 @@ def test_zero_tokens_is_eos_without_final(task: Task) -> None:
 
 def test_invalid_tool_call_is_an_error_result(task: Task) -> None:
     call = '<tool_call>\n{"arguments": {"expression": "__import__(\'os\')"}, "name": "calculator"}\n</tool_call>'
-    runner = make_runner([call, '<tool_call>{"name": "search", "arguments": {}}</tool_call>', final_text("3")])
+    runner = make_runner(
+        [call, '<tool_call>{"name": "search", "arguments": {}}</tool_call>', final_text("3")]
+    )
     traj = runner.rollout(task, seed=0)
     assert traj.termination_reason is TerminationReason.FINAL_ANSWER
     assert traj.invalid_tool_calls == 2
@@ -242,7 +287,9 @@ def test_invalid_tool_call_is_an_error_result(task: Task) -> None:
 
 def test_non_canonical_ids_are_kept_verbatim(task: Task) -> None:
     tok = toy_tokenizer()
-    call_ids = char_ids(tool_call_text("6 - 3"))  # '<', 't', 'o', ... instead of the <tool_call> piece
+    call_ids = char_ids(
+        tool_call_text("6 - 3")
+    )  # '<', 't', 'o', ... instead of the <tool_call> piece
     final_ids = char_ids("<final>") + tok.encode("\n3\n</final>")
     assert call_ids != tok.encode(tool_call_text("6 - 3"))
     assert len(call_ids) > RolloutConfig().max_new_tokens_per_turn  # one id per character is long
@@ -260,7 +307,14 @@ def test_prose_before_a_block_is_assistant_text(task: Task) -> None:
     prose = "I will call the tool first.\n"
     runner = make_runner([prose + tool_call_text("6 - 3"), final_text("3")])
     traj = runner.rollout(task, seed=0)
-    assert _types(traj) == ["system", "user", "assistant_text", "assistant_tool_call", "tool_result", "assistant_final"]
+    assert _types(traj) == [
+        "system",
+        "user",
+        "assistant_text",
+        "assistant_tool_call",
+        "tool_result",
+        "assistant_final",
+    ]
     text_span, call_span = traj.spans[2], traj.spans[3]
     assert text_span.text == prose and call_span.text == tool_call_text("6 - 3")
     assert text_span.end == call_span.start
@@ -268,7 +322,9 @@ def test_prose_before_a_block_is_assistant_text(task: Task) -> None:
     assert _ids(traj, "assistant_text") == tok.encode(prose)
     assert (text_span.turn_id, call_span.turn_id) == (0, 0)
     assert (text_span.segment_key, call_span.segment_key) == ("gen:0:prose", "gen:0:block")
-    assert traj.model_generated_mask[text_span.start : call_span.end] == [True] * (call_span.end - text_span.start)
+    assert traj.model_generated_mask[text_span.start : call_span.end] == [True] * (
+        call_span.end - text_span.start
+    )
     assert traj.critical_mask[text_span.start : text_span.end] == [False] * text_span.length
     assert traj.critical_mask[call_span.start : call_span.end] == [True] * call_span.length
 
@@ -297,9 +353,16 @@ def test_oracle_rollout(difficulty: str, calls: int) -> None:
         assert traj.trajectory_id == f"{task.task_id}:oracle"
         assert traj.policy_version == 2
         assert traj.metadata == {"source": "oracle", "difficulty": difficulty, "split": "train"}
-        assert _types(traj) == ["system", "user", *["assistant_tool_call", "tool_result"] * calls, "assistant_final"]
+        assert _types(traj) == [
+            "system",
+            "user",
+            *["assistant_tool_call", "tool_result"] * calls,
+            "assistant_final",
+        ]
         assert traj.solved and traj.termination_reason is TerminationReason.FINAL_ANSWER
-        assert traj.generated_token_count == sum(traj.model_generated_mask) == sum(traj.critical_mask)
+        assert (
+            traj.generated_token_count == sum(traj.model_generated_mask) == sum(traj.critical_mask)
+        )
         for i, expression in enumerate(task.data["expressions"]):
             assert _ids(traj, "assistant_tool_call", i) == tok.encode(tool_call_text(expression))
         assert traj.turns[-1].is_final
@@ -307,7 +370,7 @@ def test_oracle_rollout(difficulty: str, calls: int) -> None:
 
 # -- design.txt §9: the runnable example -----------------------------------------------------------
 
-DESIGN_EXAMPLE = '''
+DESIGN_EXAMPLE = """
 from miniverl.agent.loop import RolloutRunner
 from miniverl.config.models import RolloutConfig, RunConfig, SelectionConfig
 from miniverl.environments.base import make_splits
@@ -341,7 +404,7 @@ selection = select_positions(traj, SelectionConfig(), run_seed=1234)
 alignment = build_alignment_map(traj, selection.positions, selection.weights)
 print(alignment.num_positions, alignment.is_identity())
 print(alignment.student_prediction_positions[0], alignment.target_token_ids[0])
-'''
+"""
 
 
 def _example_output() -> list[str]:
@@ -362,7 +425,13 @@ def _example_output() -> list[str]:
 def _check_example(traj: Trajectory, alignment, printed: list[str] | None = None) -> None:  # type: ignore[no-untyped-def]
     tok = toy_tokenizer()
     counts = traj.token_counts_by_span_type()
-    assert list(counts) == ["system", "user", "assistant_tool_call", "tool_result", "assistant_final"]
+    assert list(counts) == [
+        "system",
+        "user",
+        "assistant_tool_call",
+        "tool_result",
+        "assistant_final",
+    ]
     first_model = traj.model_token_positions()[0]
     user = traj.spans_of("user")[0]
     assert first_model == user.end and user.text.endswith(ASSISTANT_HEADER)
@@ -424,7 +493,10 @@ def test_scripted_backend_matches_run_generation(planned: str, max_new_tokens: i
     from miniverl.models.sampling import run_generation
 
     tok = toy_tokenizer()
-    for ids in (tok.encode(planned), [*tok.encode(planned[:4]), tok.eos_token_id, *tok.encode("zz")]):
+    for ids in (
+        tok.encode(planned),
+        [*tok.encode(planned[:4]), tok.eos_token_id, *tok.encode("zz")],
+    ):
         plan = [*ids, tok.eos_token_id]
         queue = list(plan)
 
@@ -433,9 +505,22 @@ def test_scripted_backend_matches_run_generation(planned: str, max_new_tokens: i
             logits[queue.pop(0)] = 1.0
             return logits, cache
 
-        real = run_generation(step, [1, 2], tokenizer=tok, max_new_tokens=max_new_tokens, temperature=0.0,
-                              stop_sequences=stop_sequences(), eos_token_id=tok.eos_token_id)
+        real = run_generation(
+            step,
+            [1, 2],
+            tokenizer=tok,
+            max_new_tokens=max_new_tokens,
+            temperature=0.0,
+            stop_sequences=stop_sequences(),
+            eos_token_id=tok.eos_token_id,
+        )
         backend = ScriptedBackend([plan])
-        scripted = backend.generate([1, 2], max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, seed=0,
-                                    stop_sequences=stop_sequences())
+        scripted = backend.generate(
+            [1, 2],
+            max_new_tokens=max_new_tokens,
+            temperature=0.0,
+            top_p=1.0,
+            seed=0,
+            stop_sequences=stop_sequences(),
+        )
         assert scripted == real

@@ -31,13 +31,24 @@ def _only_error(info: pytest.ExceptionInfo[ValidationError]) -> str:
     return error["msg"]
 
 
-PARALLEL = ["teacher_prediction_positions", "target_token_ids", "model_token_mask", "token_weights", "span_types"]
+PARALLEL = [
+    "teacher_prediction_positions",
+    "target_token_ids",
+    "model_token_mask",
+    "token_weights",
+    "span_types",
+]
 
 
 @pytest.mark.parametrize("name", PARALLEL)
 def test_parallel_length_mismatch(name: str) -> None:
-    short = {"teacher_prediction_positions": [1], "target_token_ids": [1], "model_token_mask": [True],
-             "token_weights": [1.0], "span_types": ["assistant_final"]}[name]
+    short = {
+        "teacher_prediction_positions": [1],
+        "target_token_ids": [1],
+        "model_token_mask": [True],
+        "token_weights": [1.0],
+        "span_types": ["assistant_final"],
+    }[name]
     fields = _fields(student_prediction_positions=[1, 2])
     for other in PARALLEL:
         fields[other] = fields[other][:2]
@@ -48,19 +59,38 @@ def test_parallel_length_mismatch(name: str) -> None:
 
 
 def test_spec_example_length_message() -> None:
-    with pytest.raises(ValidationError, match=re.escape("alignment field 'target_token_ids' has length 1, expected 2")):
-        AlignmentMap(**_fields(student_prediction_positions=[1, 2], teacher_prediction_positions=[1, 2],
-                               target_token_ids=[5], model_token_mask=[True, True], token_weights=[1.0, 1.0],
-                               span_types=["a", "b"]))
+    with pytest.raises(
+        ValidationError,
+        match=re.escape("alignment field 'target_token_ids' has length 1, expected 2"),
+    ):
+        AlignmentMap(
+            **_fields(
+                student_prediction_positions=[1, 2],
+                teacher_prediction_positions=[1, 2],
+                target_token_ids=[5],
+                model_token_mask=[True, True],
+                token_weights=[1.0, 1.0],
+                span_types=["a", "b"],
+            )
+        )
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         ({"student_prediction_positions": [-1, 4, 9]}, "student prediction positions must be >= 0"),
-        ({"teacher_prediction_positions": [10, -2, 16]}, "teacher prediction positions must be >= 0"),
-        ({"student_prediction_positions": [3, 3, 9]}, "student prediction positions must be strictly increasing"),
-        ({"student_prediction_positions": [3, 9, 4]}, "student prediction positions must be strictly increasing"),
+        (
+            {"teacher_prediction_positions": [10, -2, 16]},
+            "teacher prediction positions must be >= 0",
+        ),
+        (
+            {"student_prediction_positions": [3, 3, 9]},
+            "student prediction positions must be strictly increasing",
+        ),
+        (
+            {"student_prediction_positions": [3, 9, 4]},
+            "student prediction positions must be strictly increasing",
+        ),
         ({"token_weights": [1.0, -0.5, 2.0]}, "token weights must be non-negative"),
         (
             {"model_token_mask": [True, False, True]},
@@ -75,7 +105,9 @@ def test_validator_messages(overrides: dict[str, Any], message: str) -> None:
 
 
 def test_non_model_token_with_zero_weight_is_allowed() -> None:
-    amap = AlignmentMap(**_fields(model_token_mask=[True, False, True], token_weights=[1.0, 0.0, 2.0]))
+    amap = AlignmentMap(
+        **_fields(model_token_mask=[True, False, True], token_weights=[1.0, 0.0, 2.0])
+    )
     assert amap.total_weight == 3.0
 
 
@@ -85,9 +117,21 @@ def test_teacher_positions_need_not_increase_or_match() -> None:
 
 
 def test_empty_map_is_valid_and_short_circuits() -> None:
-    amap = AlignmentMap(trajectory_id="t", student_prediction_positions=[], teacher_prediction_positions=[],
-                        target_token_ids=[], model_token_mask=[], token_weights=[], span_types=[])
-    assert (amap.num_positions, amap.total_weight, amap.is_identity(), amap.counts_by_span_type()) == (0, 0.0, True, {})
+    amap = AlignmentMap(
+        trajectory_id="t",
+        student_prediction_positions=[],
+        teacher_prediction_positions=[],
+        target_token_ids=[],
+        model_token_mask=[],
+        token_weights=[],
+        span_types=[],
+    )
+    assert (
+        amap.num_positions,
+        amap.total_weight,
+        amap.is_identity(),
+        amap.counts_by_span_type(),
+    ) == (0, 0.0, True, {})
 
 
 def test_properties() -> None:
@@ -96,7 +140,11 @@ def test_properties() -> None:
     assert amap.total_weight == 3.5
     assert amap.is_identity() is False
     assert amap.student_target_positions == [4, 5, 10]
-    assert amap.counts_by_span_type() == {"assistant_text": 1, "assistant_tool_call": 1, "assistant_final": 1}
+    assert amap.counts_by_span_type() == {
+        "assistant_text": 1,
+        "assistant_tool_call": 1,
+        "assistant_final": 1,
+    }
     same = AlignmentMap(**_fields(teacher_prediction_positions=[3, 4, 9]))
     assert same.is_identity() is True
 

@@ -90,7 +90,10 @@ def _shift_start(delta: int) -> Mutation:
 
 def _drop_last_span(r: dict[str, Any]) -> tuple[str, str]:
     last = r["spans"].pop()
-    return "", f"Value error, spans cover {last['start']} tokens but the sequence has {len(r['token_ids'])}"
+    return (
+        "",
+        f"Value error, spans cover {last['start']} tokens but the sequence has {len(r['token_ids'])}",
+    )
 
 
 def _overrun_last_span(r: dict[str, Any]) -> tuple[str, str]:
@@ -102,7 +105,10 @@ def _overrun_last_span(r: dict[str, Any]) -> tuple[str, str]:
 def _empty_span(r: dict[str, Any]) -> tuple[str, str]:
     span = r["spans"][2]
     span["end"] = span["start"]
-    return "spans.2", f"Value error, span assistant_tool_call has empty range [{span['start']},{span['start']})"
+    return (
+        "spans.2",
+        f"Value error, span assistant_tool_call has empty range [{span['start']},{span['start']})",
+    )
 
 
 MODEL_MSG = (
@@ -205,12 +211,16 @@ def test_model_rejects_with_exact_message(base_record: dict[str, Any], name: str
     record, loc, msg = _mutated(base_record, MUTATIONS[name])
     with pytest.raises(ValidationError) as info:
         Trajectory.model_validate(record)
-    errors = [(".".join(str(p) for p in e["loc"]), e["msg"]) for e in info.value.errors(include_url=False)]
+    errors = [
+        (".".join(str(p) for p in e["loc"]), e["msg"]) for e in info.value.errors(include_url=False)
+    ]
     assert errors == [(loc, msg)]
 
 
 @pytest.mark.parametrize("name", list(MUTATIONS))
-def test_reader_rejects_with_path_and_line(tmp_path: Path, base_record: dict[str, Any], name: str) -> None:
+def test_reader_rejects_with_path_and_line(
+    tmp_path: Path, base_record: dict[str, Any], name: str
+) -> None:
     record, loc, msg = _mutated(base_record, MUTATIONS[name])
     path = write_records(tmp_path / "t.jsonl", [base_record, record])
     stream = iter_trajectories(path)
@@ -231,14 +241,23 @@ def test_base_record_is_valid_and_round_trips(base_record: dict[str, Any]) -> No
 def test_spec_example_message_shapes() -> None:
     """The literal numbers of the schema doc's table, reproduced on a 206-token record."""
     traj = make_trajectory(
-        [("system", 97), ("user", 37), ("assistant_tool_call", 35), ("tool_result", 32), ("assistant_final", 5)]
+        [
+            ("system", 97),
+            ("user", 37),
+            ("assistant_tool_call", 35),
+            ("tool_result", 32),
+            ("assistant_final", 5),
+        ]
     )
     assert traj.length == 206
     record = record_of(traj)
 
     short = copy.deepcopy(record)
     short["attention_mask"] = short["attention_mask"][:-1]
-    with pytest.raises(ValidationError, match=re.escape("attention_mask has length 205 but token_ids has length 206")):
+    with pytest.raises(
+        ValidationError,
+        match=re.escape("attention_mask has length 205 but token_ids has length 206"),
+    ):
         Trajectory.model_validate(short)
 
     gap = copy.deepcopy(record)
@@ -253,7 +272,9 @@ def test_spec_example_message_shapes() -> None:
 
     cover = copy.deepcopy(record)
     del cover["spans"][-1]  # the 5-token final answer
-    with pytest.raises(ValidationError, match=re.escape("spans cover 201 tokens but the sequence has 206")):
+    with pytest.raises(
+        ValidationError, match=re.escape("spans cover 201 tokens but the sequence has 206")
+    ):
         Trajectory.model_validate(cover)
 
     empty = copy.deepcopy(record)
@@ -288,7 +309,9 @@ def test_invalid_json_line(tmp_path: Path) -> None:
     assert str(info.value) == f"{path}:1 is not valid JSON: {decoder_message}"
 
 
-def test_unknown_schema_version_checked_before_parsing(tmp_path: Path, base_record: dict[str, Any]) -> None:
+def test_unknown_schema_version_checked_before_parsing(
+    tmp_path: Path, base_record: dict[str, Any]
+) -> None:
     record = copy.deepcopy(base_record)
     record["schema_version"] = 2
     record["bogus"] = "would also be an error, but the version is checked first"
@@ -296,7 +319,9 @@ def test_unknown_schema_version_checked_before_parsing(tmp_path: Path, base_reco
     path = write_records(tmp_path / "t.jsonl", [record])
     with pytest.raises(SchemaValidationError) as info:
         read_trajectories(path)
-    assert str(info.value) == f"{path}:1 has trajectory schema_version 2, this build reads version 1"
+    assert (
+        str(info.value) == f"{path}:1 has trajectory schema_version 2, this build reads version 1"
+    )
     assert "regenerate" in info.value.hint
 
 
@@ -335,7 +360,11 @@ def test_span_type_tables() -> None:
         "assistant_tool_call",
         "assistant_final",
     }
-    assert {t.value for t in MODEL_GENERATED_SPAN_TYPES} == {"assistant_text", "assistant_tool_call", "assistant_final"}
+    assert {t.value for t in MODEL_GENERATED_SPAN_TYPES} == {
+        "assistant_text",
+        "assistant_tool_call",
+        "assistant_final",
+    }
     assert {t.value for t in CRITICAL_SPAN_TYPES} == {"assistant_tool_call", "assistant_final"}
     assert SpanType.TOOL_RESULT not in MODEL_GENERATED_SPAN_TYPES
     assert [r.value for r in TerminationReason] == [
@@ -351,9 +380,20 @@ def test_span_type_tables() -> None:
 
 def test_span_model() -> None:
     span = Span(span_type="assistant_final", start=3, end=8, metadata={"segment_key": "k"})
-    assert (span.length, span.is_model_generated, span.is_critical, span.segment_key) == (5, True, True, "k")
+    assert (span.length, span.is_model_generated, span.is_critical, span.segment_key) == (
+        5,
+        True,
+        True,
+        "k",
+    )
     text = Span(span_type="assistant_text", start=0, end=1)
-    assert (text.is_model_generated, text.is_critical, text.segment_key, text.turn_id, text.text) == (
+    assert (
+        text.is_model_generated,
+        text.is_critical,
+        text.segment_key,
+        text.turn_id,
+        text.text,
+    ) == (
         True,
         False,
         None,
@@ -383,7 +423,9 @@ def test_derived_views(oracle_traj: Trajectory) -> None:
         assert t.span_at(span.start) is span
         assert t.span_at(span.end - 1) is span
     for bad in (-1, t.length):
-        with pytest.raises(IndexError, match=re.escape(f"position {bad} is outside [0, {t.length})")):
+        with pytest.raises(
+            IndexError, match=re.escape(f"position {bad} is outside [0, {t.length})")
+        ):
             t.span_at(bad)
     counts = t.token_counts_by_span_type()
     assert counts == {s.span_type.value: s.length for s in t.spans}
@@ -394,7 +436,14 @@ def test_derived_views(oracle_traj: Trajectory) -> None:
 
 def test_defaults_and_bounds(oracle_traj: Trajectory) -> None:
     record = record_of(oracle_traj)
-    for key in ("schema_version", "turns", "policy_version", "generated_token_count", "invalid_tool_calls", "metadata"):
+    for key in (
+        "schema_version",
+        "turns",
+        "policy_version",
+        "generated_token_count",
+        "invalid_tool_calls",
+        "metadata",
+    ):
         record.pop(key)
     record.pop("model_revision")
     record.pop("verification")

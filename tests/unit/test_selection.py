@@ -13,8 +13,15 @@ from miniverl.schemas.trajectory import Trajectory
 from miniverl.selection.selectors import SELECTORS, aggregate_selection_stats, select_positions
 from miniverl.trajectory.masks import model_target_positions
 
-SEGMENTS = [("system", 10), ("user", 5), ("assistant_text", 12), ("assistant_tool_call", 8), ("tool_result", 6),
-            ("assistant_text", 7), ("assistant_final", 4)]
+SEGMENTS = [
+    ("system", 10),
+    ("user", 5),
+    ("assistant_text", 12),
+    ("assistant_tool_call", 8),
+    ("tool_result", 6),
+    ("assistant_text", 7),
+    ("assistant_final", 4),
+]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +86,9 @@ def test_uniform_ratio_depends_on_seed_and_trajectory(traj: Trajectory) -> None:
 
 
 @pytest.mark.parametrize(("ratio", "expected_count"), [(0.5, 16), (0.2, 12), (0.7, 22), (1.0, 31)])
-def test_hybrid_keeps_every_critical_token(traj: Trajectory, ratio: float, expected_count: int) -> None:
+def test_hybrid_keeps_every_critical_token(
+    traj: Trajectory, ratio: float, expected_count: int
+) -> None:
     result = select_positions(traj, SelectionConfig(selector="hybrid", ratio=ratio), run_seed=3)
     assert expected_count == max(math.ceil(ratio * 31), 12)
     assert result.num_selected == expected_count
@@ -98,7 +107,9 @@ def test_weights_from_critical_and_other(traj: Trajectory) -> None:
 def test_zero_weight_positions_are_dropped(traj: Trajectory) -> None:
     only_critical = select_positions(traj, SelectionConfig(other_weight=0.0), run_seed=0)
     assert only_critical.positions == _critical(traj) and only_critical.weights == [1.0] * 12
-    only_others = select_positions(traj, SelectionConfig(critical_weight=0.0, other_weight=3.0), run_seed=0)
+    only_others = select_positions(
+        traj, SelectionConfig(critical_weight=0.0, other_weight=3.0), run_seed=0
+    )
     assert only_others.positions == _others(traj) and only_others.weights == [3.0] * 19
     assert only_others.model_tokens == 31  # the ratio denominator is unchanged
 
@@ -113,8 +124,12 @@ def test_no_model_tokens(selector: str) -> None:
 
 def test_unknown_selector() -> None:
     t = make_trajectory([("system", 2), ("assistant_final", 2)])
-    cfg = SelectionConfig.model_construct(selector="magic", ratio=0.5, critical_weight=1.0, other_weight=1.0)
-    with pytest.raises(ValueError, match=r"unknown selector 'magic'; expected one of \('all_model_tokens', "):
+    cfg = SelectionConfig.model_construct(
+        selector="magic", ratio=0.5, critical_weight=1.0, other_weight=1.0
+    )
+    with pytest.raises(
+        ValueError, match=r"unknown selector 'magic'; expected one of \('all_model_tokens', "
+    ):
         select_positions(t, cfg, run_seed=0)
 
 

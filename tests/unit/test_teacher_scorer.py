@@ -50,7 +50,9 @@ def setup(teacher: ToyBackend):
     selection = select_positions(trajectory, SelectionConfig(), run_seed=1)
     alignment = build_alignment_map(trajectory, selection.positions, selection.weights)
     render = runner.privileged_render(trajectory, task)
-    privileged = build_alignment_map(trajectory, selection.positions, selection.weights, teacher=render)
+    privileged = build_alignment_map(
+        trajectory, selection.positions, selection.weights, teacher=render
+    )
     return trajectory, alignment, render, privileged
 
 
@@ -59,11 +61,15 @@ def scorer(teacher: ToyBackend, **kwargs) -> LocalTeacherScorer:
     return LocalTeacherScorer(teacher, **args)
 
 
-def student_loss(student: ToyBackend, trajectory: Trajectory, alignment, provider) -> tuple[float, list[torch.Tensor]]:
+def student_loss(
+    student: ToyBackend, trajectory: Trajectory, alignment, provider
+) -> tuple[float, list[torch.Tensor]]:
     """Loss and student gradients through the chunked loss, as the trainer computes them."""
     for p in student.trainable_parameters():
         p.grad = None
-    hidden = student.hidden_states_at(trajectory.token_ids, alignment.student_prediction_positions, with_grad=True)
+    hidden = student.hidden_states_at(
+        trajectory.token_ids, alignment.student_prediction_positions, with_grad=True
+    )
     weights = torch.tensor(alignment.token_weights) / alignment.total_weight
     result = chunked_selected_position_loss(
         hidden_states=hidden,
@@ -95,7 +101,9 @@ def test_bucketed_targets_are_top_k_of_the_teacher_at_the_aligned_positions(teac
     torch.testing.assert_close(result.provider.tail_log_prob, tail, rtol=0, atol=1e-6)
     exact_entropy = teacher_entropy(teacher.project(hidden), SPEC.temperature)
     assert result.entropy_is_lower_bound
-    assert result.teacher_entropy.dtype == torch.float32 and result.teacher_entropy.shape == (result.num_positions,)
+    assert result.teacher_entropy.dtype == torch.float32 and result.teacher_entropy.shape == (
+        result.num_positions,
+    )
     assert bool((result.teacher_entropy <= exact_entropy + 1e-5).all())
 
 
@@ -117,16 +125,22 @@ def test_exact_hidden_keeps_hidden_states_and_full_entropy(teacher, setup) -> No
     hidden = teacher.hidden_states_at(trajectory.token_ids, alignment.teacher_prediction_positions)
     assert result.provider.teacher_hidden.shape == (alignment.num_positions, SMALL.hidden_size)
     assert torch.equal(result.provider.teacher_hidden, hidden)
-    torch.testing.assert_close(result.teacher_entropy, teacher_entropy(teacher.project(hidden), SPEC.temperature))
+    torch.testing.assert_close(
+        result.teacher_entropy, teacher_entropy(teacher.project(hidden), SPEC.temperature)
+    )
     with pytest.raises(ConfigError, match="exact_hidden"):
         result.cache_tensors()
 
 
-def test_exact_and_bucketed_with_k_equal_v_give_the_same_loss_and_gradients(teacher, student, setup) -> None:
+def test_exact_and_bucketed_with_k_equal_v_give_the_same_loss_and_gradients(
+    teacher, student, setup
+) -> None:
     trajectory, alignment, _, _ = setup
     exact = scorer(teacher, loss_mode="exact_full_vocab", top_k=1).score(trajectory, alignment)
     full = scorer(teacher, top_k=V).score(trajectory, alignment)
-    swapped = scorer(teacher, loss_mode="exact_full_vocab", top_k=1, teacher_resident=False).score(trajectory, alignment)
+    swapped = scorer(teacher, loss_mode="exact_full_vocab", top_k=1, teacher_resident=False).score(
+        trajectory, alignment
+    )
     assert swapped.shape == "bucketed" and swapped.top_k == V and not swapped.entropy_is_lower_bound
     assert bool(torch.isneginf(full.provider.tail_log_prob).all())
     exact_loss, exact_grads = student_loss(student, trajectory, alignment, exact.provider)
@@ -135,14 +149,18 @@ def test_exact_and_bucketed_with_k_equal_v_give_the_same_loss_and_gradients(teac
         assert loss == pytest.approx(exact_loss, rel=1e-5, abs=1e-7)
         for a, b in zip(grads, exact_grads, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-        torch.testing.assert_close(other.teacher_entropy, exact.teacher_entropy, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            other.teacher_entropy, exact.teacher_entropy, rtol=1e-5, atol=1e-5
+        )
     assert exact_loss > 0
 
 
 def test_privileged_context_scores_at_teacher_positions_of_the_render(teacher, setup) -> None:
     trajectory, _, render, privileged = setup
     assert privileged.teacher_prediction_positions != privileged.student_prediction_positions
-    direct = teacher.hidden_states_at(render.token_ids, privileged.teacher_prediction_positions, with_grad=False)
+    direct = teacher.hidden_states_at(
+        render.token_ids, privileged.teacher_prediction_positions, with_grad=False
+    )
     exact = scorer(teacher, loss_mode="exact_full_vocab", top_k=1).score(
         trajectory, privileged, teacher_trajectory=render
     )
@@ -193,9 +211,18 @@ def test_tokenizer_mismatch_is_refused(teacher, setup) -> None:
 def test_exact_mode_with_a_swapped_teacher_is_refused_above_exact_max_vocab(teacher) -> None:
     with pytest.raises(ConfigError) as caught:
         scorer(teacher, loss_mode="exact_full_vocab", teacher_resident=False, exact_max_vocab=V - 1)
-    assert "loss.exact_max_vocab" in caught.value.message and "loss.allow_large_exact" in caught.value.message
+    assert (
+        "loss.exact_max_vocab" in caught.value.message
+        and "loss.allow_large_exact" in caught.value.message
+    )
     assert f"V = {V}" in caught.value.message
-    allowed = scorer(teacher, loss_mode="exact_full_vocab", teacher_resident=False, exact_max_vocab=V - 1, allow_large_exact=True)
+    allowed = scorer(
+        teacher,
+        loss_mode="exact_full_vocab",
+        teacher_resident=False,
+        exact_max_vocab=V - 1,
+        allow_large_exact=True,
+    )
     assert allowed.shape == "bucketed" and allowed.top_k == V
     resident = scorer(teacher, loss_mode="exact_full_vocab", exact_max_vocab=V - 1)
     assert resident.shape == "exact_hidden"
@@ -228,13 +255,25 @@ def test_cache_tensors_use_the_storage_dtypes(teacher, setup) -> None:
     result = scorer(teacher).score(trajectory, alignment)
     tensors = result.cache_tensors("bfloat16")
     assert tensors["topk_indices"].dtype == torch.int32
-    assert tensors["topk_log_probs"].dtype == torch.bfloat16 and tensors["tail_log_prob"].dtype == torch.bfloat16
+    assert (
+        tensors["topk_log_probs"].dtype == torch.bfloat16
+        and tensors["tail_log_prob"].dtype == torch.bfloat16
+    )
     assert tensors["teacher_entropy"].dtype == torch.float32
     assert all(t.device.type == "cpu" and t.is_contiguous() for t in tensors.values())
     with pytest.raises(ConfigError, match=r"cache.dtype"):
         result.cache_tensors("float64")
-    provenance = scorer(teacher).cache_provenance(dtype="bfloat16", teacher_mode="privileged_context")
-    assert (provenance.top_k, provenance.vocab_size, provenance.temperature) == (8, V, SPEC.temperature)
-    assert provenance.tokenizer_fingerprint == TOKENIZER.fingerprint and provenance.teacher_model_id == "toy-teacher"
+    provenance = scorer(teacher).cache_provenance(
+        dtype="bfloat16", teacher_mode="privileged_context"
+    )
+    assert (provenance.top_k, provenance.vocab_size, provenance.temperature) == (
+        8,
+        V,
+        SPEC.temperature,
+    )
+    assert (
+        provenance.tokenizer_fingerprint == TOKENIZER.fingerprint
+        and provenance.teacher_model_id == "toy-teacher"
+    )
     with pytest.raises(ConfigError, match="cannot be cached"):
         scorer(teacher, loss_mode="exact_full_vocab").cache_provenance()

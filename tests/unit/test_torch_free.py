@@ -79,7 +79,10 @@ def _check_commands(out: dict, inputs: tuple[Path, Path, str]) -> None:
     summary = json.loads(out["inspect_json"]["stdout"])
     assert summary["trajectories"] == 1 and summary["spans"]
     assert "provenance_check" in summary
-    assert "valid " in out["validate"]["stdout"] and "divergence: reverse_kl" in out["validate"]["stdout"]
+    assert (
+        "valid " in out["validate"]["stdout"]
+        and "divergence: reverse_kl" in out["validate"]["stdout"]
+    )
     assert "doctor" in out["doctor"]["stdout"]
 
 

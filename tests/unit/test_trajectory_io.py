@@ -49,7 +49,9 @@ def test_write_replaces_and_append_appends(tmp_path: Path, trajectories: list[Tr
     assert read_trajectories(fresh) == trajectories[:2]
 
 
-def test_failed_write_leaves_old_file_intact(tmp_path: Path, trajectories: list[Trajectory]) -> None:
+def test_failed_write_leaves_old_file_intact(
+    tmp_path: Path, trajectories: list[Trajectory]
+) -> None:
     path = tmp_path / "t.jsonl"
     write_trajectories(path, trajectories)
     before = path.read_bytes()
@@ -71,7 +73,9 @@ def test_write_rejects_non_trajectories(tmp_path: Path, trajectories: list[Traje
     assert not path.exists()
 
 
-def test_write_revalidates_objects_mutated_after_construction(tmp_path: Path, trajectories: list[Trajectory]) -> None:
+def test_write_revalidates_objects_mutated_after_construction(
+    tmp_path: Path, trajectories: list[Trajectory]
+) -> None:
     tampered = trajectories[0].model_copy(deep=True)
     tampered.model_generated_mask[1] = True  # pydantic does not re-validate in-place mutation
     path = tmp_path / "t.jsonl"
@@ -83,7 +87,9 @@ def test_write_revalidates_objects_mutated_after_construction(tmp_path: Path, tr
     assert not path.exists()
 
 
-def test_truncated_last_line_is_an_error_not_a_record(tmp_path: Path, trajectories: list[Trajectory]) -> None:
+def test_truncated_last_line_is_an_error_not_a_record(
+    tmp_path: Path, trajectories: list[Trajectory]
+) -> None:
     path = tmp_path / "t.jsonl"
     write_trajectories(path, trajectories[:2])
     data = path.read_bytes()
@@ -120,7 +126,9 @@ def test_tampered_system_token_fails_inspect(tmp_path: Path) -> None:
     lines[1] = json.dumps(record)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
-    with pytest.raises(SchemaValidationError, match=rf"^{path}:2: Value error, model_generated_mask disagrees"):
+    with pytest.raises(
+        SchemaValidationError, match=rf"^{path}:2: Value error, model_generated_mask disagrees"
+    ):
         read_trajectories(path)
 
     proc = run_cli("inspect", str(path))

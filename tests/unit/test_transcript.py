@@ -17,7 +17,12 @@ from miniverl.schemas.trajectory import SpanType, TerminationReason, Turn
 
 def _builder() -> TranscriptBuilder:
     return TranscriptBuilder(
-        toy_tokenizer(), trajectory_id="t", task_id="task", environment="calculator", model_id="m", model_revision="r1",
+        toy_tokenizer(),
+        trajectory_id="t",
+        task_id="task",
+        environment="calculator",
+        model_id="m",
+        model_revision="r1",
         policy_version=3,
     )
 
@@ -34,19 +39,36 @@ def test_render_message() -> None:
 def test_context_framing_and_segmentwise_ids() -> None:
     tok = toy_tokenizer()
     b = _builder()
-    system = b.add_context(SpanType.SYSTEM, "system", "Be exact.", segment_key="sys", open_next_assistant=False)
+    system = b.add_context(
+        SpanType.SYSTEM, "system", "Be exact.", segment_key="sys", open_next_assistant=False
+    )
     user = b.add_context(SpanType.USER, "user", "Compute 1 + 1", segment_key="user")
     assert system.text == render_message("system", "Be exact.")
     assert user.text == render_message("user", "Compute 1 + 1") + ASSISTANT_HEADER
     # close_previous only applies after a model span: no <|im_end|> was prepended to the user message.
     assert b.token_ids == tok.encode(system.text) + tok.encode(user.text)
     call_ids = tok.encode('<tool_call>{"name": "calculator"}</tool_call>')
-    call = b.add_model(SpanType.ASSISTANT_TOOL_CALL, call_ids, segment_key="gen:0:block", turn_id=0, tool_name="calculator",
-                       tool_call_id="c0")
+    call = b.add_model(
+        SpanType.ASSISTANT_TOOL_CALL,
+        call_ids,
+        segment_key="gen:0:block",
+        turn_id=0,
+        tool_name="calculator",
+        tool_call_id="c0",
+    )
     assert call.text == tok.decode(call_ids) and call.start == user.end
-    obs = b.add_context(SpanType.TOOL_RESULT, "user", "<tool_result>2</tool_result>", segment_key="obs:0",
-                        tool_call_id="c0", env_state_id="calc:1")
-    assert obs.text == IM_END + "\n" + render_message("user", "<tool_result>2</tool_result>") + ASSISTANT_HEADER
+    obs = b.add_context(
+        SpanType.TOOL_RESULT,
+        "user",
+        "<tool_result>2</tool_result>",
+        segment_key="obs:0",
+        tool_call_id="c0",
+        env_state_id="calc:1",
+    )
+    assert (
+        obs.text
+        == IM_END + "\n" + render_message("user", "<tool_result>2</tool_result>") + ASSISTANT_HEADER
+    )
     assert (obs.tool_call_id, obs.env_state_id) == ("c0", "calc:1")
     assert [s.segment_key for s in b.spans] == ["sys", "user", "gen:0:block", "obs:0"]
     assert len(b) == obs.end
@@ -58,7 +80,9 @@ def test_model_ids_are_verbatim_and_text_recorded() -> None:
     weird = [tok.token_to_id(c) for c in "user"]  # not the canonical "user" piece
     span = b.add(SpanType.ASSISTANT_TEXT, segment_key="k", token_ids=weird)
     assert b.token_ids == weird and span.text == "user"
-    explicit = b.add(SpanType.ASSISTANT_TEXT, segment_key="k2", token_ids=[tok.token_to_id("a")], text="as given")
+    explicit = b.add(
+        SpanType.ASSISTANT_TEXT, segment_key="k2", token_ids=[tok.token_to_id("a")], text="as given"
+    )
     assert explicit.text == "as given"
 
 
@@ -71,7 +95,9 @@ def test_guards() -> None:
     assert b.spans == [] and b.token_ids == []
     with pytest.raises(ValueError, match="tool_result is context; use add_context"):
         b.add_model(SpanType.TOOL_RESULT, [5], segment_key="x", turn_id=0)
-    with pytest.raises(ValueError, match="assistant_final is model-generated; use add_model for sampled ids"):
+    with pytest.raises(
+        ValueError, match="assistant_final is model-generated; use add_model for sampled ids"
+    ):
         b.add_context(SpanType.ASSISTANT_FINAL, "assistant", "x", segment_key="x")
     b.add(SpanType.USER, segment_key="dup", text="a")
     with pytest.raises(ValueError, match="segment key 'dup' is already used in this transcript"):
@@ -83,9 +109,19 @@ def test_build_derives_masks_and_fills_turns() -> None:
     b = _builder()
     b.add_context(SpanType.USER, "user", "q", segment_key="user")
     b.add_model(SpanType.ASSISTANT_TEXT, tok.encode("hm"), segment_key="gen:0:prose", turn_id=0)
-    b.add_model(SpanType.ASSISTANT_FINAL, tok.encode("<final>1</final>"), segment_key="gen:2:block", turn_id=2)
+    b.add_model(
+        SpanType.ASSISTANT_FINAL,
+        tok.encode("<final>1</final>"),
+        segment_key="gen:2:block",
+        turn_id=2,
+    )
     b.add_turn(Turn(turn_id=2, is_final=True))
-    traj = b.build(termination_reason="final_answer", generated_token_count=5, invalid_tool_calls=1, metadata={"a": 1})
+    traj = b.build(
+        termination_reason="final_answer",
+        generated_token_count=5,
+        invalid_tool_calls=1,
+        metadata={"a": 1},
+    )
     assert [t.turn_id for t in traj.turns] == [0, 2]  # the span's turn 0 was added, sorted
     assert traj.turns[1].is_final
     n_user = b.spans[0].length

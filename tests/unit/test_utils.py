@@ -41,9 +41,18 @@ from miniverl.utils.seeding import (
 
 def test_error_hierarchy_and_hints() -> None:
     names = set(errors.__all__)
-    assert {"ConfigError", "SchemaValidationError", "TrajectoryError", "AlignmentError", "TokenizerMismatchError",
-            "StaleCacheError", "CacheIntegrityError", "CheckpointError", "GpuMemoryError",
-            "ToolEnvironmentError"} <= names
+    assert {
+        "ConfigError",
+        "SchemaValidationError",
+        "TrajectoryError",
+        "AlignmentError",
+        "TokenizerMismatchError",
+        "StaleCacheError",
+        "CacheIntegrityError",
+        "CheckpointError",
+        "GpuMemoryError",
+        "ToolEnvironmentError",
+    } <= names
     for name in names:
         cls = getattr(errors, name)
         assert issubclass(cls, MiniverlError)
@@ -141,7 +150,9 @@ def test_json_and_hashes(tmp_path: Path) -> None:
     assert to_json_text({"b": 1, "a": "é"}) == '{\n  "a": "é",\n  "b": 1\n}\n'
     write_json(tmp_path / "x.json", {"b": [1, 2], "a": None})
     assert read_json(tmp_path / "x.json") == {"a": None, "b": [1, 2]}
-    assert sha256_bytes(b"abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert (
+        sha256_bytes(b"abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    )
     (tmp_path / "f").write_bytes(b"abc")
     assert sha256_file(tmp_path / "f") == sha256_bytes(b"abc")
 
@@ -181,7 +192,9 @@ def test_derive_seed_is_identical_across_processes() -> None:
         assert proc.returncode == 0, proc.stderr
         outs.append(proc.stdout.split())
     assert outs[0][1] != outs[1][1]  # the salted hash does differ ...
-    assert outs[0][0] == outs[1][0] == str(derive_seed(1234, "calc-train-0:v0:s7", 3))  # ... the seed does not
+    assert (
+        outs[0][0] == outs[1][0] == str(derive_seed(1234, "calc-train-0:v0:s7", 3))
+    )  # ... the seed does not
 
 
 def test_seed_everything_and_rng_state_round_trip() -> None:
@@ -202,7 +215,10 @@ def test_seed_everything_and_rng_state_round_trip() -> None:
 def test_require_names_the_extra() -> None:
     with pytest.raises(BackendError) as info:
         require("transformers_definitely_missing_xyz", "a test")
-    assert str(info.value) == "transformers_definitely_missing_xyz is not installed (needed for a test)"
+    assert (
+        str(info.value)
+        == "transformers_definitely_missing_xyz is not installed (needed for a test)"
+    )
     assert "miniverl[torch]" in info.value.hint
     assert require("json").dumps([1]) == "[1]"
     assert is_available("json") and not is_available("definitely_missing_xyz")
@@ -230,8 +246,13 @@ def test_collect_environment_is_an_allow_list(monkeypatch: pytest.MonkeyPatch) -
     }
     for key, value in secrets.items():
         monkeypatch.setenv(key, value)
-    numeric = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-               "CUDA_VISIBLE_DEVICES": "0", "OMP_NUM_THREADS": "4", "TOKENIZERS_PARALLELISM": "false"}
+    numeric = {
+        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "OMP_NUM_THREADS": "4",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     for key, value in numeric.items():
         monkeypatch.setenv(key, value)
     env = collect_environment()
@@ -278,7 +299,10 @@ def test_event_and_metrics_logs(tmp_path: Path) -> None:
     log = EventLog(tmp_path / "events.jsonl", console=make_console(quiet=True))
     record = log.emit("run_start", echo="hello", run_id="r1")
     log.emit("run_end", ok=True)
-    lines = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text(encoding="utf-8").splitlines()]
+    lines = [
+        json.loads(line)
+        for line in (tmp_path / "events.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
     assert [e["event"] for e in lines] == ["run_start", "run_end"]
     assert lines[0]["run_id"] == "r1" and lines[1]["ok"] is True
     assert lines[0] == record and set(record) >= {"event", "time", "monotonic_s"}
@@ -286,7 +310,10 @@ def test_event_and_metrics_logs(tmp_path: Path) -> None:
     assert EventLog(None).emit("x")["event"] == "x"
     metrics = MetricsLog(tmp_path / "metrics.jsonl")
     metrics.write({"step": 1, "loss": 0.5})
-    assert json.loads((tmp_path / "metrics.jsonl").read_text(encoding="utf-8")) == {"loss": 0.5, "step": 1}
+    assert json.loads((tmp_path / "metrics.jsonl").read_text(encoding="utf-8")) == {
+        "loss": 0.5,
+        "step": 1,
+    }
     assert metrics.records == [{"step": 1, "loss": 0.5}]
 
 

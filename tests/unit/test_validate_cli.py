@@ -8,14 +8,15 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from miniverl.cli import common
 from miniverl.cli import main as cli
 from miniverl.config.models import RunConfig
 
 
 @pytest.fixture(autouse=True)
 def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli.console, "_width", 250)
-    monkeypatch.setattr(cli.err_console, "_width", 250)
+    monkeypatch.setattr(common.console, "_width", 250)
+    monkeypatch.setattr(common.err_console, "_width", 250)
 
 
 def _invoke(*args: str):  # type: ignore[no-untyped-def]
@@ -52,11 +53,16 @@ def test_good_recipe_prints_the_config(tmp_path: Path) -> None:
 def test_overrides_and_quiet(tmp_path: Path) -> None:
     recipe = tmp_path / "good.yaml"
     recipe.write_text(GOOD, encoding="utf-8")
-    result = _invoke("validate", str(recipe), "train.cycles=4", "loss.divergence=forward_kl", "--quiet")
+    result = _invoke(
+        "validate", str(recipe), "train.cycles=4", "loss.divergence=forward_kl", "--quiet"
+    )
     assert result.exit_code == 0, result.output
     expected = RunConfig.from_yaml(recipe, ["train.cycles=4", "loss.divergence=forward_kl"])
     assert expected.train.cycles == 4
-    assert result.stdout.strip() == f"valid {recipe} (digest {expected.digest()[:16]}, mode opd, objective on_policy_distillation)"
+    assert (
+        result.stdout.strip()
+        == f"valid {recipe} (digest {expected.digest()[:16]}, mode opd, objective on_policy_distillation)"
+    )
 
 
 BAD = """
@@ -82,7 +88,10 @@ def test_bad_recipe_lists_every_error_with_its_key_path(tmp_path: Path) -> None:
     assert f"{recipe}: 4 configuration error(s)" in err
     assert "bogus_section: unknown key (Extra inputs are not permitted)" in err
     assert "models.student.lora.rank: unknown key (Extra inputs are not permitted)" in err
-    assert "loss.divergence: Input should be 'forward_kl', 'reverse_kl', 'jsd' or 'entropy_aware'" in err
+    assert (
+        "loss.divergence: Input should be 'forward_kl', 'reverse_kl', 'jsd' or 'entropy_aware'"
+        in err
+    )
     assert "train.cycles: Input should be greater than or equal to 0" in err
     assert "hint: run 'miniverl validate <recipe.yaml>'" in err
     assert "Traceback" not in result.output
@@ -93,7 +102,10 @@ def test_combination_error(tmp_path: Path) -> None:
     recipe.write_text("loss:\n  divergence: jsd\n  jsd_beta: 1.0\n", encoding="utf-8")
     result = _invoke("validate", str(recipe))
     assert result.exit_code == 1
-    assert "loss.divergence: jsd needs 0 < loss.jsd_beta < 1, got 1.0; use loss.divergence: reverse_kl instead" in result.stderr
+    assert (
+        "loss.divergence: jsd needs 0 < loss.jsd_beta < 1, got 1.0; use loss.divergence: reverse_kl instead"
+        in result.stderr
+    )
 
 
 def test_bad_override(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from miniverl.agent.protocol import (
 )
 from miniverl.agent.transcript import TokenizerLike, TranscriptBuilder
 from miniverl.config.models import RolloutConfig
-from miniverl.environments.base import Task, ToolEnvironment, ToolResult
+from miniverl.environments.base import Task, ToolCall, ToolEnvironment, ToolResult
 from miniverl.schemas.trajectory import (
     SpanType,
     TerminationReason,
@@ -59,11 +59,15 @@ class RolloutRunner:
         self.tokenizer: TokenizerLike = tokenizer or backend.tokenizer
         caps = getattr(backend, "capabilities", None)
         self.model_id = model_id or (caps.model_id if caps is not None else "unknown")
-        self.model_revision = model_revision if model_revision is not None else getattr(caps, "revision", None)
+        self.model_revision = (
+            model_revision if model_revision is not None else getattr(caps, "revision", None)
+        )
 
     # -- building blocks ------------------------------------------------------------
 
-    def _new_builder(self, task: Task, *, trajectory_id: str, policy_version: int) -> TranscriptBuilder:
+    def _new_builder(
+        self, task: Task, *, trajectory_id: str, policy_version: int
+    ) -> TranscriptBuilder:
         """A transcript holding the system and user context (user carries the assistant header)."""
         builder = TranscriptBuilder(
             self.tokenizer,
@@ -75,9 +79,15 @@ class RolloutRunner:
             policy_version=policy_version,
         )
         builder.add_context(
-            SpanType.SYSTEM, "system", self.environment.system_prompt(), segment_key="sys", open_next_assistant=False
+            SpanType.SYSTEM,
+            "system",
+            self.environment.system_prompt(),
+            segment_key="sys",
+            open_next_assistant=False,
         )
-        builder.add_context(SpanType.USER, "user", task.prompt, segment_key="user", open_next_assistant=True)
+        builder.add_context(
+            SpanType.USER, "user", task.prompt, segment_key="user", open_next_assistant=True
+        )
         return builder
 
     def _add_model_spans(
@@ -93,8 +103,14 @@ class RolloutRunner:
         tool_call_id: str | None = None,
     ) -> None:
         """Append sampled ids: prose before the block as assistant_text, the block typed."""
-        split = len(ids) if block_start is None else token_index_at_char(self.tokenizer, ids, block_start)
-        builder.add_model(SpanType.ASSISTANT_TEXT, ids[:split], segment_key=f"gen:{turn}:prose", turn_id=turn)
+        split = (
+            len(ids)
+            if block_start is None
+            else token_index_at_char(self.tokenizer, ids, block_start)
+        )
+        builder.add_model(
+            SpanType.ASSISTANT_TEXT, ids[:split], segment_key=f"gen:{turn}:prose", turn_id=turn
+        )
         builder.add_model(
             block_type,
             ids[split:],
@@ -104,7 +120,9 @@ class RolloutRunner:
             tool_call_id=tool_call_id,
         )
 
-    def _add_observation(self, builder: TranscriptBuilder, result: ToolResult, turn: int, call_id: str) -> None:
+    def _add_observation(
+        self, builder: TranscriptBuilder, result: ToolResult, turn: int, call_id: str
+    ) -> None:
         builder.add_context(
             SpanType.TOOL_RESULT,
             "user",
@@ -117,7 +135,30 @@ class RolloutRunner:
             env_state_id=result.env_state_id,
         )
 
-    def _generate(self, builder: TranscriptBuilder, seed: int, turn: int, temperature: float, budget: int) -> GenerationResult:
+    def _execute(
+        self, builder: TranscriptBuilder, call: ToolCall, record: ToolCallRecord, turn: int
+    ) -> ToolResult:
+        """Run one tool call, record the turn and append the observation as context."""
+        result = self.environment.step(call)
+        builder.add_turn(
+            Turn(
+                turn_id=turn,
+                tool_call=record,
+                tool_result=ToolResultRecord(
+                    call_id=record.call_id,
+                    ok=result.ok,
+                    result=result.result,
+                    error=result.error,
+                    env_state_id=result.env_state_id,
+                ),
+            )
+        )
+        self._add_observation(builder, result, turn, record.call_id)
+        return result
+
+    def _generate(
+        self, builder: TranscriptBuilder, seed: int, turn: int, temperature: float, budget: int
+    ) -> GenerationResult:
         return self.backend.generate(
             list(builder.token_ids),
             max_new_tokens=budget,
@@ -143,7 +184,9 @@ class RolloutRunner:
         cfg = self.config
         temp = cfg.temperature if temperature is None else temperature
         builder = self._new_builder(
-            task, trajectory_id=trajectory_id or f"{task.task_id}:v{policy_version}:s{seed}", policy_version=policy_version
+            task,
+            trajectory_id=trajectory_id or f"{task.task_id}:v{policy_version}:s{seed}",
+            policy_version=policy_version,
         )
         self.environment.reset(task)
         reason = TerminationReason.MAX_TURNS
@@ -167,7 +210,14 @@ class RolloutRunner:
             call_id = f"c{turn}"
 
             if parsed.kind == "final":
-                self._add_model_spans(builder, ids, generation.text, parsed.block_start, SpanType.ASSISTANT_FINAL, turn)
+                self._add_model_spans(
+                    builder,
+                    ids,
+                    generation.text,
+                    parsed.block_start,
+                    SpanType.ASSISTANT_FINAL,
+                    turn,
+                )
                 builder.add_turn(Turn(turn_id=turn, is_final=True))
                 verification = self.environment.verify(task, parsed.final_answer or "")
                 reason = TerminationReason.FINAL_ANSWER
@@ -176,36 +226,42 @@ class RolloutRunner:
             if parsed.kind == "tool_call" and parsed.tool_call is not None:
                 call = parsed.tool_call
                 self._add_model_spans(
-                    builder, ids, generation.text, parsed.block_start, SpanType.ASSISTANT_TOOL_CALL, turn,
-                    tool_name=call.name, tool_call_id=call_id,
+                    builder,
+                    ids,
+                    generation.text,
+                    parsed.block_start,
+                    SpanType.ASSISTANT_TOOL_CALL,
+                    turn,
+                    tool_name=call.name,
+                    tool_call_id=call_id,
                 )
-                record = ToolCallRecord(call_id=call_id, name=call.name, arguments=call.arguments, raw_text=generation.text)
+                record = ToolCallRecord(
+                    call_id=call_id,
+                    name=call.name,
+                    arguments=call.arguments,
+                    raw_text=generation.text,
+                )
                 signatures[call.signature()] += 1
                 if signatures[call.signature()] - 1 > cfg.max_repeated_calls:
                     builder.add_turn(Turn(turn_id=turn, tool_call=record))
                     reason = TerminationReason.REPEATED_CALL_LIMIT
                     break
-                result = self.environment.step(call)
-                if not result.ok:
+                if not self._execute(builder, call, record, turn).ok:
                     invalid += 1
-                builder.add_turn(
-                    Turn(
-                        turn_id=turn,
-                        tool_call=record,
-                        tool_result=ToolResultRecord(
-                            call_id=call_id, ok=result.ok, result=result.result, error=result.error, env_state_id=result.env_state_id
-                        ),
-                    )
-                )
-                self._add_observation(builder, result, turn, call_id)
                 continue
 
-            self._add_model_spans(builder, ids, generation.text, None, SpanType.ASSISTANT_TEXT, turn)
+            self._add_model_spans(
+                builder, ids, generation.text, None, SpanType.ASSISTANT_TEXT, turn
+            )
             builder.add_turn(
                 Turn(
                     turn_id=turn,
                     tool_call=ToolCallRecord(
-                        call_id=call_id, name="<unparsed>", raw_text=generation.text, valid=False, parse_error=parsed.error
+                        call_id=call_id,
+                        name="<unparsed>",
+                        raw_text=generation.text,
+                        valid=False,
+                        parse_error=parsed.error,
                     ),
                 )
             )
@@ -235,13 +291,19 @@ class RolloutRunner:
             metadata=metadata,
         )
 
-    def oracle_rollout(self, task: Task, *, trajectory_id: str | None = None, policy_version: int = 0) -> Trajectory:
+    def oracle_rollout(
+        self, task: Task, *, trajectory_id: str | None = None, policy_version: int = 0
+    ) -> Trajectory:
         """The environment's reference solution, rendered exactly as a policy turn would be.
 
         The oracle's "generated" ids are the tokenization of its canonical text; they are
         the targets of SFT and the training data of the toy teacher.
         """
-        builder = self._new_builder(task, trajectory_id=trajectory_id or f"{task.task_id}:oracle", policy_version=policy_version)
+        builder = self._new_builder(
+            task,
+            trajectory_id=trajectory_id or f"{task.task_id}:oracle",
+            policy_version=policy_version,
+        )
         self.environment.reset(task)
         oracle = self.environment.oracle_solution(task)
         generated = 0
@@ -249,24 +311,26 @@ class RolloutRunner:
             ids = self.tokenizer.encode(format_tool_call(call))
             call_id = f"c{turn}"
             builder.add_model(
-                SpanType.ASSISTANT_TOOL_CALL, ids, segment_key=f"gen:{turn}:block", turn_id=turn,
-                tool_name=call.name, tool_call_id=call_id,
+                SpanType.ASSISTANT_TOOL_CALL,
+                ids,
+                segment_key=f"gen:{turn}:block",
+                turn_id=turn,
+                tool_name=call.name,
+                tool_call_id=call_id,
             )
             generated += len(ids)
-            result = self.environment.step(call)
-            builder.add_turn(
-                Turn(
-                    turn_id=turn,
-                    tool_call=ToolCallRecord(call_id=call_id, name=call.name, arguments=call.arguments, raw_text=format_tool_call(call)),
-                    tool_result=ToolResultRecord(
-                        call_id=call_id, ok=result.ok, result=result.result, error=result.error, env_state_id=result.env_state_id
-                    ),
-                )
+            record = ToolCallRecord(
+                call_id=call_id,
+                name=call.name,
+                arguments=call.arguments,
+                raw_text=format_tool_call(call),
             )
-            self._add_observation(builder, result, turn, call_id)
+            self._execute(builder, call, record, turn)
         final_turn = len(oracle.tool_calls)
         ids = self.tokenizer.encode(format_final(oracle.final_answer))
-        builder.add_model(SpanType.ASSISTANT_FINAL, ids, segment_key=f"gen:{final_turn}:block", turn_id=final_turn)
+        builder.add_model(
+            SpanType.ASSISTANT_FINAL, ids, segment_key=f"gen:{final_turn}:block", turn_id=final_turn
+        )
         builder.add_turn(Turn(turn_id=final_turn, is_final=True))
         generated += len(ids)
         return builder.build(
@@ -316,5 +380,8 @@ class RolloutRunner:
             verification=trajectory.verification,
             generated_token_count=trajectory.generated_token_count,
             invalid_tool_calls=trajectory.invalid_tool_calls,
-            metadata={"source": "privileged_teacher_render", "student_trajectory_id": trajectory.trajectory_id},
+            metadata={
+                "source": "privileged_teacher_render",
+                "student_trajectory_id": trajectory.trajectory_id,
+            },
         )

@@ -21,7 +21,16 @@ TOOL_RESULT_OPEN = "<tool_result>"
 TOOL_RESULT_CLOSE = "</tool_result>"
 FINAL_OPEN = "<final>"
 FINAL_CLOSE = "</final>"
-PROTOCOL_TOKENS = (IM_START, IM_END, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESULT_OPEN, TOOL_RESULT_CLOSE, FINAL_OPEN, FINAL_CLOSE)
+PROTOCOL_TOKENS = (
+    IM_START,
+    IM_END,
+    TOOL_CALL_OPEN,
+    TOOL_CALL_CLOSE,
+    TOOL_RESULT_OPEN,
+    TOOL_RESULT_CLOSE,
+    FINAL_OPEN,
+    FINAL_CLOSE,
+)
 MAX_TOOL_JSON_CHARS = 4096
 
 
@@ -56,13 +65,18 @@ def parse_assistant_text(text: str) -> ParsedAssistant:
     call_at = text.find(TOOL_CALL_OPEN)
     final_at = text.find(FINAL_OPEN)
     if call_at < 0 and final_at < 0:
-        return _error(text, f"no {TOOL_CALL_OPEN} or {FINAL_OPEN} block found; call a tool or give the final answer")
+        return _error(
+            text,
+            f"no {TOOL_CALL_OPEN} or {FINAL_OPEN} block found; call a tool or give the final answer",
+        )
     if final_at >= 0 and (call_at < 0 or final_at < call_at):
         close = text.find(FINAL_CLOSE, final_at)
         if close < 0:
             return _error(text, f"unterminated {FINAL_OPEN} block; close it with {FINAL_CLOSE}")
         answer = text[final_at + len(FINAL_OPEN) : close].strip()
-        return ParsedAssistant(kind="final", prose=text[:final_at], block_start=final_at, final_answer=answer)
+        return ParsedAssistant(
+            kind="final", prose=text[:final_at], block_start=final_at, final_answer=answer
+        )
     close = text.find(TOOL_CALL_CLOSE, call_at)
     if close < 0:
         return _error(text, f"unterminated {TOOL_CALL_OPEN} block; close it with {TOOL_CALL_CLOSE}")
@@ -72,7 +86,9 @@ def parse_assistant_text(text: str) -> ParsedAssistant:
     try:
         payload = json.loads(body)
     except json.JSONDecodeError as exc:
-        return _error(text, f"tool call is not valid JSON: {exc.msg} at character {exc.pos}", call_at)
+        return _error(
+            text, f"tool call is not valid JSON: {exc.msg} at character {exc.pos}", call_at
+        )
     if not isinstance(payload, dict):
         return _error(text, 'tool call must be a JSON object with "name" and "arguments"', call_at)
     name = payload.get("name")
@@ -83,8 +99,17 @@ def parse_assistant_text(text: str) -> ParsedAssistant:
         return _error(text, 'tool call "arguments" must be a JSON object', call_at)
     extra = set(payload) - {"name", "arguments"}
     if extra:
-        return _error(text, f"tool call has unexpected keys {sorted(extra)}; use only name and arguments", call_at)
-    return ParsedAssistant(kind="tool_call", prose=text[:call_at], block_start=call_at, tool_call=ToolCall(name, arguments))
+        return _error(
+            text,
+            f"tool call has unexpected keys {sorted(extra)}; use only name and arguments",
+            call_at,
+        )
+    return ParsedAssistant(
+        kind="tool_call",
+        prose=text[:call_at],
+        block_start=call_at,
+        tool_call=ToolCall(name, arguments),
+    )
 
 
 def format_tool_call(call: ToolCall) -> str:

@@ -158,7 +158,9 @@ class TranscriptBuilder:
         if span_type in MODEL_GENERATED_SPAN_TYPES:
             raise ValueError(f"{span_type.value} is model-generated; use add_model for sampled ids")
         previous_is_model = bool(self.spans) and self.spans[-1].is_model_generated
-        text = (IM_END + "\n" if close_previous and previous_is_model else "") + render_message(role, content)
+        text = (IM_END + "\n" if close_previous and previous_is_model else "") + render_message(
+            role, content
+        )
         if open_next_assistant:
             text += ASSISTANT_HEADER
         return self.add(

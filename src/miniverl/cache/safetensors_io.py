@@ -108,19 +108,29 @@ def parse_safetensors_header(
     :class:`CacheIntegrityError` naming ``where``.
     """
     if file_size < 8 or len(prefix_and_header) < 8:
-        raise _fail(where, f"truncated: {file_size} bytes, shorter than the 8-byte header-length prefix")
+        raise _fail(
+            where, f"truncated: {file_size} bytes, shorter than the 8-byte header-length prefix"
+        )
     length = int.from_bytes(prefix_and_header[:8], "little")
     if length > MAX_HEADER_BYTES:
-        raise _fail(where, f"header length {length} exceeds the {MAX_HEADER_BYTES}-byte limit (corrupt or hostile file)")
+        raise _fail(
+            where,
+            f"header length {length} exceeds the {MAX_HEADER_BYTES}-byte limit (corrupt or hostile file)",
+        )
     if 8 + length > file_size:
-        raise _fail(where, f"truncated: the header declares {length} bytes but the file holds {file_size - 8} after the prefix")
+        raise _fail(
+            where,
+            f"truncated: the header declares {length} bytes but the file holds {file_size - 8} after the prefix",
+        )
     raw = prefix_and_header[8 : 8 + length]
     if len(raw) != length:
         raise _fail(where, f"truncated: read {len(raw)} of {length} header bytes")
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise _fail(where, f"header is not valid UTF-8 JSON ({type(exc).__name__}: {exc})") from None
+        raise _fail(
+            where, f"header is not valid UTF-8 JSON ({type(exc).__name__}: {exc})"
+        ) from None
     if not isinstance(header, dict):
         raise _fail(where, f"header must be a JSON object, got {type(header).__name__}")
     data_start = 8 + length
@@ -129,7 +139,9 @@ def parse_safetensors_header(
     return header, data_start
 
 
-def _tensor_infos(header: dict[str, Any], data_start: int, data_size: int, where: str) -> list[TensorInfo]:
+def _tensor_infos(
+    header: dict[str, Any], data_start: int, data_size: int, where: str
+) -> list[TensorInfo]:
     metadata = header.get(METADATA_KEY)
     if metadata is not None and not (
         isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
@@ -141,12 +153,16 @@ def _tensor_infos(header: dict[str, Any], data_start: int, data_size: int, where
             continue
         label = f"tensor {name!r}"
         if not isinstance(record, dict) or set(record) != {"dtype", "shape", "data_offsets"}:
-            raise _fail(where, f"{label} must be an object with exactly dtype, shape and data_offsets")
+            raise _fail(
+                where, f"{label} must be an object with exactly dtype, shape and data_offsets"
+            )
         dtype, shape, offsets = record["dtype"], record["shape"], record["data_offsets"]
         if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
             raise _fail(where, f"{label} has unknown dtype {dtype!r}")
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-            raise _fail(where, f"{label} has an invalid shape {shape!r} (expected non-negative integers)")
+            raise _fail(
+                where, f"{label} has an invalid shape {shape!r} (expected non-negative integers)"
+            )
         if not (
             isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
         ):
@@ -173,7 +189,9 @@ def _check_tiling(infos: list[TensorInfo], data_start: int, data_size: int, wher
         if info.begin < cursor:
             raise _fail(where, f"tensor {info.name!r} overlaps the tensor before it")
         if info.begin > cursor:
-            raise _fail(where, f"{info.begin - cursor} unaccounted bytes before tensor {info.name!r}")
+            raise _fail(
+                where, f"{info.begin - cursor} unaccounted bytes before tensor {info.name!r}"
+            )
         cursor = info.end
     if cursor != data_start + data_size:
         raise _fail(
@@ -217,7 +235,9 @@ def tensor_infos(header: dict[str, Any], data_start: int) -> dict[str, TensorInf
     return out
 
 
-def encode_safetensors(tensors: Iterable[RawTensor], metadata: dict[str, str] | None = None) -> bytes:
+def encode_safetensors(
+    tensors: Iterable[RawTensor], metadata: dict[str, str] | None = None
+) -> bytes:
     """Serialize raw tensors to safetensors bytes that the reference reader loads.
 
     Tensors are ordered by element size (largest first), then name, so every tensor is
@@ -234,7 +254,9 @@ def encode_safetensors(tensors: Iterable[RawTensor], metadata: dict[str, str] | 
             raise ValueError(f"tensor name {item.name!r} is reserved or repeated")
         expected = math.prod(item.shape) * DTYPE_SIZES[item.dtype]
         if expected != len(item.data):
-            raise ValueError(f"tensor {item.name!r} is {item.dtype}{list(item.shape)} = {expected} bytes, got {len(item.data)}")
+            raise ValueError(
+                f"tensor {item.name!r} is {item.dtype}{list(item.shape)} = {expected} bytes, got {len(item.data)}"
+            )
         header[item.name] = {
             "dtype": item.dtype,
             "shape": list(item.shape),

@@ -81,14 +81,25 @@ MAX_KEY_LENGTH = 512
 MAX_INDEX_BYTES = 1 << 30
 """An index this large would describe millions of entries; anything bigger is rejected unread."""
 
-TENSOR_ORDER: tuple[str, ...] = ("topk_indices", "topk_log_probs", "tail_log_prob", "teacher_entropy")
+TENSOR_ORDER: tuple[str, ...] = (
+    "topk_indices",
+    "topk_log_probs",
+    "tail_log_prob",
+    "teacher_entropy",
+)
 """Every tensor an entry may hold, in hashing order; the first three are required."""
 REQUIRED_TENSORS: tuple[str, ...] = TENSOR_ORDER[:3]
 
 CACHE_DTYPE_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 """Cache dtype (``CacheProvenance.dtype``) -> safetensors dtype of the stored log-probs."""
 
-_TORCH_DTYPE_NAMES = {"I32": "int32", "I64": "int64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+_TORCH_DTYPE_NAMES = {
+    "I32": "int32",
+    "I64": "int64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+}
 """Safetensors dtype -> name of the torch dtype (torch itself is imported lazily)."""
 
 _SHARD_RE = re.compile(SHARD_NAME_PATTERN)
@@ -104,7 +115,9 @@ def index_dtype_code(vocab_size: int) -> str:
 def validate_key(key: str) -> str:
     """Return ``key`` if it is a usable cache key (printable, 1 to 512 characters)."""
     if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH:
-        raise ValueError(f"cache keys are strings of 1 to {MAX_KEY_LENGTH} characters; got {key!r:.80}")
+        raise ValueError(
+            f"cache keys are strings of 1 to {MAX_KEY_LENGTH} characters; got {key!r:.80}"
+        )
     if not key.isprintable():
         raise ValueError(f"cache key {key!r:.80} contains non-printable characters")
     return key
@@ -139,7 +152,9 @@ def _fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
-def expected_layout(provenance: CacheProvenance, record: CacheEntryRecord) -> dict[str, tuple[str, tuple[int, ...]]]:
+def expected_layout(
+    provenance: CacheProvenance, record: CacheEntryRecord
+) -> dict[str, tuple[str, tuple[int, ...]]]:
     """``name -> (safetensors dtype, shape)`` that every tensor of ``record`` must have."""
     n, k = record.num_positions, record.top_k
     log_prob = CACHE_DTYPE_CODES[provenance.dtype]
@@ -220,7 +235,9 @@ class CachedTargets:
     def entropy_is_lower_bound(self) -> bool:
         return self.record.top_k < self.provenance.vocab_size
 
-    def provider(self, spec: DivergenceSpec, device: torch.device | str | None = None) -> BucketedTargetProvider:
+    def provider(
+        self, spec: DivergenceSpec, device: torch.device | str | None = None
+    ) -> BucketedTargetProvider:
         """A :class:`BucketedTargetProvider` over these targets (indices as int64).
 
         The targets were computed at the provenance temperature, so a ``spec`` with another
@@ -234,7 +251,9 @@ class CachedTargets:
                 f"loss asks for {spec.temperature}",
                 hint="rescore with the teacher, or set loss.temperature to the cache's temperature",
             )
-        provider = BucketedTargetProvider(self.topk_indices.long(), self.topk_log_probs, self.tail_log_prob, spec)
+        provider = BucketedTargetProvider(
+            self.topk_indices.long(), self.topk_log_probs, self.tail_log_prob, spec
+        )
         return provider if device is None else provider.to(device)
 
 
@@ -295,15 +314,21 @@ def _load_index(directory: Path) -> CacheIndex | None:
         raise CacheIntegrityError(f"{path} is not a regular file")
     size = path.stat().st_size
     if size > MAX_INDEX_BYTES:
-        raise CacheIntegrityError(f"{path} is {size} bytes, over the {MAX_INDEX_BYTES}-byte limit for an index")
+        raise CacheIntegrityError(
+            f"{path} is {size} bytes, over the {MAX_INDEX_BYTES}-byte limit for an index"
+        )
     try:
-        payload = json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+        payload = json.loads(
+            path.read_bytes().decode("utf-8"), object_pairs_hook=_no_duplicate_keys
+        )
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise CacheIntegrityError(f"{path} is not valid UTF-8 JSON ({exc})") from None
     try:
         index = CacheIndex.model_validate(payload)
     except ValidationError as exc:
-        raise CacheIntegrityError(f"{path} is not a valid cache index: {_format_validation_error(exc)}") from None
+        raise CacheIntegrityError(
+            f"{path} is not a valid cache index: {_format_validation_error(exc)}"
+        ) from None
     _check_index_consistency(index, path)
     return index
 
@@ -314,7 +339,9 @@ def _check_index_consistency(index: CacheIndex, path: Path) -> None:
     for name, shard in index.shards.items():
         for key in shard.entries:
             if key in owner:
-                raise CacheIntegrityError(f"{path}: entry {key!r} is listed by shards {owner[key]!r} and {name!r}")
+                raise CacheIntegrityError(
+                    f"{path}: entry {key!r} is listed by shards {owner[key]!r} and {name!r}"
+                )
             owner[key] = name
     for key, entry in index.entries.items():
         if owner.get(key) != entry.shard:
@@ -326,7 +353,11 @@ def _check_index_consistency(index: CacheIndex, path: Path) -> None:
                 f"{path}: entry {key!r} has top_k {entry.top_k}, the cache provenance {index.provenance.top_k}"
             )
         names = entry.tensors
-        if len(set(names)) != len(names) or not set(REQUIRED_TENSORS) <= set(names) or not set(names) <= set(TENSOR_ORDER):
+        if (
+            len(set(names)) != len(names)
+            or not set(REQUIRED_TENSORS) <= set(names)
+            or not set(names) <= set(TENSOR_ORDER)
+        ):
             raise CacheIntegrityError(
                 f"{path}: entry {key!r} lists tensors {names}; expected {list(REQUIRED_TENSORS)} "
                 "plus optionally teacher_entropy"
@@ -335,14 +366,18 @@ def _check_index_consistency(index: CacheIndex, path: Path) -> None:
 
 def _provenance_differences(stored: CacheProvenance, given: CacheProvenance) -> list[str]:
     a, b = stored.model_dump(), given.model_dump()
-    return [f"{name} (cache has {a[name]!r}, expected {b[name]!r})" for name in a if a[name] != b[name]]
+    return [
+        f"{name} (cache has {a[name]!r}, expected {b[name]!r})" for name in a if a[name] != b[name]
+    ]
 
 
 def _read_span(handle: Any, info: TensorInfo) -> bytes:
     handle.seek(info.begin)
     data = handle.read(info.nbytes)
     if len(data) != info.nbytes:
-        raise CacheIntegrityError(f"tensor {info.name!r} is truncated: read {len(data)} of {info.nbytes} bytes")
+        raise CacheIntegrityError(
+            f"tensor {info.name!r} is truncated: read {len(data)} of {info.nbytes} bytes"
+        )
     return data
 
 
@@ -369,7 +404,9 @@ class TeacherCache:
         max_entries_per_shard: int = 256,
     ) -> None:
         if max_entries_per_shard < 1:
-            raise ConfigError(f"cache.max_entries_per_shard must be >= 1; got {max_entries_per_shard}")
+            raise ConfigError(
+                f"cache.max_entries_per_shard must be >= 1; got {max_entries_per_shard}"
+            )
         self.directory = Path(directory)
         if self.directory.exists() and not self.directory.is_dir():
             raise CacheIntegrityError(f"{self.directory} exists and is not a directory")
@@ -481,7 +518,9 @@ class TeacherCache:
         if isinstance(targets, dict):
             tensors = targets
             if trajectory_id is None or policy_version is None or alignment_digest is None:
-                raise ValueError("writing raw tensors needs trajectory_id, policy_version and alignment_digest")
+                raise ValueError(
+                    "writing raw tensors needs trajectory_id, policy_version and alignment_digest"
+                )
         else:
             self._check_result_matches(key, targets)
             tensors = targets.cache_tensors(prov.dtype)
@@ -510,7 +549,9 @@ class TeacherCache:
             top_k=k,
             tensors=[name for name in TENSOR_ORDER if name in stored],
             sha256="0" * 64,
-            teacher_entropy_mean=float(entropy.double().mean()) if entropy is not None and n else None,
+            teacher_entropy_mean=float(entropy.double().mean())
+            if entropy is not None and n
+            else None,
         )
         self._staged.pop(key, None)
         self._staged[key] = _Staged(record, stored)
@@ -534,7 +575,9 @@ class TeacherCache:
                     hint="score with the settings the cache was created with, or use a new cache directory",
                 )
 
-    def _normalize_tensors(self, key: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _normalize_tensors(
+        self, key: str, tensors: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
         import torch
 
         prov = self._provenance
@@ -544,19 +587,25 @@ class TeacherCache:
             raise ValueError(f"entry {key!r}: unknown tensors {unknown}, missing {missing}")
         indices = tensors["topk_indices"]
         if indices.dim() != 2 or indices.shape[1] != prov.top_k:
-            raise ValueError(f"entry {key!r}: topk_indices must be [N, {prov.top_k}]; got {tuple(indices.shape)}")
+            raise ValueError(
+                f"entry {key!r}: topk_indices must be [N, {prov.top_k}]; got {tuple(indices.shape)}"
+            )
         n = int(indices.shape[0])
         shapes = {"topk_log_probs": (n, prov.top_k), "tail_log_prob": (n,), "teacher_entropy": (n,)}
         for name, shape in shapes.items():
             if name in tensors and tuple(tensors[name].shape) != shape:
-                raise ValueError(f"entry {key!r}: {name} must be {list(shape)}; got {list(tensors[name].shape)}")
+                raise ValueError(
+                    f"entry {key!r}: {name} must be {list(shape)}; got {list(tensors[name].shape)}"
+                )
         if indices.dtype.is_floating_point or indices.dtype == torch.bool:
             raise ValueError(f"entry {key!r}: topk_indices must be integers; got {indices.dtype}")
         if n and (int(indices.min()) < 0 or int(indices.max()) >= prov.vocab_size):
             raise ValueError(f"entry {key!r}: topk_indices must lie in [0, {prov.vocab_size})")
         log_dtype = getattr(torch, prov.dtype)
         wanted = {
-            "topk_indices": torch.int32 if index_dtype_code(prov.vocab_size) == "I32" else torch.int64,
+            "topk_indices": torch.int32
+            if index_dtype_code(prov.vocab_size) == "I32"
+            else torch.int64,
             "topk_log_probs": log_dtype,
             "tail_log_prob": log_dtype,
             "teacher_entropy": torch.float32,
@@ -571,7 +620,9 @@ class TeacherCache:
         """One past every shard number in the index or on disk, so no file is ever reused."""
         numbers = [int(name[6:11]) for name in (index.shards if index else {})]
         if self.directory.is_dir():
-            numbers += [int(p.name[6:11]) for p in self.directory.iterdir() if _SHARD_RE.fullmatch(p.name)]
+            numbers += [
+                int(p.name[6:11]) for p in self.directory.iterdir() if _SHARD_RE.fullmatch(p.name)
+            ]
         return max(numbers, default=-1) + 1
 
     def flush(self) -> list[str]:
@@ -588,7 +639,9 @@ class TeacherCache:
             return []
         from safetensors.torch import save
 
-        index = self._index.model_copy(deep=True) if self._index is not None else self._empty_index()
+        index = (
+            self._index.model_copy(deep=True) if self._index is not None else self._empty_index()
+        )
         number = self._next_shard_number(self._index)
         staged = list(self._staged.values())
         new_shards: list[str] = []
@@ -617,7 +670,9 @@ class TeacherCache:
                     index.shards[previous.shard].entries.remove(key)
                     if not index.shards[previous.shard].entries:
                         emptied.add(previous.shard)
-                index.entries[key] = item.record.model_copy(update={"shard": name, "sha256": digest.hexdigest()})
+                index.entries[key] = item.record.model_copy(
+                    update={"shard": name, "sha256": digest.hexdigest()}
+                )
             self.directory.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(self._shard_path(name), data)
             index.shards[name] = CacheShardRecord(
@@ -645,7 +700,10 @@ class TeacherCache:
         checked = CacheIndex.model_validate(index.model_dump())
         _check_index_consistency(checked, self.directory / INDEX_NAME)
         self.directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(self.directory / INDEX_NAME, to_json_text(checked.model_dump(mode="json")).encode("utf-8"))
+        atomic_write_bytes(
+            self.directory / INDEX_NAME,
+            to_json_text(checked.model_dump(mode="json")).encode("utf-8"),
+        )
         _fsync_directory(self.directory)
         self._index = checked
 
@@ -660,12 +718,18 @@ class TeacherCache:
     def _shard_path(self, name: str) -> Path:
         """The path of shard ``name``, strictly a regular file directly inside the cache."""
         if not isinstance(name, str) or not _SHARD_RE.fullmatch(name):
-            raise CacheIntegrityError(f"shard name {name!r:.80} is not of the form shard-NNNNN.safetensors")
+            raise CacheIntegrityError(
+                f"shard name {name!r:.80} is not of the form shard-NNNNN.safetensors"
+            )
         path = self.directory / name
         if path.is_symlink():
-            raise CacheIntegrityError(f"shard {name} is a symbolic link; shards must be regular files in {self.directory}")
+            raise CacheIntegrityError(
+                f"shard {name} is a symbolic link; shards must be regular files in {self.directory}"
+            )
         if path.resolve().parent != self.directory.resolve():
-            raise CacheIntegrityError(f"shard {name} resolves outside the cache directory {self.directory}")
+            raise CacheIntegrityError(
+                f"shard {name} resolves outside the cache directory {self.directory}"
+            )
         return path
 
     def _shard_tensors(self, name: str) -> dict[str, TensorInfo]:
@@ -684,13 +748,17 @@ class TeacherCache:
         self._headers[name] = (signature, infos)
         return infos
 
-    def _entry_infos(self, record: CacheEntryRecord, infos: dict[str, TensorInfo]) -> list[TensorInfo]:
+    def _entry_infos(
+        self, record: CacheEntryRecord, infos: dict[str, TensorInfo]
+    ) -> list[TensorInfo]:
         """The entry's tensors in hashing order, checked against the layout the index implies."""
         out = []
         for tname, (dtype, shape) in expected_layout(self._provenance, record).items():
             info = infos.get(tensor_name(record.key, tname))
             if info is None:
-                raise CacheIntegrityError(f"entry {record.key!r}: tensor {tname!r} is missing from {record.shard}")
+                raise CacheIntegrityError(
+                    f"entry {record.key!r}: tensor {tname!r} is missing from {record.shard}"
+                )
             if info.dtype != dtype or info.shape != shape:
                 raise CacheIntegrityError(
                     f"entry {record.key!r}: tensor {tname!r} in {record.shard} is {info.dtype}{list(info.shape)}, "
@@ -720,13 +788,18 @@ class TeacherCache:
         record = self.record(key)
         if not self.reuse_across_policy_versions and self.strict_policy_version:
             if expect_policy_version is None:
-                raise ValueError("strict_policy_version requires expect_policy_version for every read")
+                raise ValueError(
+                    "strict_policy_version requires expect_policy_version for every read"
+                )
             if record.policy_version != expect_policy_version:
                 raise StaleCacheError(
                     f"cached teacher targets for {key!r} were produced under policy version "
                     f"{record.policy_version}, but policy version {expect_policy_version} was expected"
                 )
-        if expect_alignment_digest is not None and record.alignment_digest != expect_alignment_digest:
+        if (
+            expect_alignment_digest is not None
+            and record.alignment_digest != expect_alignment_digest
+        ):
             raise StaleCacheError(
                 f"cached teacher targets for {key!r} were produced for a different alignment "
                 f"(digest {record.alignment_digest[:12]} vs {expect_alignment_digest[:12]})",
@@ -752,7 +825,11 @@ class TeacherCache:
         tensors = {}
         for info, data in zip(infos, raw, strict=True):
             dtype = getattr(torch, _TORCH_DTYPE_NAMES[info.dtype])
-            flat = torch.frombuffer(bytearray(data), dtype=dtype) if data else torch.empty(0, dtype=dtype)
+            flat = (
+                torch.frombuffer(bytearray(data), dtype=dtype)
+                if data
+                else torch.empty(0, dtype=dtype)
+            )
             tensors[info.name.rsplit("/", 1)[1]] = flat.reshape(info.shape)
         return CachedTargets(record=record, provenance=self._provenance, tensors=tensors)
 
@@ -760,7 +837,9 @@ class TeacherCache:
 
     def _require_index(self) -> CacheIndex:
         if self._index is None:
-            raise CacheIntegrityError(f"no teacher cache at {self.directory} ({INDEX_NAME} is missing)")
+            raise CacheIntegrityError(
+                f"no teacher cache at {self.directory} ({INDEX_NAME} is missing)"
+            )
         return self._index
 
     def _unreferenced_files(self, index: CacheIndex) -> list[str]:
@@ -770,7 +849,9 @@ class TeacherCache:
         out = []
         for path in sorted(self.directory.iterdir()):
             is_shard = _SHARD_RE.fullmatch(path.name) and path.name not in index.shards
-            is_temp = path.name.startswith((".shard-", f".{INDEX_NAME}.")) and path.name.endswith(".tmp")
+            is_temp = path.name.startswith((".shard-", f".{INDEX_NAME}.")) and path.name.endswith(
+                ".tmp"
+            )
             if is_shard or is_temp:
                 out.append(path.name)
         return out
@@ -791,16 +872,22 @@ class TeacherCache:
                 path = self._shard_path(name)
                 size = path.stat().st_size
             except FileNotFoundError:
-                problems.append(f"shard {name} is missing (entries {shard.entries[:3]} cannot be read)")
+                problems.append(
+                    f"shard {name} is missing (entries {shard.entries[:3]} cannot be read)"
+                )
                 continue
             except CacheIntegrityError as exc:
                 problems.append(exc.message)
                 continue
             if size != shard.size_bytes:
-                problems.append(f"shard {name} is {size} bytes but the index records {shard.size_bytes} (truncated or appended to)")
+                problems.append(
+                    f"shard {name} is {size} bytes but the index records {shard.size_bytes} (truncated or appended to)"
+                )
             actual = sha256_file(path)
             if actual != shard.sha256:
-                problems.append(f"shard {name} failed its file SHA-256 check (index {shard.sha256[:12]}, file {actual[:12]})")
+                problems.append(
+                    f"shard {name} failed its file SHA-256 check (index {shard.sha256[:12]}, file {actual[:12]})"
+                )
             bytes_verified += size
             try:
                 header, data_start = read_safetensors_header(path)
@@ -827,7 +914,9 @@ class TeacherCache:
             orphan_files=self._unreferenced_files(index),
         )
 
-    def _check_entry(self, record: CacheEntryRecord, infos: dict[str, TensorInfo], handle: Any) -> str | None:
+    def _check_entry(
+        self, record: CacheEntryRecord, infos: dict[str, TensorInfo], handle: Any
+    ) -> str | None:
         try:
             entry_infos = self._entry_infos(record, infos)
             digest = hashlib.sha256()
@@ -884,7 +973,10 @@ class TeacherCache:
             atomic_write_bytes(self._shard_path(target), data)
             compacted[name] = target
             new.shards[target] = CacheShardRecord(
-                name=target, sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data), entries=live
+                name=target,
+                sha256=hashlib.sha256(data).hexdigest(),
+                size_bytes=len(data),
+                entries=live,
             )
             for key in live:
                 new.entries[key] = new.entries[key].model_copy(update={"shard": target})
@@ -929,7 +1021,9 @@ class TeacherCache:
                 digest.update(chunk)
                 tensors.append(RawTensor(info.name, info.dtype, info.shape, chunk))
             if digest.hexdigest() != record.sha256:
-                raise CacheIntegrityError(f"entry {record.key!r} in {shard.name} failed its tensor SHA-256 check")
+                raise CacheIntegrityError(
+                    f"entry {record.key!r} in {shard.name} failed its tensor SHA-256 check"
+                )
         return encode_safetensors(tensors, _SHARD_METADATA)
 
     def stats(self) -> dict[str, Any]:

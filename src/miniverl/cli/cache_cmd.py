@@ -8,19 +8,16 @@ work from a base install and on caches received from elsewhere. A
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from miniverl.cache.store import TeacherCache
-from miniverl.errors import MiniverlError
+from miniverl.cli.common import console, handles_errors
 
 cache_app = typer.Typer(
     help="Inspect, verify and prune a teacher-target cache (torch-free).",
@@ -28,28 +25,8 @@ cache_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-_console = Console(highlight=False)
-_err_console = Console(stderr=True, highlight=False)
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 DirArgument = Annotated[Path, typer.Argument(help="Teacher cache directory (holds index.json).")]
-
-
-def _handles_errors(func: F) -> F:
-    """MiniverlError -> message and hint on stderr, exit status 1, no traceback."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except MiniverlError as exc:
-            _err_console.print(f"[bold red]error:[/] {exc.message}", markup=True, soft_wrap=True, highlight=False)
-            if exc.hint:
-                _err_console.print(f"  [dim]hint:[/] {exc.hint}", soft_wrap=True)
-            raise typer.Exit(1) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _human_bytes(n: int) -> str:
@@ -64,7 +41,7 @@ def _human_bytes(n: int) -> str:
 
 
 @cache_app.command()
-@_handles_errors
+@handles_errors
 def stats(
     directory: DirArgument,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
@@ -79,10 +56,17 @@ def stats(
     table.add_column("field")
     table.add_column("value", overflow="fold")
     rows = [
-        ("teacher", info["teacher_model_id"] + (f" @ {info['teacher_revision']}" if info["teacher_revision"] else "")),
+        (
+            "teacher",
+            info["teacher_model_id"]
+            + (f" @ {info['teacher_revision']}" if info["teacher_revision"] else ""),
+        ),
         ("teacher mode", info["teacher_mode"]),
         ("tokenizer", info["tokenizer_fingerprint"][:16] + "..."),
-        ("loss mode", f"{info['loss_mode']} (K = {info['top_k']}, V = {info['vocab_size']}, temperature {info['temperature']})"),
+        (
+            "loss mode",
+            f"{info['loss_mode']} (K = {info['top_k']}, V = {info['vocab_size']}, temperature {info['temperature']})",
+        ),
         ("storage", f"log-probs {info['dtype']}, indices {info['index_dtype']}"),
         ("entries", str(info["entries"])),
         ("positions", str(info["positions"])),
@@ -102,29 +86,32 @@ def stats(
         rows.append(("unreferenced files", ", ".join(info["unreferenced_files"])))
     for name, value in rows:
         table.add_row(name, value)
-    _console.print(table)
+    console.print(table)
 
 
 @cache_app.command()
-@_handles_errors
+@handles_errors
 def validate(directory: DirArgument) -> None:
     """Recompute every shard and entry SHA-256 and check the structure; non-zero exit on any problem."""
     report = TeacherCache.open(directory).validate()
-    _console.print(report.summary(), markup=False, soft_wrap=True)
+    console.print(report.summary(), markup=False, soft_wrap=True)
 
 
 @cache_app.command()
-@_handles_errors
+@handles_errors
 def prune(
     directory: DirArgument,
     keep_version: Annotated[
         list[int],
-        typer.Option("--keep-version", help="Policy version to keep (repeatable); every other version is removed."),
+        typer.Option(
+            "--keep-version",
+            help="Policy version to keep (repeatable); every other version is removed.",
+        ),
     ],
 ) -> None:
     """Remove entries of every policy version not kept; compact or delete the affected shards."""
     result = TeacherCache.open(directory).prune(keep_version)
-    _console.print(
+    console.print(
         f"pruned {directory}: removed {result['removed_entries']} entries, kept {result['kept_entries']} "
         f"(versions {result['kept_versions'] or 'none'}); deleted {len(result['deleted_shards'])} shard(s), "
         f"compacted {len(result['compacted_shards'])}; {result['bytes_before']} -> {result['bytes_after']} bytes",
@@ -132,7 +119,10 @@ def prune(
         soft_wrap=True,
     )
     if result["removed_unreferenced_files"]:
-        _console.print(f"removed unreferenced files: {', '.join(result['removed_unreferenced_files'])}", markup=False)
+        console.print(
+            f"removed unreferenced files: {', '.join(result['removed_unreferenced_files'])}",
+            markup=False,
+        )
 
 
 __all__ = ["cache_app"]

@@ -1,6 +1,6 @@
 """The ``miniverl`` command line.
 
-``doctor``, ``validate``, ``inspect``, ``report`` and ``cache`` are torch-free: they
+``doctor``, ``validate``, ``inspect``, ``report``, ``export`` and ``cache`` are torch-free: they
 import only the foundation, contracts and surfaces, and a test runs them in a
 subprocess asserting that ``torch`` never enters ``sys.modules``. Commands that train
 import the training layer inside their function bodies.
@@ -11,24 +11,21 @@ with exit status 1; there is no traceback for user errors.
 
 from __future__ import annotations
 
-import functools
 import json
 import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from miniverl import __version__
 from miniverl.cli.cache_cmd import cache_app
-from miniverl.errors import MiniverlError
+from miniverl.cli.common import console, fail, handles_errors
 
 app = typer.Typer(
     name="miniverl",
@@ -37,32 +34,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(cache_app, name="cache", help="Inspect, validate and prune a teacher cache (torch-free).")
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+app.add_typer(
+    cache_app, name="cache", help="Inspect, validate and prune a teacher cache (torch-free)."
+)
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def fail(message: str, hint: str | None = None, code: int = 1) -> typer.Exit:
-    """Print a user error (message text is never parsed as rich markup) and return the exit."""
-    err_console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
-    if hint:
-        err_console.print(Text.assemble(("  hint: ", "dim"), hint), soft_wrap=True)
-    return typer.Exit(code)
-
-
-def handles_errors(func: F) -> F:
-    """Turn MiniverlError into a clean message and a non-zero exit."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except MiniverlError as exc:
-            raise fail(exc.message, exc.hint) from None
-
-    return wrapper  # type: ignore[return-value]
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Dotted overrides, validated like the file, e.g. train.cycles=4 loss.divergence=reverse_kl."
+    ),
+]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or event echo.")]
+NoReport = Annotated[bool, typer.Option("--no-report", help="Skip report.html and summary.md.")]
 
 
 def _print_version(value: bool) -> None:
@@ -74,7 +57,10 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[
-        bool, typer.Option("--version", is_eager=True, callback=_print_version, help="Print the version and exit.")
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
     ] = False,
 ) -> None:
     """On-policy distillation of tool-using agents on one GPU (or a laptop, with the toy backend)."""
@@ -94,10 +80,17 @@ def probe_torch(timeout_s: float = 60.0) -> dict[str, Any]:
     from miniverl.utils.lazy import is_available
 
     if not is_available("torch"):
-        return {"status": "absent", "hint": "pip install torch==2.13.0 (CPU) or a CUDA build, then pip install 'miniverl[hf]'"}
+        return {
+            "status": "absent",
+            "hint": "pip install torch==2.13.0 (CPU) or a CUDA build, then pip install 'miniverl[hf]'",
+        }
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=timeout_s, check=False
+            [sys.executable, "-c", _TORCH_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return {"status": "error", "detail": f"torch probe timed out after {timeout_s:.0f}s"}
@@ -111,7 +104,9 @@ def probe_torch(timeout_s: float = 60.0) -> dict[str, Any]:
 @handles_errors
 def doctor(
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    no_torch_probe: Annotated[bool, typer.Option("--no-torch-probe", help="Skip the torch/CUDA subprocess probe.")] = False,
+    no_torch_probe: Annotated[
+        bool, typer.Option("--no-torch-probe", help="Skip the torch/CUDA subprocess probe.")
+    ] = False,
 ) -> None:
     """Describe this machine: Python, packages, torch/CUDA, free disk, environments."""
     from miniverl.environments.registry import available_environments
@@ -137,16 +132,25 @@ def doctor(
     table.add_row("platform", report["platform"])
     torch_info = report["torch"]
     if torch_info["status"] == "ok":
-        cuda = f"CUDA {torch_info['cuda']} ({', '.join(torch_info['devices'])})" if torch_info["cuda_available"] else "no CUDA device (CPU only)"
+        cuda = (
+            f"CUDA {torch_info['cuda']} ({', '.join(torch_info['devices'])})"
+            if torch_info["cuda_available"]
+            else "no CUDA device (CPU only)"
+        )
         table.add_row("torch", f"{torch_info['torch']}: {cuda}")
     else:
-        table.add_row("torch", f"{torch_info['status']}: {torch_info.get('hint') or torch_info.get('detail') or ''}")
+        table.add_row(
+            "torch",
+            f"{torch_info['status']}: {torch_info.get('hint') or torch_info.get('detail') or ''}",
+        )
     for name, ver in report["packages"].items():
         table.add_row(f"  {name}", ver or "[dim]not installed[/]")
     table.add_row("free disk", f"{report['free_disk_gib']} GiB")
     table.add_row("environments", ", ".join(report["environments"]))
     console.print(table)
-    console.print("torch-free commands: doctor, validate, inspect, report, cache. Training needs 'miniverl[torch]'.")
+    console.print(
+        "torch-free commands: doctor, validate, inspect, report, export, cache. Training needs 'miniverl[torch]'."
+    )
 
 
 # -- validate -----------------------------------------------------------------------
@@ -156,8 +160,10 @@ def doctor(
 @handles_errors
 def validate(
     recipe: Annotated[Path, typer.Argument(help="YAML recipe to validate.")],
-    overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. train.cycles=4.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the verdict and digest.")] = False,
+    overrides: Overrides = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Only the verdict and digest.")
+    ] = False,
 ) -> None:
     """Validate a recipe: print the full validated config, or every error with its key path."""
     from miniverl.config.models import RunConfig
@@ -165,7 +171,9 @@ def validate(
     config = RunConfig.from_yaml(recipe, overrides or [])
     if not quiet:
         console.print(config.to_yaml(), markup=False, end="")
-    console.print(f"[green]valid[/] {recipe} (digest {config.digest()[:16]}, mode {config.run.mode}, objective {config.objective_label()})")
+    console.print(
+        f"[green]valid[/] {recipe} (digest {config.digest()[:16]}, mode {config.run.mode}, objective {config.objective_label()})"
+    )
 
 
 # -- inspect ------------------------------------------------------------------------
@@ -176,9 +184,15 @@ def validate(
 def inspect(
     path: Annotated[Path, typer.Argument(help="A trajectories.jsonl file.")],
     limit: Annotated[int, typer.Option("--limit", min=0, help="Per-trajectory rows to show.")] = 5,
-    trajectory: Annotated[str | None, typer.Option("--trajectory", help="Restrict to one trajectory id.")] = None,
-    spans: Annotated[bool, typer.Option("--spans", help="With --trajectory: print the span table.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable FileSummary.to_dict().")] = False,
+    trajectory: Annotated[
+        str | None, typer.Option("--trajectory", help="Restrict to one trajectory id.")
+    ] = None,
+    spans: Annotated[
+        bool, typer.Option("--spans", help="With --trajectory: print the span table.")
+    ] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Machine-readable FileSummary.to_dict().")
+    ] = False,
 ) -> None:
     """Validate every record of a trajectory file and summarize its token provenance."""
     from miniverl.inspection.summary import summarize_file
@@ -187,7 +201,9 @@ def inspect(
         raise fail("--spans needs --trajectory ID", code=2)
     summary = summarize_file(path, trajectory_id=trajectory, limit=limit, spans=spans)
     if trajectory is not None and summary.trajectories == 0:
-        raise fail(f"trajectory {trajectory!r} not found in {path}", "run without --trajectory to list ids")
+        raise fail(
+            f"trajectory {trajectory!r} not found in {path}", "run without --trajectory to list ids"
+        )
     if json_out:
         sys.stdout.write(json.dumps(summary.to_dict(), indent=2, sort_keys=True) + "\n")
         return
@@ -195,11 +211,15 @@ def inspect(
         f"  {summary.trajectories} trajectories | {summary.tokens} tokens | {summary.model_tokens} model tokens "
         f"({100 * summary.model_token_fraction:.1f}%) | {summary.critical_tokens} critical"
     )
-    console.print(f"  graded {summary.graded} | solved {summary.solved} ({100 * summary.solve_rate:.1f}%)")
+    console.print(
+        f"  graded {summary.graded} | solved {summary.solved} ({100 * summary.solve_rate:.1f}%)"
+    )
     console.print(f"  policy versions {summary.policy_versions}")
     console.print(f"  termination {summary.termination}", markup=False)
     console.print(f"  tools {summary.tools}", markup=False)
-    console.print(f"  tokenizer {[f[:12] + '...' for f in summary.tokenizer_fingerprints]}", markup=False)
+    console.print(
+        f"  tokenizer {[f[:12] + '...' for f in summary.tokenizer_fingerprints]}", markup=False
+    )
 
     from miniverl.schemas.trajectory import MODEL_GENERATED_SPAN_TYPES, SpanType
 
@@ -218,7 +238,15 @@ def inspect(
             rows.add_column(col)
         for r in summary.rows:
             solved = "-" if r.solved is None else ("yes" if r.solved else "no")
-            rows.add_row(Text(r.trajectory_id), str(r.tokens), str(r.model_tokens), r.termination_reason, solved, str(r.policy_version), Text(r.source or ""))
+            rows.add_row(
+                Text(r.trajectory_id),
+                str(r.tokens),
+                str(r.model_tokens),
+                r.termination_reason,
+                solved,
+                str(r.policy_version),
+                Text(r.source or ""),
+            )
         console.print(rows)
 
     if summary.spans is not None:
@@ -227,7 +255,11 @@ def inspect(
             span_table.add_column(col, overflow="fold")
         for s in summary.spans:
             span_table.add_row(
-                s.span_type, Text(f"[{s.start}, {s.end})"), str(s.tokens), "yes" if s.in_loss else "no", Text(s.text.replace("\n", "\\n"))
+                s.span_type,
+                Text(f"[{s.start}, {s.end})"),
+                str(s.tokens),
+                "yes" if s.in_loss else "no",
+                Text(s.text.replace("\n", "\\n")),
             )
         console.print(span_table)
 
@@ -265,7 +297,11 @@ def _print_outcome(summary: dict[str, Any], run_dir: Path) -> None:
     for stage in ("baseline", "after_warmup", "final"):
         result = summary.get(stage)
         if result:
-            table.add_row(stage, f"{result['solved']}/{result['tasks']}", f"{100 * result['success_rate']:.1f}%")
+            table.add_row(
+                stage,
+                f"{result['solved']}/{result['tasks']}",
+                f"{100 * result['success_rate']:.1f}%",
+            )
     console.print(table)
 
 
@@ -273,18 +309,27 @@ def _print_outcome(summary: dict[str, Any], run_dir: Path) -> None:
 @handles_errors
 def train(
     recipe: Annotated[Path, typer.Argument(help="YAML recipe.")],
-    overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides, e.g. train.cycles=4 loss.divergence=reverse_kl.")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Run directory (default runs/<run.name>).")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --output from its last complete checkpoint.")] = False,
-    no_report: Annotated[bool, typer.Option("--no-report", help="Skip report.html and summary.md.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or event echo.")] = False,
+    overrides: Overrides = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Run directory (default runs/<run.name>).")
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="Continue the run in --output from its last complete checkpoint."
+        ),
+    ] = False,
+    no_report: NoReport = False,
+    quiet: Quiet = False,
 ) -> None:
     """Train from a recipe: sft, offline_kd or opd, as run.mode says."""
     from miniverl.config.models import RunConfig
     from miniverl.training.trainer import OPDTrainer
 
     config = RunConfig.from_yaml(recipe, overrides or [])
-    trainer = OPDTrainer(config, output_dir=output, submitted_recipe=recipe.read_bytes(), resume=resume, quiet=quiet)
+    trainer = OPDTrainer(
+        config, output_dir=output, submitted_recipe=recipe.read_bytes(), resume=resume, quiet=quiet
+    )
     summary = _run_trainer(trainer, no_report=no_report)
     _print_outcome(summary, trainer.paths.root)
 
@@ -292,17 +337,27 @@ def train(
 @app.command()
 @handles_errors
 def demo(
-    fast: Annotated[bool, typer.Option("--fast", help="Shrink every budget (same artifact set, under a minute).")] = False,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Run directory (default runs/demo).")] = None,
-    no_report: Annotated[bool, typer.Option("--no-report", help="Skip report.html and summary.md.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or event echo.")] = False,
+    fast: Annotated[
+        bool,
+        typer.Option("--fast", help="Shrink every budget (same artifact set, under a minute)."),
+    ] = False,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Run directory (default runs/demo).")
+    ] = None,
+    no_report: NoReport = False,
+    quiet: Quiet = False,
 ) -> None:
     """Embedded toy backend on the CPU, no network: watch a toy student learn to use a tool."""
     from miniverl.config.presets import demo_config, demo_recipe_bytes
     from miniverl.training.trainer import OPDTrainer
 
     config = demo_config(fast=fast)
-    trainer = OPDTrainer(config, output_dir=output or Path("runs") / "demo", submitted_recipe=demo_recipe_bytes(), quiet=quiet)
+    trainer = OPDTrainer(
+        config,
+        output_dir=output or Path("runs") / "demo",
+        submitted_recipe=demo_recipe_bytes(),
+        quiet=quiet,
+    )
     summary = _run_trainer(trainer, no_report=no_report)
     _print_outcome(summary, trainer.paths.root)
 
@@ -312,15 +367,105 @@ def demo(
 def eval_command(
     run: Annotated[Path, typer.Option("--run", help="A finished run directory.")],
     tag: Annotated[str, typer.Option("--tag", help="Writes eval.<tag>.json.")] = "reeval",
-    checkpoint: Annotated[str, typer.Option("--checkpoint", help="Checkpoint name under checkpoints/.")] = "final",
-    split: Annotated[str | None, typer.Option("--split", help="eval or test (default: the run's eval.split).")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    checkpoint: Annotated[
+        str, typer.Option("--checkpoint", help="Checkpoint name under checkpoints/.")
+    ] = "final",
+    split: Annotated[
+        str | None, typer.Option("--split", help="eval or test (default: the run's eval.split).")
+    ] = None,
+    quiet: Quiet = False,
 ) -> None:
     """Re-evaluate a run from config.resolved.yaml and one of its checkpoints."""
     from miniverl.training.evaluate import evaluate_run
 
     result = evaluate_run(run, tag=tag, checkpoint=checkpoint, split=split, quiet=quiet)
-    console.print(f"{tag}: {result['solved']}/{result['tasks']} solved ({100 * result['success_rate']:.1f}%) -> {result['path']}")
+    console.print(
+        f"{tag}: {result['solved']}/{result['tasks']} solved ({100 * result['success_rate']:.1f}%) -> {result['path']}"
+    )
+
+
+# -- report / benchmark / export ----------------------------------------------------
+
+
+def _split_list(raw: str, option: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``; an empty list is a usage error, not "use the defaults"."""
+    items = [item.strip() for item in raw.split(",") if item.strip()]
+    if not items:
+        raise fail(f"{option} needs a comma-separated list", code=2)
+    return items
+
+
+@app.command()
+@handles_errors
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run or benchmark directory.")],
+) -> None:
+    """Write report.html (self-contained, offline) and summary.md into a run directory (torch-free)."""
+    _write_report(run_dir)
+
+
+@app.command()
+@handles_errors
+def benchmark(
+    recipe: Annotated[Path, typer.Argument(help="Base YAML recipe shared by every arm.")],
+    overrides: Overrides = None,
+    arms: Annotated[
+        str | None,
+        typer.Option(
+            "--arms",
+            help="Comma-separated arms (default: sft_only,offline_kd,opd,opd_reverse_kl,opd_entropy_aware).",
+        ),
+    ] = None,
+    seeds: Annotated[
+        str,
+        typer.Option("--seeds", help="Comma-separated seeds; one shared SFT cold start per seed."),
+    ] = "1",
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="Benchmark directory (default runs/benchmark-<run.name>)."
+        ),
+    ] = None,
+    quiet: Quiet = False,
+) -> None:
+    """Compare objectives from one shared SFT cold start per seed, holding splits, steps and evaluation fixed."""
+    from miniverl.config.models import RunConfig
+    from miniverl.evaluation.benchmark import print_benchmark, run_benchmark
+    from miniverl.utils.runs import RunPaths
+
+    try:
+        seed_list = [int(s) for s in _split_list(seeds, "--seeds")]
+    except ValueError:
+        raise fail(f"--seeds must be comma-separated integers, got {seeds!r}", code=2) from None
+    arm_list = _split_list(arms, "--arms") if arms is not None else None
+    if output is None:
+        output = Path("runs") / f"benchmark-{RunConfig.from_yaml(recipe, overrides or []).run.name}"
+    result = run_benchmark(
+        recipe,
+        arms=arm_list,
+        seeds=seed_list,
+        output_dir=output,
+        overrides=overrides or [],
+        quiet=quiet,
+    )
+    print_benchmark(result, console)
+    paths = RunPaths(output)
+    console.print(f"benchmark: {paths.benchmark_json}  report: {paths.report_html}")
+
+
+@app.command()
+@handles_errors
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A run or benchmark directory.")],
+    out: Annotated[Path, typer.Option("--out", help="Where to write the shareable result.")] = Path(
+        "result.json"
+    ),
+) -> None:
+    """Write a shareable result.json: objective, config, evaluations, benchmark, sanitized hardware (torch-free)."""
+    from miniverl.evaluation.export import export_run
+
+    export_run(run_dir, out)
+    console.print(f"exported {run_dir.name} -> {out} (no hostnames, users or absolute paths)")
 
 
 def main() -> None:

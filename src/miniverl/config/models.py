@@ -31,12 +31,29 @@ class _Section(BaseModel):
 
 
 class RunSection(_Section):
-    name: str = Field("miniverl-run", description="Human-readable run name; also the default output directory name.", min_length=1, max_length=128)
-    mode: Literal["sft", "offline_kd", "opd"] = Field("opd", description="sft: cross-entropy on oracle traces; offline_kd: one fixed trajectory set and one frozen teacher cache; opd: fresh student rollouts scored by the teacher every cycle.")
-    seed: int = Field(1234, ge=0, description="Root seed. Every other seed is derived from it with derive_seed (sha256), never with Python's salted hash().")
+    name: str = Field(
+        "miniverl-run",
+        description="Human-readable run name; also the default output directory name.",
+        min_length=1,
+        max_length=128,
+    )
+    mode: Literal["sft", "offline_kd", "opd"] = Field(
+        "opd",
+        description="sft: cross-entropy on oracle traces; offline_kd: one fixed trajectory set and one frozen teacher cache; opd: fresh student rollouts scored by the teacher every cycle.",
+    )
+    seed: int = Field(
+        1234,
+        ge=0,
+        description="Root seed. Every other seed is derived from it with derive_seed (sha256), never with Python's salted hash().",
+    )
     output_dir: str | None = Field(None, description="Run directory. Default: runs/<run.name>.")
-    deterministic: bool = Field(True, description="Ask torch for deterministic algorithms (warn-only where none exists).")
-    cpu_threads: int | Auto = Field("auto", description="torch CPU threads. auto: 1 for the toy backend on the CPU (tiny matrices only lose to thread contention), torch's default otherwise.")
+    deterministic: bool = Field(
+        True, description="Ask torch for deterministic algorithms (warn-only where none exists)."
+    )
+    cpu_threads: int | Auto = Field(
+        "auto",
+        description="torch CPU threads. auto: 1 for the toy backend on the CPU (tiny matrices only lose to thread contention), torch's default otherwise.",
+    )
 
     @field_validator("cpu_threads")
     @classmethod
@@ -47,11 +64,17 @@ class RunSection(_Section):
 
 
 class LoraConfig(_Section):
-    enabled: bool = Field(True, description="Train low-rank adapters instead of every weight. Only adapter parameters enter the optimizer.")
+    enabled: bool = Field(
+        True,
+        description="Train low-rank adapters instead of every weight. Only adapter parameters enter the optimizer.",
+    )
     r: int = Field(8, ge=1, le=1024, description="Adapter rank.")
     alpha: float = Field(16.0, gt=0, description="Adapter scaling numerator (scale = alpha / r).")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input.")
-    target_modules: list[str] | None = Field(None, description="Module names to adapt. None: attention and MLP projections of the architecture.")
+    target_modules: list[str] | None = Field(
+        None,
+        description="Module names to adapt. None: attention and MLP projections of the architecture.",
+    )
 
 
 class ToyArchConfig(_Section):
@@ -60,31 +83,71 @@ class ToyArchConfig(_Section):
     num_heads: int = Field(4, ge=1, description="Attention heads; must divide hidden_size.")
     intermediate_size: int = Field(128, ge=8, description="SwiGLU inner width.")
     max_seq_len: int = Field(1024, ge=16, description="Longest sequence (RoPE table size).")
-    tie_embeddings: bool = Field(True, description="Share the token embedding and LM head matrices.")
+    tie_embeddings: bool = Field(
+        True, description="Share the token embedding and LM head matrices."
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ToyArchConfig:
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"num_heads={self.num_heads} must divide hidden_size={self.hidden_size}")
+            raise ValueError(
+                f"num_heads={self.num_heads} must divide hidden_size={self.hidden_size}"
+            )
         return self
 
 
 class ModelSpec(_Section):
-    model_id: str = Field(..., min_length=1, description="toy backend: toy-student / toy-teacher preset or any id with an explicit 'toy' block; hf backend: local path or hub id.")
-    revision: str | None = Field(None, description="Pinned hub revision (commit hash or tag); recorded in the manifest.")
-    tokenizer_id: str | None = Field(None, description="Tokenizer source when it differs from model_id.")
-    precision: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Weight dtype. auto: bfloat16 on CUDA with bf16 support, else float32.")
-    quantization: Literal["none", "nf4", "int8"] = Field("none", description="bitsandbytes weight quantization (hf backend on CUDA only).")
-    lora: LoraConfig = Field(default_factory=LoraConfig, description="Adapter settings. Ignored for the teacher, which is never trained.")
-    toy: ToyArchConfig | None = Field(None, description="Toy decoder shape. None: the preset named by model_id.")
+    model_id: str = Field(
+        ...,
+        min_length=1,
+        description="toy backend: toy-student / toy-teacher preset or any id with an explicit 'toy' block; hf backend: local path or hub id.",
+    )
+    revision: str | None = Field(
+        None, description="Pinned hub revision (commit hash or tag); recorded in the manifest."
+    )
+    tokenizer_id: str | None = Field(
+        None, description="Tokenizer source when it differs from model_id."
+    )
+    precision: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weight dtype. auto: bfloat16 on CUDA with bf16 support, else float32."
+    )
+    quantization: Literal["none", "nf4", "int8"] = Field(
+        "none", description="bitsandbytes weight quantization (hf backend on CUDA only)."
+    )
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="Adapter settings. Ignored for the teacher, which is never trained.",
+    )
+    toy: ToyArchConfig | None = Field(
+        None, description="Toy decoder shape. None: the preset named by model_id."
+    )
 
 
 class ToyFitConfig(_Section):
-    max_steps: int = Field(1500, ge=0, description="Upper bound on optimizer steps when fitting the toy teacher on oracle traces.")
-    lr: float = Field(3e-3, gt=0, description="AdamW learning rate for the toy teacher fit.")
+    max_steps: int = Field(
+        1500,
+        ge=0,
+        description="Upper bound on optimizer steps when fitting the toy teacher on oracle traces.",
+    )
+    lr: float = Field(2e-3, gt=0, description="AdamW learning rate for the toy teacher fit.")
     batch_size: int = Field(8, ge=1, description="Oracle traces per toy-teacher fit step.")
-    check_every: int = Field(100, ge=1, description="Greedy-solve check interval (steps) for early stopping.")
-    target_success: float = Field(1.0, ge=0, le=1, description="Stop fitting once the teacher greedily solves this fraction of the training tasks.")
+    check_every: int = Field(
+        100, ge=1, description="Greedy-solve check interval (steps) for early stopping."
+    )
+    target_success: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Stop fitting once the teacher greedily solves this fraction of a probe drawn from its fitting tasks.",
+    )
+    extra_tasks: int = Field(
+        0,
+        ge=0,
+        description="Further oracle tasks (disjoint from eval/test) in the teacher's fitting data, standing in for the broader training a real teacher has.",
+    )
+    probe_tasks: int = Field(
+        16, ge=1, description="Tasks greedily rolled out at each early-stopping check."
+    )
 
 
 def _default_student() -> ModelSpec:
@@ -96,93 +159,213 @@ def _default_teacher() -> ModelSpec:
 
 
 class ModelsConfig(_Section):
-    backend: Literal["toy", "hf"] = Field("toy", description="toy: the embedded CPU decoder and tokenizer; hf: transformers checkpoints.")
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$", description="auto: cuda when available, else cpu.")
-    runtime: Literal["dual_model", "shared_backbone"] = Field("dual_model", description="dual_model: independent student and teacher backends; shared_backbone: one hf base with role-scoped adapters.")
-    student: ModelSpec = Field(default_factory=_default_student, description="The policy being trained.")
+    backend: Literal["toy", "hf"] = Field(
+        "toy",
+        description="toy: the embedded CPU decoder and tokenizer; hf: transformers checkpoints.",
+    )
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$",
+        description="auto: cuda when available, else cpu.",
+    )
+    runtime: Literal["dual_model", "shared_backbone"] = Field(
+        "dual_model",
+        description="dual_model: independent student and teacher backends; shared_backbone: one hf base with role-scoped adapters.",
+    )
+    student: ModelSpec = Field(
+        default_factory=_default_student, description="The policy being trained."
+    )
     teacher: ModelSpec = Field(default_factory=_default_teacher, description="The frozen scorer.")
-    toy_fit: ToyFitConfig = Field(default_factory=ToyFitConfig, description="How the toy teacher is fitted (toy backend only).")
+    toy_fit: ToyFitConfig = Field(
+        default_factory=ToyFitConfig,
+        description="How the toy teacher is fitted (toy backend only).",
+    )
 
 
 class EnvironmentConfig(_Section):
-    name: str = Field("calculator", pattern=ENVIRONMENT_NAME_PATTERN, description="Registered environment name (lowercase identifier; never a Python import path).")
-    params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the environment constructor.")
-    difficulty: Literal["easy", "medium", "hard", "mixed"] = Field("easy", description="Task difficulty of every split.")
+    name: str = Field(
+        "calculator",
+        pattern=ENVIRONMENT_NAME_PATTERN,
+        description="Registered environment name (lowercase identifier; never a Python import path).",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the environment constructor."
+    )
+    difficulty: Literal["easy", "medium", "hard", "mixed"] = Field(
+        "easy", description="Task difficulty of every split."
+    )
     train_tasks: int = Field(32, ge=1, description="Size of the training split.")
     eval_tasks: int = Field(12, ge=0, description="Size of the held-out evaluation split.")
-    test_tasks: int = Field(0, ge=0, description="Size of the test split (never used in training or eval).")
-    split_seed: int = Field(7, ge=0, description="Seed of make_splits; splits are disjoint and deterministic.")
+    test_tasks: int = Field(
+        0, ge=0, description="Size of the test split (never used in training or eval)."
+    )
+    split_seed: int = Field(
+        7, ge=0, description="Seed of make_splits; splits are disjoint and deterministic."
+    )
 
 
 class RolloutConfig(_Section):
     max_turns: int = Field(4, ge=1, description="Assistant turns per episode.")
     max_new_tokens_per_turn: int = Field(64, ge=1, description="Sampled tokens per assistant turn.")
-    max_total_tokens: int = Field(768, ge=2, description="Whole-trajectory token budget; a turn does not start past it.")
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature for training rollouts (0 = greedy).")
+    max_total_tokens: int = Field(
+        768, ge=2, description="Whole-trajectory token budget; a turn does not start past it."
+    )
+    temperature: float = Field(
+        1.0, ge=0, description="Sampling temperature for training rollouts (0 = greedy)."
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    max_parse_errors: int = Field(1, ge=0, description="Stop when the parse-error count reaches this (0: stop on the first error).")
-    max_repeated_calls: int = Field(1, ge=0, description="Stop when an identical call signature repeats more than this many times.")
+    max_parse_errors: int = Field(
+        1,
+        ge=0,
+        description="Stop when the parse-error count reaches this (0: stop on the first error).",
+    )
+    max_repeated_calls: int = Field(
+        1,
+        ge=0,
+        description="Stop when an identical call signature repeats more than this many times.",
+    )
 
 
 class SelectionConfig(_Section):
-    selector: Literal["all_model_tokens", "tool_and_final", "uniform_ratio", "hybrid"] = Field("all_model_tokens", description="Which model-generated positions enter the loss.")
-    ratio: float = Field(0.5, gt=0, le=1, description="Fraction of model tokens kept by uniform_ratio, and the budget of hybrid.")
-    critical_weight: float = Field(1.0, ge=0, description="Raw weight of tool-call and final-answer tokens.")
-    other_weight: float = Field(1.0, ge=0, description="Raw weight of other model-generated tokens.")
+    selector: Literal["all_model_tokens", "tool_and_final", "uniform_ratio", "hybrid"] = Field(
+        "all_model_tokens", description="Which model-generated positions enter the loss."
+    )
+    ratio: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Fraction of model tokens kept by uniform_ratio, and the budget of hybrid.",
+    )
+    critical_weight: float = Field(
+        1.0, ge=0, description="Raw weight of tool-call and final-answer tokens."
+    )
+    other_weight: float = Field(
+        1.0, ge=0, description="Raw weight of other model-generated tokens."
+    )
 
 
 class TeacherConfig(_Section):
-    mode: Literal["standard", "privileged_context"] = Field("standard", description="standard: the teacher reads the student's transcript; privileged_context: plus an oracle system block.")
+    mode: Literal["standard", "privileged_context"] = Field(
+        "standard",
+        description="standard: the teacher reads the student's transcript; privileged_context: plus an oracle system block.",
+    )
 
 
 class LossConfig(_Section):
-    mode: Literal["bucketed", "exact_full_vocab"] = Field("bucketed", description="bucketed: teacher top-k + tail (cacheable); exact_full_vocab: full teacher distribution rebuilt per chunk.")
-    divergence: Literal["forward_kl", "reverse_kl", "jsd", "entropy_aware"] = Field("forward_kl", description="Token-level divergence, see objectives.md.")
+    mode: Literal["bucketed", "exact_full_vocab"] = Field(
+        "bucketed",
+        description="bucketed: teacher top-k + tail (cacheable); exact_full_vocab: full teacher distribution rebuilt per chunk.",
+    )
+    divergence: Literal["forward_kl", "reverse_kl", "jsd", "entropy_aware"] = Field(
+        "forward_kl", description="Token-level divergence, see objectives.md."
+    )
     jsd_beta: float = Field(0.5, ge=0, le=1, description="Generalized JSD beta (0 < beta < 1).")
-    top_k: int | Auto | None = Field("auto", description="Bucketed top-k. auto: min(64, V), resolved at run start. Must be unset/auto/1 in exact_full_vocab.")
-    temperature: float = Field(1.0, gt=0, description="Distillation temperature applied to both distributions.")
-    chunk_size: int | Auto = Field("auto", description="Rows projected to [chunk, V] at a time. auto: resolved at run start from V.")
-    sampled_token_nll_weight: float = Field(0.0, ge=0, description="Weight c of the auxiliary sampled-token NLL.")
-    exact_max_vocab: int = Field(8192, ge=1, description="Largest V for which exact_full_vocab is allowed with a swapped teacher.")
-    allow_large_exact: bool = Field(False, description="Permit exact_full_vocab with a swapped teacher above exact_max_vocab.")
-    entropy_threshold: float = Field(0.8, ge=0, description="entropy_aware: teacher entropy h (nats) above which forward KL is added.")
-    entropy_forward_weight: float = Field(1.0, ge=0, description="entropy_aware: weight alpha of the forward-KL term.")
+    top_k: int | Auto | None = Field(
+        "auto",
+        description="Bucketed top-k. auto: min(64, V), resolved at run start. Must be unset/auto/1 in exact_full_vocab.",
+    )
+    temperature: float = Field(
+        1.0, gt=0, description="Distillation temperature applied to both distributions."
+    )
+    chunk_size: int | Auto = Field(
+        "auto",
+        description="Rows projected to [chunk, V] at a time. auto: resolved at run start from V.",
+    )
+    sampled_token_nll_weight: float = Field(
+        0.0, ge=0, description="Weight c of the auxiliary sampled-token NLL."
+    )
+    exact_max_vocab: int = Field(
+        8192,
+        ge=1,
+        description="Largest V for which exact_full_vocab is allowed with a swapped teacher.",
+    )
+    allow_large_exact: bool = Field(
+        False, description="Permit exact_full_vocab with a swapped teacher above exact_max_vocab."
+    )
+    entropy_threshold: float = Field(
+        0.8,
+        ge=0,
+        description="entropy_aware: teacher entropy h (nats) above which forward KL is added.",
+    )
+    entropy_forward_weight: float = Field(
+        1.0, ge=0, description="entropy_aware: weight alpha of the forward-KL term."
+    )
 
 
 class CacheConfig(_Section):
     enabled: bool = Field(True, description="Write teacher targets to the safetensors cache.")
     dir: str | None = Field(None, description="Cache directory. Default: <run>/teacher-cache.")
-    strict_policy_version: bool = Field(True, description="Refuse targets produced under another policy version (forced in opd).")
-    reuse_across_policy_versions: bool = Field(False, description="offline_kd only: reuse one frozen cache across updates.")
-    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Storage dtype of cached log-probabilities.")
+    strict_policy_version: bool = Field(
+        True, description="Refuse targets produced under another policy version (forced in opd)."
+    )
+    reuse_across_policy_versions: bool = Field(
+        False, description="offline_kd only: reuse one frozen cache across updates."
+    )
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32", description="Storage dtype of cached log-probabilities."
+    )
     max_entries_per_shard: int = Field(256, ge=1, description="Entries per shard file.")
-    keep_versions: int | None = Field(None, ge=1, description="Prune entries older than this many policy versions after each cycle (None: keep all).")
+    keep_versions: int | None = Field(
+        None,
+        ge=1,
+        description="Prune entries older than this many policy versions after each cycle (None: keep all).",
+    )
 
 
 class MemoryConfig(_Section):
-    strategy: Literal["resident", "swap", "auto"] = Field("auto", description="resident: both models on the device; swap: one at a time via the cache; auto: resident when it fits.")
-    oom_retries: int = Field(3, ge=0, description="Out-of-memory retries; each halves loss.chunk_size and nothing else.")
+    strategy: Literal["resident", "swap", "auto"] = Field(
+        "auto",
+        description="resident: both models on the device; swap: one at a time via the cache; auto: resident when it fits.",
+    )
+    oom_retries: int = Field(
+        3, ge=0, description="Out-of-memory retries; each halves loss.chunk_size and nothing else."
+    )
     min_chunk_size: int = Field(16, ge=1, description="Smallest chunk an OOM retry may reach.")
-    auto_swap_vram_headroom_gb: float = Field(2.0, ge=0, description="auto: free VRAM (GiB) that must remain after loading both models for resident.")
+    auto_swap_vram_headroom_gb: float = Field(
+        2.0,
+        ge=0,
+        description="auto: free VRAM (GiB) that must remain after loading both models for resident.",
+    )
 
 
 class TrainConfig(_Section):
     lr: float = Field(2e-3, gt=0, description="Peak AdamW learning rate.")
-    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Learning-rate schedule over all optimizer steps.")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Learning-rate schedule over all optimizer steps."
+    )
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps of the schedule.")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final lr / peak lr for linear and cosine.")
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Final lr / peak lr for linear and cosine."
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
-    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (None: no clipping).")
+    max_grad_norm: float | None = Field(
+        1.0, gt=0, description="Gradient clipping norm (None: no clipping)."
+    )
     cycles: int = Field(4, ge=0, description="KD/OPD cycles after the warm-up.")
     rollouts_per_cycle: int = Field(8, ge=1, description="Trajectories per cycle.")
-    gradient_accumulation_steps: int | Auto = Field("auto", description="Trajectories per optimizer group. auto: rollouts_per_cycle (one update per cycle).")
-    trajectory_batch_size: int | Auto = Field(1, description="Most trajectories in one padded forward. Mathematically neutral. auto: gradient_accumulation_steps.")
-    sft_warmup_cycles: int = Field(2, ge=0, description="Oracle-trace cross-entropy cycles before KD/OPD.")
+    gradient_accumulation_steps: int | Auto = Field(
+        "auto",
+        description="Trajectories per optimizer group. auto: rollouts_per_cycle (one update per cycle).",
+    )
+    trajectory_batch_size: int | Auto = Field(
+        1,
+        description="Most trajectories in one padded forward. Mathematically neutral. auto: gradient_accumulation_steps.",
+    )
+    sft_warmup_cycles: int = Field(
+        2, ge=0, description="Oracle-trace cross-entropy cycles before KD/OPD."
+    )
     sft_lr: float | None = Field(None, gt=0, description="Warm-up learning rate (None: train.lr).")
-    opd_freshness: Literal["strict", "replay"] = Field("strict", description="strict: one update per rollout version; replay: replay_passes updates, labelled online_distillation_with_replay.")
-    replay_passes: int = Field(1, ge=1, description="replay: optimizer passes over one rollout batch.")
-    checkpoint_every: int = Field(1, ge=1, description="Save a resumable checkpoint every N cycles.")
+    opd_freshness: Literal["strict", "replay"] = Field(
+        "strict",
+        description="strict: one update per rollout version; replay: replay_passes updates, labelled online_distillation_with_replay.",
+    )
+    replay_passes: int = Field(
+        1, ge=1, description="replay: optimizer passes over one rollout batch."
+    )
+    checkpoint_every: int = Field(
+        1, ge=1, description="Save a resumable checkpoint every N cycles."
+    )
 
     @field_validator("gradient_accumulation_steps", "trajectory_batch_size")
     @classmethod
@@ -203,28 +386,58 @@ class TrainConfig(_Section):
 
 
 class EvalConfig(_Section):
-    split: Literal["eval", "test"] = Field("eval", description="Held-out split for baseline, warm-up and final evaluation.")
-    max_tasks: int | None = Field(None, ge=1, description="Evaluate at most this many tasks of the split.")
-    temperature: float = Field(0.0, ge=0, description="Evaluation sampling temperature (0 = greedy).")
+    split: Literal["eval", "test"] = Field(
+        "eval", description="Held-out split for baseline, warm-up and final evaluation."
+    )
+    max_tasks: int | None = Field(
+        None, ge=1, description="Evaluate at most this many tasks of the split."
+    )
+    temperature: float = Field(
+        0.0, ge=0, description="Evaluation sampling temperature (0 = greedy)."
+    )
     baseline: bool = Field(True, description="Evaluate before training.")
     after_warmup: bool = Field(True, description="Evaluate after the SFT warm-up.")
 
 
-_SECTION_ORDER = ("run", "models", "environment", "rollout", "selection", "teacher", "loss", "cache", "memory", "train", "eval")
+_SECTION_ORDER = (
+    "run",
+    "models",
+    "environment",
+    "rollout",
+    "selection",
+    "teacher",
+    "loss",
+    "cache",
+    "memory",
+    "train",
+    "eval",
+)
 
 
 class RunConfig(_Section):
     """The whole recipe. Build it with :meth:`from_mapping` or :meth:`from_yaml`."""
 
     run: RunSection = Field(default_factory=RunSection, description="Identity, mode and seed.")
-    models: ModelsConfig = Field(default_factory=ModelsConfig, description="Backends for student and teacher.")
-    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="Tool environment and splits.")
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Episode bounds and sampling.")
-    selection: SelectionConfig = Field(default_factory=SelectionConfig, description="Which positions are supervised.")
-    teacher: TeacherConfig = Field(default_factory=TeacherConfig, description="Teacher context mode.")
+    models: ModelsConfig = Field(
+        default_factory=ModelsConfig, description="Backends for student and teacher."
+    )
+    environment: EnvironmentConfig = Field(
+        default_factory=EnvironmentConfig, description="Tool environment and splits."
+    )
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig, description="Episode bounds and sampling."
+    )
+    selection: SelectionConfig = Field(
+        default_factory=SelectionConfig, description="Which positions are supervised."
+    )
+    teacher: TeacherConfig = Field(
+        default_factory=TeacherConfig, description="Teacher context mode."
+    )
     loss: LossConfig = Field(default_factory=LossConfig, description="Objective.")
     cache: CacheConfig = Field(default_factory=CacheConfig, description="Teacher-target cache.")
-    memory: MemoryConfig = Field(default_factory=MemoryConfig, description="Device memory strategy.")
+    memory: MemoryConfig = Field(
+        default_factory=MemoryConfig, description="Device memory strategy."
+    )
     train: TrainConfig = Field(default_factory=TrainConfig, description="Optimization.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
 
@@ -239,12 +452,16 @@ class RunConfig(_Section):
     # -- construction -------------------------------------------------------------
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any] | None, *, source: str = "<mapping>") -> RunConfig:
+    def from_mapping(
+        cls, data: Mapping[str, Any] | None, *, source: str = "<mapping>"
+    ) -> RunConfig:
         """Validate a plain mapping, raising :class:`ConfigError` listing every problem."""
         if data is None:
             data = {}
         if not isinstance(data, Mapping):
-            raise ConfigError(f"{source}: a recipe must be a mapping of sections, got {type(data).__name__}")
+            raise ConfigError(
+                f"{source}: a recipe must be a mapping of sections, got {type(data).__name__}"
+            )
         try:
             return cls.model_validate(dict(data))
         except ValidationError as exc:
@@ -263,17 +480,24 @@ class RunConfig(_Section):
 
     def to_yaml(self) -> str:
         """Canonical YAML: fixed section order, sorted keys inside sections."""
-        return "\n".join(
-            yaml.safe_dump({key: value}, sort_keys=True, default_flow_style=False, allow_unicode=True).rstrip()
-            for key, value in self.to_dict().items()
-        ) + "\n"
+        return (
+            "\n".join(
+                yaml.safe_dump(
+                    {key: value}, sort_keys=True, default_flow_style=False, allow_unicode=True
+                ).rstrip()
+                for key, value in self.to_dict().items()
+            )
+            + "\n"
+        )
 
     def digest(self) -> str:
         """SHA-256 of :meth:`to_yaml`; identical configs have identical digests."""
         return hashlib.sha256(self.to_yaml().encode("utf-8")).hexdigest()
 
     def with_overrides(self, overrides: Iterable[str]) -> RunConfig:
-        return RunConfig.from_mapping(apply_overrides(self.to_dict(), overrides), source="<overrides>")
+        return RunConfig.from_mapping(
+            apply_overrides(self.to_dict(), overrides), source="<overrides>"
+        )
 
     # -- derived views ------------------------------------------------------------
 
@@ -299,7 +523,11 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
     if cfg.loss.divergence == "jsd" and cfg.loss.jsd_beta in (0.0, 1.0):
         which = "forward_kl" if cfg.loss.jsd_beta == 0.0 else "reverse_kl"
         yield f"loss.divergence: jsd needs 0 < loss.jsd_beta < 1, got {cfg.loss.jsd_beta}; use loss.divergence: {which} instead"
-    if cfg.loss.mode == "exact_full_vocab" and isinstance(cfg.loss.top_k, int) and cfg.loss.top_k != 1:
+    if (
+        cfg.loss.mode == "exact_full_vocab"
+        and isinstance(cfg.loss.top_k, int)
+        and cfg.loss.top_k != 1
+    ):
         yield f"loss.mode: exact_full_vocab uses the full teacher distribution, so an explicit loss.top_k: {cfg.loss.top_k} contradicts it; remove loss.top_k or use loss.mode: bucketed"
     if cfg.loss.mode == "bucketed" and isinstance(cfg.loss.top_k, int) and cfg.loss.top_k < 1:
         yield "loss.mode: bucketed needs loss.top_k >= 1 or 'auto'"
@@ -309,7 +537,9 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
         yield "loss.chunk_size must be >= 1 or 'auto'"
     if isinstance(cfg.loss.chunk_size, int) and cfg.loss.chunk_size < cfg.memory.min_chunk_size:
         yield f"loss.chunk_size {cfg.loss.chunk_size} is below memory.min_chunk_size {cfg.memory.min_chunk_size}"
-    quantized = [role for role in ("student", "teacher") if getattr(cfg.models, role).quantization != "none"]
+    quantized = [
+        role for role in ("student", "teacher") if getattr(cfg.models, role).quantization != "none"
+    ]
     if cfg.models.backend == "toy" and quantized:
         yield f"models.backend: toy cannot be quantized (models.{quantized[0]}.quantization); quantization needs the hf backend on CUDA"
     if cfg.models.backend == "toy":
@@ -363,7 +593,11 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
             yield "models.runtime: shared_backbone needs student and teacher to share one base (same model_id)"
     if cfg.eval.split == "test" and cfg.environment.test_tasks == 0:
         yield "eval.split: test needs environment.test_tasks > 0"
-    if cfg.eval.split == "eval" and cfg.environment.eval_tasks == 0 and (cfg.eval.baseline or cfg.eval.after_warmup):
+    if (
+        cfg.eval.split == "eval"
+        and cfg.environment.eval_tasks == 0
+        and (cfg.eval.baseline or cfg.eval.after_warmup)
+    ):
         yield "environment.eval_tasks is 0 but evaluation is enabled; set eval.baseline/after_warmup false or add eval tasks"
 
 
@@ -374,7 +608,10 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """Read a recipe file with ``yaml.safe_load`` (no object construction)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"recipe not found: {path}", hint="pass the path of a YAML recipe, e.g. recipes/toy_demo.yaml")
+        raise ConfigError(
+            f"recipe not found: {path}",
+            hint="pass the path of a YAML recipe, e.g. recipes/toy_demo.yaml",
+        )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -384,7 +621,9 @@ def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+        raise ConfigError(
+            f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}"
+        )
     return data
 
 
@@ -393,7 +632,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ConfigError(f"override {item!r} is not of the form section.key=value", hint="e.g. train.cycles=4 loss.divergence=reverse_kl")
+        raise ConfigError(
+            f"override {item!r} is not of the form section.key=value",
+            hint="e.g. train.cycles=4 loss.divergence=reverse_kl",
+        )
     parts = key.split(".")
     if any(not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in parts):
         raise ConfigError(f"override key {key!r} must be dotted identifiers, e.g. loss.top_k")
@@ -419,7 +661,9 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {'.'.join(parts[: depth + 1])} is not a section")
+                raise ConfigError(
+                    f"override {item!r}: {'.'.join(parts[: depth + 1])} is not a section"
+                )
             node = child
         node[parts[-1]] = value
     return result

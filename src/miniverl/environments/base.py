@@ -41,7 +41,9 @@ class ToolCall:
 
     def signature(self) -> str:
         """Canonical identity used by the repeated-call limit."""
-        return json.dumps({"name": self.name, "arguments": self.arguments}, sort_keys=True, default=str)
+        return json.dumps(
+            {"name": self.name, "arguments": self.arguments}, sort_keys=True, default=str
+        )
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,9 @@ class ToolEnvironment(abc.ABC):
         """Instructions and tool specs, without chat markers."""
 
     @abc.abstractmethod
-    def sample_task(self, rng: random.Random, difficulty: Difficulty) -> tuple[str, str, dict[str, Any]]:
+    def sample_task(
+        self, rng: random.Random, difficulty: Difficulty
+    ) -> tuple[str, str, dict[str, Any]]:
         """(prompt, answer, data) of one random task; used by :func:`make_splits`."""
 
     @abc.abstractmethod
@@ -126,6 +130,58 @@ class ToolEnvironment(abc.ABC):
         return {"name": self.name, "tools": [s.signature() for s in self.tool_specs()]}
 
 
+def _draw_distinct(
+    env: ToolEnvironment,
+    total: int,
+    rng: random.Random,
+    difficulty: Difficulty | Literal["mixed"],
+    exclude: set[str],
+) -> list[tuple[str, str, dict[str, Any], Difficulty]]:
+    """``total`` tasks with distinct prompts, none of them in ``exclude``."""
+    seen = set(exclude)
+    drawn: list[tuple[str, str, dict[str, Any], Difficulty]] = []
+    attempts = 0
+    while len(drawn) < total:
+        attempts += 1
+        if attempts > 200 * max(total, 1):
+            raise ToolEnvironmentError(
+                f"could only draw {len(drawn)} distinct {difficulty} tasks of {total} requested",
+                hint="request fewer tasks or a harder difficulty (more distinct tasks)",
+            )
+        level: Difficulty = DIFFICULTIES[len(drawn) % 3] if difficulty == "mixed" else difficulty
+        prompt, answer, data = env.sample_task(rng, level)
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        drawn.append((prompt, answer, data, level))
+    return drawn
+
+
+def sample_extra_tasks(
+    env: ToolEnvironment,
+    count: int,
+    seed: int,
+    difficulty: Difficulty | Literal["mixed"],
+    exclude: list[Task],
+    split: str = "teacher_pool",
+) -> list[Task]:
+    """``count`` further tasks whose prompts appear in none of ``exclude``.
+
+    Used for the toy teacher's fitting pool, so held-out tasks stay held out from the
+    teacher too.
+    """
+    drawn = _draw_distinct(
+        env, count, random.Random(seed), difficulty, exclude={t.prompt for t in exclude}
+    )
+    prefix = env.task_prefix or env.name
+    return [
+        Task(
+            task_id=f"{prefix}-{split}-{i}", prompt=p, answer=a, difficulty=lvl, split=split, data=d
+        )
+        for i, (p, a, d, lvl) in enumerate(drawn)
+    ]
+
+
 def make_splits(
     env: ToolEnvironment,
     counts: Mapping[str, int],
@@ -140,37 +196,31 @@ def make_splits(
     """
     unknown = set(counts) - set(SPLITS)
     if unknown:
-        raise ToolEnvironmentError(f"unknown split name(s) {sorted(unknown)}; expected {list(SPLITS)}")
+        raise ToolEnvironmentError(
+            f"unknown split name(s) {sorted(unknown)}; expected {list(SPLITS)}"
+        )
     if difficulty != "mixed" and difficulty not in DIFFICULTIES:
-        raise ToolEnvironmentError(f"unknown difficulty {difficulty!r}; expected one of {[*DIFFICULTIES, 'mixed']}")
+        raise ToolEnvironmentError(
+            f"unknown difficulty {difficulty!r}; expected one of {[*DIFFICULTIES, 'mixed']}"
+        )
     if any(int(n) < 0 for n in counts.values()):
         raise ToolEnvironmentError("split counts must be non-negative")
     total = sum(int(counts.get(s, 0)) for s in SPLITS)
-    rng = random.Random(seed)
-    seen: set[str] = set()
-    drawn: list[tuple[str, str, dict[str, Any], Difficulty]] = []
-    attempts = 0
-    max_attempts = 200 * max(total, 1)
-    while len(drawn) < total:
-        attempts += 1
-        if attempts > max_attempts:
-            raise ToolEnvironmentError(
-                f"could only draw {len(drawn)} distinct {difficulty} tasks of {total} requested",
-                hint="request fewer tasks or a harder difficulty (more distinct tasks)",
-            )
-        level: Difficulty = DIFFICULTIES[len(drawn) % 3] if difficulty == "mixed" else difficulty
-        prompt, answer, data = env.sample_task(rng, level)
-        if prompt in seen:
-            continue
-        seen.add(prompt)
-        drawn.append((prompt, answer, data, level))
+    drawn = _draw_distinct(env, total, random.Random(seed), difficulty, exclude=set())
     splits: dict[str, list[Task]] = {}
     prefix = env.task_prefix or env.name
     cursor = 0
     for split in SPLITS:
         n = int(counts.get(split, 0))
         splits[split] = [
-            Task(task_id=f"{prefix}-{split}-{i}", prompt=p, answer=a, difficulty=lvl, split=split, data=d)
+            Task(
+                task_id=f"{prefix}-{split}-{i}",
+                prompt=p,
+                answer=a,
+                difficulty=lvl,
+                split=split,
+                data=d,
+            )
             for i, (p, a, d, lvl) in enumerate(drawn[cursor : cursor + n])
         ]
         cursor += n

@@ -17,7 +17,15 @@ import time
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from miniverl.environments.base import Difficulty, OracleSolution, Task, ToolCall, ToolEnvironment, ToolResult, ToolSpec
+from miniverl.environments.base import (
+    Difficulty,
+    OracleSolution,
+    Task,
+    ToolCall,
+    ToolEnvironment,
+    ToolResult,
+    ToolSpec,
+)
 from miniverl.errors import ToolEnvironmentError
 from miniverl.schemas.trajectory import VerificationRecord
 
@@ -62,7 +70,11 @@ def _power(base: int | float, exponent: int | float) -> int | float:
         raise CalculatorError(f"exponent {exponent} is too large (limit {MAX_EXPONENT})")
     if base == 0 and exponent < 0:
         raise CalculatorError("division by zero")
-    if abs(base) > 1 and exponent > 0 and exponent * math.log10(abs(base)) > math.log10(MAX_ABS_RESULT):
+    if (
+        abs(base) > 1
+        and exponent > 0
+        and exponent * math.log10(abs(base)) > math.log10(MAX_ABS_RESULT)
+    ):
         raise CalculatorError(f"result exceeds {MAX_ABS_RESULT:.0e} in magnitude")
     return base**exponent
 
@@ -77,14 +89,18 @@ def safe_evaluate(expression: str) -> int | float:
     if not isinstance(expression, str):
         raise CalculatorError("expression must be a string")
     if len(expression) > MAX_EXPRESSION_CHARS:
-        raise CalculatorError(f"expression is too long ({len(expression)} characters, limit {MAX_EXPRESSION_CHARS})")
+        raise CalculatorError(
+            f"expression is too long ({len(expression)} characters, limit {MAX_EXPRESSION_CHARS})"
+        )
     if not expression.strip():
         raise CalculatorError("expression is empty")
     if expression.count("(") > MAX_DEPTH:
         raise CalculatorError(f"expression is nested too deeply (limit {MAX_DEPTH})")
     for literal in re.findall(r"\d+", expression):
         if len(literal) > MAX_LITERAL_DIGITS:
-            raise CalculatorError(f"number with {len(literal)} digits is too long (limit {MAX_LITERAL_DIGITS})")
+            raise CalculatorError(
+                f"number with {len(literal)} digits is too long (limit {MAX_LITERAL_DIGITS})"
+            )
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
@@ -113,7 +129,9 @@ def safe_evaluate(expression: str) -> int | float:
             if isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod) and right == 0:
                 raise CalculatorError("division by zero")
             return _check_magnitude(_BINOPS[type(node.op)](left, right))
-        raise CalculatorError(f"unsupported syntax: {type(node).__name__}; use numbers and + - * / // % ** ( )")
+        raise CalculatorError(
+            f"unsupported syntax: {type(node).__name__}; use numbers and + - * / // % ** ( )"
+        )
 
     return walk(tree, 0)
 
@@ -191,20 +209,26 @@ class CalculatorEnvironment(ToolEnvironment):
     def system_prompt(self) -> str:
         return _SYSTEM_PROMPTS[self.prompt_style]
 
-    def sample_task(self, rng: random.Random, difficulty: Difficulty) -> tuple[str, str, dict[str, Any]]:
+    def sample_task(
+        self, rng: random.Random, difficulty: Difficulty
+    ) -> tuple[str, str, dict[str, Any]]:
         if difficulty == "easy":
             a, b, op = rng.randint(1, 9), rng.randint(1, 9), rng.choice(_OPS)
             expression = f"{a} {op} {b}"
-            return f"Compute {expression} and report the value.", format_number(safe_evaluate(expression)), {
-                "expressions": [expression]
-            }
+            return (
+                f"Compute {expression} and report the value.",
+                format_number(safe_evaluate(expression)),
+                {"expressions": [expression]},
+            )
         if difficulty == "medium":
             a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(2, 20)
             op1, op2 = rng.choice(_OPS), rng.choice(_OPS)
             expression = f"({a} {op1} {b}) {op2} {c}"
-            return f"Compute {expression} and report the value.", format_number(safe_evaluate(expression)), {
-                "expressions": [expression]
-            }
+            return (
+                f"Compute {expression} and report the value.",
+                format_number(safe_evaluate(expression)),
+                {"expressions": [expression]},
+            )
         if difficulty == "hard":
             a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(2, 9)
             op = rng.choice(_OPS)
@@ -224,13 +248,23 @@ class CalculatorEnvironment(ToolEnvironment):
         self._steps += 1
         state = f"calc:{self._steps}"
         if call.name != "calculator":
-            return ToolResult(ok=False, error=f"unknown tool {call.name!r}; available: calculator", env_state_id=state)
+            return ToolResult(
+                ok=False,
+                error=f"unknown tool {call.name!r}; available: calculator",
+                env_state_id=state,
+            )
         extra = set(call.arguments) - {"expression"}
         if extra:
-            return ToolResult(ok=False, error=f"unexpected argument(s) {sorted(extra)}; calculator takes 'expression'", env_state_id=state)
+            return ToolResult(
+                ok=False,
+                error=f"unexpected argument(s) {sorted(extra)}; calculator takes 'expression'",
+                env_state_id=state,
+            )
         expression = call.arguments.get("expression")
         if not isinstance(expression, str):
-            return ToolResult(ok=False, error="missing string argument 'expression'", env_state_id=state)
+            return ToolResult(
+                ok=False, error="missing string argument 'expression'", env_state_id=state
+            )
         try:
             value = safe_evaluate(expression)
         except CalculatorError as exc:
@@ -240,11 +274,21 @@ class CalculatorEnvironment(ToolEnvironment):
     def verify(self, task: Task, answer: str) -> VerificationRecord:
         expected = task.answer
         if not answer.strip():
-            return VerificationRecord(solved=False, reward=0.0, predicted=answer, expected=expected, failure_category="empty_answer")
+            return VerificationRecord(
+                solved=False,
+                reward=0.0,
+                predicted=answer,
+                expected=expected,
+                failure_category="empty_answer",
+            )
         value = normalize_answer(answer)
         if value is None:
             return VerificationRecord(
-                solved=False, reward=0.0, predicted=answer, expected=expected, failure_category="unparseable_answer",
+                solved=False,
+                reward=0.0,
+                predicted=answer,
+                expected=expected,
+                failure_category="unparseable_answer",
                 detail="the final answer is not a number",
             )
         solved = value == Decimal(expected)

@@ -24,9 +24,13 @@ _REGISTRY: dict[str, EnvironmentFactory] = {"calculator": CalculatorEnvironment}
 def register(name: str, factory: EnvironmentFactory, *, replace: bool = False) -> None:
     """Register an environment factory in this process (used by examples and tests)."""
     if not re.match(ENVIRONMENT_NAME_PATTERN, name):
-        raise ToolEnvironmentError(f"environment name {name!r} must match {ENVIRONMENT_NAME_PATTERN}")
+        raise ToolEnvironmentError(
+            f"environment name {name!r} must match {ENVIRONMENT_NAME_PATTERN}"
+        )
     if name in _REGISTRY and not replace:
-        raise ToolEnvironmentError(f"environment {name!r} is already registered; pass replace=True to override")
+        raise ToolEnvironmentError(
+            f"environment {name!r} is already registered; pass replace=True to override"
+        )
     _REGISTRY[name] = factory
 
 
@@ -44,6 +48,8 @@ def make_environment(name: str, **params: Any) -> ToolEnvironment:
     try:
         env = factory(**params)
     except TypeError as exc:
-        raise ToolEnvironmentError(f"environment {name!r} rejected its params {sorted(params)}: {exc}") from None
+        raise ToolEnvironmentError(
+            f"environment {name!r} rejected its params {sorted(params)}: {exc}"
+        ) from None
     env.name = env.name or name
     return env

@@ -118,7 +118,9 @@ class FileSummary:
         }
 
 
-def summarize_file(path: str | Path, *, trajectory_id: str | None = None, limit: int = 5, spans: bool = False) -> FileSummary:
+def summarize_file(
+    path: str | Path, *, trajectory_id: str | None = None, limit: int = 5, spans: bool = False
+) -> FileSummary:
     """Validate every record of ``path`` and summarize it (or one trajectory of it).
 
     Raises ``SchemaValidationError`` naming ``<path>:<lineno>`` on the first bad record,
@@ -155,7 +157,14 @@ def summarize_file(path: str | Path, *, trajectory_id: str | None = None, limit:
             summary.rows.append(TrajectoryRow.of(t))
         if spans and trajectory_id is not None:
             summary.spans = [
-                SpanRow(s.span_type.value, s.start, s.end, s.length, s.is_model_generated, s.text[:SPAN_TEXT_PREVIEW])
+                SpanRow(
+                    s.span_type.value,
+                    s.start,
+                    s.end,
+                    s.length,
+                    s.is_model_generated,
+                    s.text[:SPAN_TEXT_PREVIEW],
+                )
                 for s in t.spans
             ]
     summary.policy_versions = sorted(versions)

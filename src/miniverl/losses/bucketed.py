@@ -66,7 +66,7 @@ def teacher_topk_targets(
     log_probs = torch.empty((n, k), dtype=dtype, device=device)
     tail = torch.empty(n, dtype=dtype, device=device)
     with torch.no_grad():
-        for rows in row_blocks(n, vocab):
+        for rows in row_blocks(n, vocab, device):
             x = teacher_logits[rows].detach().to(dtype) / temperature
             if bool(torch.isnan(x).any()):
                 raise ValueError("teacher logits contain NaN; top-k targets are undefined")
@@ -99,7 +99,7 @@ def teacher_entropy(teacher_logits: Tensor, temperature: float = 1.0) -> Tensor:
     n, vocab = teacher_logits.shape
     out = torch.empty(n, dtype=dtype, device=teacher_logits.device)
     with torch.no_grad():
-        for rows in row_blocks(n, vocab):
+        for rows in row_blocks(n, vocab, teacher_logits.device):
             t = scaled_log_softmax(teacher_logits[rows].detach(), temperature, dtype)
             out[rows] = _entropy_from_log_probs(t)
     return out
@@ -157,12 +157,13 @@ def bucketed_divergence(
     divergence = torch.empty(n, dtype=dtype, device=device)
     entropy = torch.empty(n, dtype=dtype, device=device)
     jacobian = torch.empty((n, vocab), dtype=dtype, device=device) if need_grad else None
+    lowest = torch.finfo(dtype).min
     with torch.no_grad():
-        for rows in row_blocks(n, vocab):
+        for rows in row_blocks(n, vocab, device):
             s = scaled_log_softmax(student_logits[rows], tau, dtype)
             block_ids = ids[rows]
-            in_tail = torch.ones_like(s, dtype=torch.bool).scatter_(-1, block_ids, False)
-            student_tail = torch.logsumexp(s.masked_fill(~in_tail, NEG_INF), dim=-1, keepdim=True)
+            tail_log_probs = s.scatter(-1, block_ids, NEG_INF)
+            student_tail = torch.logsumexp(tail_log_probs, dim=-1, keepdim=True)
             student_buckets = torch.cat([s.gather(-1, block_ids), student_tail], dim=-1)
             value, h, grad = divergence_terms(
                 student_buckets, teacher_buckets[rows], spec, need_grad=need_grad
@@ -170,10 +171,14 @@ def bucketed_divergence(
             divergence[rows] = value
             entropy[rows] = h
             if jacobian is not None and grad is not None:
-                topk_grad, tail_grad = grad[:, :-1], grad[:, -1:]
-                share_of_tail = torch.where(in_tail, (s - student_tail).exp(), 0.0)
-                spread = (tail_grad * share_of_tail).scatter_(-1, block_ids, topk_grad)
-                jacobian[rows] = (spread - s.exp() * grad.sum(-1, keepdim=True)) / tau
+                # p_S(v) / P_S(tail) for tail tokens, 0 on the top-k ids (and everywhere
+                # when the tail is empty: the clamp keeps −inf − (−inf) from giving NaN).
+                share_of_tail = tail_log_probs.sub_(student_tail.clamp(min=lowest)).exp_()
+                spread = share_of_tail.mul_(grad[:, -1:]).scatter_(-1, block_ids, grad[:, :-1])
+                centred = s.exp_().mul_(grad.sum(-1, keepdim=True))
+                torch.sub(spread, centred, out=jacobian[rows])
+                if tau != 1.0:
+                    jacobian[rows].div_(tau)
     return DivergenceOutput(
         divergence=attach_row_gradient(student_logits, divergence, jacobian),
         teacher_entropy=entropy,

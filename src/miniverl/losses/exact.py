@@ -15,10 +15,13 @@ so the autograd graph keeps one ``[N, V]`` tensor (that gradient) per call.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from miniverl.losses.numerics import (
+    NEG_INF,
     DivergenceOutput,
     DivergenceSpec,
     attach_row_gradient,
@@ -38,14 +41,69 @@ def _check_pair(student_logits: Tensor, teacher: Tensor) -> None:
         )
 
 
+def _finite_block(
+    s: Tensor, t: Tensor, spec: DivergenceSpec, jacobian: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Closed forms for a block whose student and teacher log-probs are all finite.
+
+    ``s``, ``t``: ``[R, V]`` log-probs at temperature τ. Writes dD/dz_S · τ into
+    ``jacobian`` (``[R, V]``) when given and returns ``(divergence [R], entropy [R])``.
+    With g = dD/ds from :func:`divergence_terms`, τ · dD/dz = g − p_S Σ g simplifies to
+      forward  p_S − p_T
+      reverse  p_S (s − t − D)
+      jsd      (1 − β) p_S (s − m − KL(p_S ‖ M))
+    Equivalent to the general path, without its zero-probability masks (boolean masks are
+    the slowest elementwise operations on CPU).
+    """
+    p_s = s.exp()
+    p_t = t.exp()
+    entropy = -torch.linalg.vecdot(p_t, t)
+    if spec.name == "forward_kl":
+        value = torch.linalg.vecdot(p_t, t - s)
+        if jacobian is not None:
+            torch.sub(p_s, p_t, out=jacobian)
+    elif spec.name == "jsd":
+        beta = spec.jsd_beta
+        log_m = torch.logaddexp(t + math.log(beta), s + math.log1p(-beta))
+        student_part = torch.linalg.vecdot(p_s, s - log_m)
+        value = beta * torch.linalg.vecdot(p_t, t - log_m) + (1.0 - beta) * student_part
+        if jacobian is not None:
+            log_m.neg_().add_(s).sub_(student_part.unsqueeze(-1)).mul_(p_s)
+            torch.mul(log_m, 1.0 - beta, out=jacobian)
+    else:
+        log_ratio = s - t
+        value = torch.linalg.vecdot(p_s, log_ratio)
+        gate = forward_value = None
+        if spec.name == "entropy_aware":
+            gate = (entropy > spec.entropy_threshold).to(value.dtype) * spec.entropy_forward_weight
+            forward_value = -torch.linalg.vecdot(p_t, log_ratio)
+        if jacobian is not None:
+            torch.mul(log_ratio.sub_(value.unsqueeze(-1)), p_s, out=jacobian)
+            if gate is not None:
+                jacobian.add_(gate.unsqueeze(-1) * (p_s - p_t))
+        if gate is not None and forward_value is not None:
+            value = value + gate * forward_value
+    return value, entropy
+
+
+def _general_block(
+    s: Tensor, t: Tensor, spec: DivergenceSpec, jacobian: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Any block, including ``-inf`` log-probs: :func:`divergence_terms` chained through
+    the softmax, τ · dD/dz = g − p_S Σ_v g_v."""
+    value, entropy, grad = divergence_terms(s, t, spec, need_grad=jacobian is not None)
+    if jacobian is not None and grad is not None:
+        torch.sub(grad, s.exp().mul_(grad.sum(-1, keepdim=True)), out=jacobian)
+    return value, entropy
+
+
 def exact_divergence_from_log_probs(
     student_logits: Tensor, teacher_log_probs: Tensor, spec: DivergenceSpec
 ) -> DivergenceOutput:
     """:func:`exact_divergence` with the teacher already as ``log_softmax(z_T / τ)``.
 
-    ``teacher_log_probs`` ``[N, V]`` must be in the compute dtype and on the student's
-    device. Live ``[N, V]`` buffers: the two inputs plus the returned gradient; everything
-    else is per row block.
+    ``teacher_log_probs`` ``[N, V]`` must be on the student's device. Live ``[N, V]``
+    buffers: the two inputs plus the returned gradient; everything else is per row block.
     """
     _check_pair(student_logits, teacher_log_probs)
     dtype = compute_dtype(student_logits, teacher_log_probs)
@@ -57,17 +115,15 @@ def exact_divergence_from_log_probs(
     entropy = torch.empty(n, dtype=dtype, device=device)
     jacobian = torch.empty((n, vocab), dtype=dtype, device=device) if need_grad else None
     with torch.no_grad():
-        for rows in row_blocks(n, vocab):
+        for rows in row_blocks(n, vocab, device):
             s = scaled_log_softmax(student_logits[rows], tau, dtype)
             t = teacher_log_probs[rows].to(dtype)
-            value, h, grad = divergence_terms(s, t, spec, need_grad=need_grad)
-            divergence[rows] = value
-            entropy[rows] = h
-            if jacobian is not None and grad is not None:
-                centred = s.exp_().mul_(grad.sum(-1, keepdim=True))
-                torch.sub(grad, centred, out=jacobian[rows])
-                if tau != 1.0:
-                    jacobian[rows].div_(tau)
+            finite = bool((s.min() > NEG_INF) & (t.min() > NEG_INF))
+            block = _finite_block if finite else _general_block
+            block_jacobian = jacobian[rows] if jacobian is not None else None
+            divergence[rows], entropy[rows] = block(s, t, spec, block_jacobian)
+            if block_jacobian is not None and tau != 1.0:
+                block_jacobian.div_(tau)
     return DivergenceOutput(
         divergence=attach_row_gradient(student_logits, divergence, jacobian),
         teacher_entropy=entropy,
@@ -167,16 +223,15 @@ def sampled_token_nll_unchecked(logits: Tensor, target_token_ids: Tensor) -> Ten
     nll = torch.empty(n, dtype=dtype, device=logits.device)
     jacobian = torch.empty((n, vocab), dtype=dtype, device=logits.device) if need_grad else None
     with torch.no_grad():
-        for rows in row_blocks(n, vocab):
+        for rows in row_blocks(n, vocab, logits.device):
             z = logits[rows].to(dtype)
             log_norm = torch.logsumexp(z, dim=-1, keepdim=True)
             nll[rows] = (log_norm - z.gather(-1, targets[rows])).squeeze(-1)
             if jacobian is not None:
-                grad = (z - log_norm).exp_()
-                grad.scatter_add_(
+                probs = torch.sub(z, log_norm, out=jacobian[rows]).exp_()
+                probs.scatter_add_(
                     -1, targets[rows], torch.full_like(targets[rows], -1, dtype=dtype)
                 )
-                jacobian[rows] = grad
     return attach_row_gradient(logits, nll, jacobian)
 
 

@@ -4,8 +4,10 @@ One routine, :func:`divergence_terms`, holds the mathematics of every divergence
 on any pair of normalised log-probability tensors ``[R, M]``: the full vocabulary
 (``M = V``, exact supervision) or the K + 1 buckets of top-k + tail supervision. It
 returns the divergence, the teacher entropy and the gradient of the divergence with
-respect to the student log-probabilities, all in closed form. The exact and bucketed
-modules only chain that gradient back to the student logits.
+respect to the student log-probabilities, all in closed form. The bucketed module chains
+that gradient back to the student logits; the exact module does too for blocks that hold a
+zero probability, and uses the simplified closed forms (``exact._finite_block``) for the
+usual all-finite blocks.
 
 Gradients are computed in the forward pass and attached to the student logits by
 :func:`attach_row_gradient` (the pattern of Liger-Kernel's fused linear losses). Autograd
@@ -34,10 +36,12 @@ DIVERGENCE_NAMES: tuple[str, ...] = get_args(DivergenceName)
 
 NEG_INF = float("-inf")
 
-# Elements per row block. At V = 151,936 this is 3 rows (2 MiB per float32 temporary), so
-# temporaries stay cache-sized and below glibc's mmap threshold instead of being mapped and
-# page-faulted afresh on every block.
-_BLOCK_ELEMENTS = 1 << 19
+# Elements per row block. On CPU, 2^19 (3 rows at V = 151,936, 2 MiB per float32
+# temporary) keeps temporaries cache-sized and under glibc's mmap threshold, so they are not
+# mapped and page-faulted afresh for every block. On an accelerator, 2^22 (27 rows, 16 MiB)
+# keeps kernel launches few while the ~8 temporaries stay near one [256, V] chunk buffer.
+_CPU_BLOCK_ELEMENTS = 1 << 19
+_ACCELERATOR_BLOCK_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -118,9 +122,10 @@ def compute_dtype(*tensors: Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def row_blocks(num_rows: int, row_width: int) -> Iterator[slice]:
-    """Slices of consecutive rows holding about ``_BLOCK_ELEMENTS`` elements each."""
-    step = max(1, _BLOCK_ELEMENTS // max(1, row_width))
+def row_blocks(num_rows: int, row_width: int, device: torch.device) -> Iterator[slice]:
+    """Slices of consecutive rows, a few MiB of elements each (see the block sizes above)."""
+    elements = _CPU_BLOCK_ELEMENTS if device.type == "cpu" else _ACCELERATOR_BLOCK_ELEMENTS
+    step = max(1, elements // max(1, row_width))
     for start in range(0, num_rows, step):
         yield slice(start, min(start + step, num_rows))
 
@@ -132,7 +137,7 @@ def scaled_log_softmax(logits: Tensor, temperature: float, dtype: torch.dtype) -
     result (no upcast copy and no scaled copy of the input).
     """
     out = torch.empty(logits.shape, dtype=dtype, device=logits.device)
-    for rows in row_blocks(logits.shape[0], logits.shape[-1]):
+    for rows in row_blocks(logits.shape[0], logits.shape[-1], logits.device):
         block = logits[rows].to(dtype)
         if temperature != 1.0:
             block = block / temperature
@@ -152,9 +157,10 @@ def divergence_terms(
     Both inputs are normalised log-probabilities over the same M outcomes (the vocabulary,
     or the K + 1 buckets). A term whose weight p(v) is 0 (a ``-inf`` log-prob, an empty
     tail bucket, or a probability below the dtype's range) contributes 0, so none of them
-    produces NaN; reverse KL against a teacher zero where p_S(v) > 0 is +inf, as it should. Returns ``(divergence [R], teacher_entropy [R], grad [R, M] or
-    None)``, where ``grad`` treats the student log-probabilities as free coordinates; the
-    callers chain it through the softmax (and the bucket projection).
+    produces NaN; reverse KL against a teacher zero where p_S(v) > 0 is +inf, as it
+    should. Returns ``(divergence [R], teacher_entropy [R], grad [R, M] or None)``, where
+    ``grad`` treats the student log-probabilities as free coordinates; the callers chain it
+    through the softmax (and the bucket projection).
 
     Gradients with respect to s = log p_S (m = log M for jsd):
       forward  D = Σ p_T (t − s)                    dD/ds = −p_T

@@ -32,9 +32,11 @@ from miniverl.models.base import BackendCapabilities, GenerationResult, PaddedTr
 from miniverl.models.sampling import (
     check_right_padded,
     eval_mode,
-    load_parameters,
+    gather_positions,
+    load_trainable_state,
     position_tensor,
     run_generation,
+    trainable_state,
 )
 from miniverl.models.tokenizers import cached_snapshot, load_hf_tokenizer, load_pretrained
 from miniverl.utils.lazy import require
@@ -400,7 +402,7 @@ class HFBackend:
         flat_index = batch.flat_index.to(self._device)
         with torch.set_grad_enabled(with_grad):
             hidden, _ = self._backbone_forward(ids, mask)
-            return hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat_index)
+            return gather_positions(hidden, flat_index)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head: ``[N, H] -> [N, V]`` logits in the model dtype (``V`` = output rows)."""
@@ -414,17 +416,14 @@ class HFBackend:
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Adapter tensors only when LoRA is on, every parameter otherwise (CPU copies)."""
-        return {
-            name: p.detach().to("cpu", copy=True).contiguous()
-            for name, p in self.model.named_parameters()
-            if p.requires_grad
-        }
+        return trainable_state(self.model)
 
     def load_trainable_state_dict(
         self, state: Mapping[str, torch.Tensor], *, strict: bool = True
     ) -> None:
-        targets = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
-        load_parameters(targets, state, strict=strict, what=f"trainable state of {self.model_id!r}")
+        load_trainable_state(
+            self.model, state, strict=strict, what=f"trainable state of {self.model_id!r}"
+        )
 
     def __repr__(self) -> str:
         released = " released" if self._model is None else ""

@@ -250,14 +250,43 @@ def load_parameters(
             param.copy_(state[name].to(device=param.device, dtype=param.dtype))
 
 
+def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters that require grad, as detached CPU copies.
+
+    Copies, not views: on CPU ``.to("cpu")`` would alias the live weights, and a saved
+    checkpoint (or the swap strategy's host copy) must not keep changing with training.
+    """
+    return {
+        name: p.detach().to("cpu", copy=True).contiguous()
+        for name, p in module.named_parameters()
+        if p.requires_grad
+    }
+
+
+def load_trainable_state(
+    module: torch.nn.Module, state: Mapping[str, torch.Tensor], *, strict: bool, what: str
+) -> None:
+    """Inverse of :func:`trainable_state`, with the name and shape checks of :func:`load_parameters`."""
+    targets = {name: p for name, p in module.named_parameters() if p.requires_grad}
+    load_parameters(targets, state, strict=strict, what=what)
+
+
+def gather_positions(hidden: torch.Tensor, flat_index: torch.Tensor) -> torch.Tensor:
+    """``[B, T, H]`` -> ``[N, H]`` rows at ``flat_index`` into the flattened ``B * T`` axis."""
+    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat_index)
+
+
 __all__ = [
     "StepFn",
     "check_right_padded",
     "eval_mode",
     "first_stop_sequence",
+    "gather_positions",
     "load_parameters",
+    "load_trainable_state",
     "position_tensor",
     "recompute_step",
     "run_generation",
     "sample_next_token",
+    "trainable_state",
 ]

@@ -30,12 +30,16 @@ from torch import nn
 
 from miniverl.errors import BackendError, ConfigError, TrajectoryError
 from miniverl.models.base import BackendCapabilities, GenerationResult, PaddedTrajectoryBatch
+from miniverl.models.batching import build_padded_trajectory_batch
 from miniverl.models.sampling import (
     check_right_padded,
     eval_mode,
+    gather_positions,
     load_parameters,
+    load_trainable_state,
     position_tensor,
     run_generation,
+    trainable_state,
 )
 from miniverl.models.tokenizers import TOY_VOCAB_SIZE
 
@@ -475,7 +479,7 @@ class ToyBackend:
         flat_index = batch.flat_index.to(self._device)
         with torch.set_grad_enabled(with_grad):
             hidden, _ = module(ids)
-            return hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat_index)
+            return gather_positions(hidden, flat_index)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head: ``[N, H] -> [N, V]`` logits."""
@@ -488,17 +492,14 @@ class ToyBackend:
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """LoRA factors when adapters are on, every parameter otherwise (CPU copies)."""
-        return {
-            name: p.detach().to("cpu", copy=True).contiguous()
-            for name, p in self.module.named_parameters()
-            if p.requires_grad
-        }
+        return trainable_state(self.module)
 
     def load_trainable_state_dict(
         self, state: Mapping[str, torch.Tensor], *, strict: bool = True
     ) -> None:
-        targets = {name: p for name, p in self.module.named_parameters() if p.requires_grad}
-        load_parameters(targets, state, strict=strict, what=f"trainable state of {self.model_id!r}")
+        load_trainable_state(
+            self.module, state, strict=strict, what=f"trainable state of {self.model_id!r}"
+        )
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter as a detached, contiguous CPU tensor (safetensors-ready: no shared storage)."""
@@ -654,25 +655,16 @@ def _checked_example(
 def _fit_batch(
     rows: Sequence[tuple[list[int], list[int]]], pad_id: int, device: str
 ) -> tuple[PaddedTrajectoryBatch, torch.Tensor, torch.Tensor]:
-    """Right-padded batch, target ids ``[N]`` and per-row normalized weights ``[N]``."""
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    row_index, positions, target_ids, weights = [], [], [], []
-    for r, (ids, targets) in enumerate(rows):
-        input_ids[r, : len(ids)] = torch.tensor(ids)
-        attention[r, : len(ids)] = 1
-        row_index += [r] * len(targets)
-        positions += [j - 1 for j in targets]
-        target_ids += [ids[j] for j in targets]
-        weights += [1.0 / len(targets)] * len(targets)
-    batch = PaddedTrajectoryBatch(
-        input_ids=input_ids.to(device),
-        attention_mask=attention.to(device),
-        row_index=torch.tensor(row_index, dtype=torch.long, device=device),
-        position_index=torch.tensor(positions, dtype=torch.long, device=device),
-        row_sizes=[len(t) for _, t in rows],
+    """Right-padded batch, target ids ``[N]`` and per-row normalized weights ``[N]``.
+
+    Each example's targets ``j`` are gathered at prediction positions ``j - 1``
+    (``_checked_example`` has already refused ``j = 0``).
+    """
+    batch = build_padded_trajectory_batch(
+        [ids for ids, _ in rows], [[j - 1 for j in targets] for _, targets in rows], pad_id, device
     )
+    target_ids = [ids[j] for ids, targets in rows for j in targets]
+    weights = [1.0 / len(targets) for _, targets in rows for _ in targets]
     return (
         batch,
         torch.tensor(target_ids, dtype=torch.long, device=device),

@@ -22,7 +22,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 SPAN_COLORS: dict[str, str] = {
     "system": "#9e9e9e",
@@ -58,7 +59,12 @@ def inline_svg(fig: Figure) -> str:
     """Serialize ``fig`` to an ``<svg>`` element that references nothing outside itself."""
     buffer = io.StringIO()
     with matplotlib.rc_context(_RC):
-        fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+        fig.savefig(
+            buffer,
+            format="svg",
+            bbox_inches="tight",
+            metadata={"Date": None, "Creator": None, "Format": None, "Type": None},
+        )
     return sanitize_svg(buffer.getvalue(), prefix=f"f{next(_counter)}-")
 
 
@@ -85,7 +91,9 @@ def _finite(values: Sequence[float | None]) -> list[float]:
     return [float(v) for v in values if v is not None and math.isfinite(float(v))]
 
 
-def learning_curves(steps: Sequence[Mapping[str, object]], series: Sequence[tuple[str, str]]) -> str:
+def learning_curves(
+    steps: Sequence[Mapping[str, object]], series: Sequence[tuple[str, str]]
+) -> str:
     """One small panel per ``(field, title)`` against ``global_optimizer_step``, colored by phase."""
     fig = _figure(2.3 * len(series), 2.3)
     with matplotlib.rc_context(_RC):
@@ -96,16 +104,37 @@ def learning_curves(steps: Sequence[Mapping[str, object]], series: Sequence[tupl
                 xs, ys = [], []
                 for s in steps:
                     value = s.get(key)
-                    if s.get("phase") == phase and isinstance(value, int | float) and math.isfinite(float(value)):
+                    if (
+                        s.get("phase") == phase
+                        and isinstance(value, int | float)
+                        and math.isfinite(float(value))
+                    ):
                         xs.append(s.get("global_optimizer_step"))
                         ys.append(float(value))
                 if xs:
-                    ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, color=PHASE_COLORS.get(phase, _DEFAULT_COLOR), label=phase)
+                    ax.plot(
+                        xs,
+                        ys,
+                        marker="o",
+                        markersize=3,
+                        linewidth=1.2,
+                        color=PHASE_COLORS.get(phase, _DEFAULT_COLOR),
+                        label=phase,
+                    )
             ax.set_title(title)
             ax.set_xlabel("optimizer step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
             if not ax.lines:
-                ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes, color="#777777")
+                ax.text(
+                    0.5,
+                    0.5,
+                    "not recorded",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                    color="#777777",
+                )
         handles, labels = axes[0].get_legend_handles_labels()
         if len(labels) > 1:
             axes[0].legend(handles, labels, fontsize=7, frameon=False)
@@ -121,7 +150,14 @@ def success_bars(stages: Sequence[tuple[str, float]]) -> str:
         values = [100.0 * rate for _, rate in stages]
         bars = ax.bar(labels, values, color=_DEFAULT_COLOR, width=0.6)
         for bar, value in zip(bars, values, strict=True):
-            ax.text(bar.get_x() + bar.get_width() / 2, value + 1.5, f"{value:.1f}%", ha="center", va="bottom", fontsize=8)
+            ax.text(
+                bar.get_x() + bar.get_width() / 2,
+                value + 1.5,
+                f"{value:.1f}%",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
         ax.set_ylim(0, 112)
         ax.set_ylabel("held-out success (%)")
         ax.grid(axis="y", alpha=0.3)
@@ -139,31 +175,59 @@ def counts_bars(title: str, counts: Mapping[str, Mapping[str, int]]) -> str:
         palette = ["#264653", "#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#8d6cab"]
         for i, source in enumerate(sources):
             ys = [j + i * height for j in range(len(categories))]
-            ax.barh(ys, [counts[source].get(c, 0) for c in categories], height=height, label=source, color=palette[i % len(palette)])
-        ax.set_yticks([j + height * (len(sources) - 1) / 2 for j in range(len(categories))], categories)
+            ax.barh(
+                ys,
+                [counts[source].get(c, 0) for c in categories],
+                height=height,
+                label=source,
+                color=palette[i % len(palette)],
+            )
+        ax.set_yticks(
+            [j + height * (len(sources) - 1) / 2 for j in range(len(categories))], categories
+        )
         ax.invert_yaxis()
         ax.set_title(title)
         ax.set_xlabel("trajectories")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(axis="x", alpha=0.3)
         if len(sources) > 1:
             ax.legend(fontsize=7, frameon=False)
     return inline_svg(fig)
 
 
-def entropy_figure(steps: Sequence[Mapping[str, object]], by_span: Mapping[str, Sequence[float]], threshold: float | None) -> str:
+def entropy_figure(
+    steps: Sequence[Mapping[str, object]],
+    by_span: Mapping[str, Sequence[float]],
+    threshold: float | None,
+) -> str:
     """Teacher entropy: the per-step mean and the per-token distribution by span type."""
     fig = _figure(7.2, 2.4)
     with matplotlib.rc_context(_RC):
         left, right = fig.subplots(1, 2)
-        xs = [s["global_optimizer_step"] for s in steps if isinstance(s.get("teacher_entropy_mean"), int | float)]
-        ys = [float(s["teacher_entropy_mean"]) for s in steps if isinstance(s.get("teacher_entropy_mean"), int | float)]  # type: ignore[arg-type]
+        xs = [
+            s["global_optimizer_step"]
+            for s in steps
+            if isinstance(s.get("teacher_entropy_mean"), int | float)
+        ]
+        ys = [
+            float(s["teacher_entropy_mean"])
+            for s in steps
+            if isinstance(s.get("teacher_entropy_mean"), int | float)
+        ]  # type: ignore[arg-type]
         if xs:
             left.plot(xs, ys, marker="o", markersize=3, color=_DEFAULT_COLOR)
         if threshold is not None:
-            left.axhline(threshold, linestyle="--", linewidth=1, color="#e76f51", label=f"threshold {threshold:g}")
+            left.axhline(
+                threshold,
+                linestyle="--",
+                linewidth=1,
+                color="#e76f51",
+                label=f"threshold {threshold:g}",
+            )
             left.legend(fontsize=7, frameon=False)
         left.set_title("mean teacher entropy per step (nats)")
         left.set_xlabel("optimizer step")
+        left.xaxis.set_major_locator(MaxNLocator(integer=True))
         left.grid(alpha=0.3)
         series = {k: _finite(v) for k, v in by_span.items() if _finite(v)}
         if series:
@@ -176,7 +240,15 @@ def entropy_figure(steps: Sequence[Mapping[str, object]], by_span: Mapping[str, 
             )
             right.legend(fontsize=7, frameon=False)
         else:
-            right.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=right.transAxes, color="#777777")
+            right.text(
+                0.5,
+                0.5,
+                "not recorded",
+                ha="center",
+                va="center",
+                transform=right.transAxes,
+                color="#777777",
+            )
         right.set_title("teacher entropy per selected token (last cycle)")
         right.set_xlabel("nats")
         right.grid(alpha=0.3)
@@ -198,9 +270,23 @@ def benchmark_bars(
         axes = fig.subplots(1, panels, squeeze=False)[0]
         xs = list(range(len(arms)))
         values = [100.0 * (m or 0.0) for m in means]
-        lower = [0.0 if s is None else 100.0 * (m or 0.0) - 100.0 * s[0] for m, s in zip(means, spreads, strict=True)]
-        upper = [0.0 if s is None else 100.0 * s[1] - 100.0 * (m or 0.0) for m, s in zip(means, spreads, strict=True)]
-        axes[0].bar(xs, values, color=_DEFAULT_COLOR, width=0.6, yerr=[lower, upper], capsize=4, ecolor="#444444")
+        lower = [
+            0.0 if s is None else 100.0 * (m or 0.0) - 100.0 * s[0]
+            for m, s in zip(means, spreads, strict=True)
+        ]
+        upper = [
+            0.0 if s is None else 100.0 * s[1] - 100.0 * (m or 0.0)
+            for m, s in zip(means, spreads, strict=True)
+        ]
+        axes[0].bar(
+            xs,
+            values,
+            color=_DEFAULT_COLOR,
+            width=0.6,
+            yerr=[lower, upper],
+            capsize=4,
+            ecolor="#444444",
+        )
         axes[0].set_xticks(xs, list(arms), rotation=30, ha="right")
         axes[0].set_ylim(0, 112)
         axes[0].set_ylabel("held-out final success (%)")
@@ -208,15 +294,34 @@ def benchmark_bars(
         axes[0].grid(axis="y", alpha=0.3)
         if panels == 2:
             ax = axes[1]
-            dvals = [100.0 * (d or 0.0) for d in deltas]
-            dlo = [0.0 if iv is None else 100.0 * (d or 0.0) - 100.0 * iv[0] for d, iv in zip(deltas, intervals, strict=True)]
-            dhi = [0.0 if iv is None else 100.0 * iv[1] - 100.0 * (d or 0.0) for d, iv in zip(deltas, intervals, strict=True)]
+            keep = [i for i, d in enumerate(deltas) if d is not None]
+            dvals = [100.0 * float(deltas[i] or 0.0) for i in keep]
+            dlo = [
+                0.0 if intervals[i] is None else v - 100.0 * intervals[i][0]
+                for i, v in zip(keep, dvals, strict=True)
+            ]  # type: ignore[index]
+            dhi = [
+                0.0 if intervals[i] is None else 100.0 * intervals[i][1] - v
+                for i, v in zip(keep, dvals, strict=True)
+            ]  # type: ignore[index]
             colors = ["#2a9d8f" if v >= 0 else "#e76f51" for v in dvals]
-            ax.bar(xs, dvals, color=colors, width=0.6, yerr=[dlo, dhi], capsize=4, ecolor="#444444")
+            ax.bar(
+                range(len(keep)),
+                dvals,
+                color=colors,
+                width=0.6,
+                yerr=[dlo, dhi],
+                capsize=4,
+                ecolor="#444444",
+            )
             ax.axhline(0, color="#444444", linewidth=0.8)
-            ax.set_xticks(xs, list(arms), rotation=30, ha="right")
+            ax.set_xticks(range(len(keep)), [arms[i] for i in keep], rotation=30, ha="right")
             ax.set_ylabel("percentage points")
-            ax.set_title(f"difference to {baseline_arm} (bars: 95% interval)")
+            has_interval = any(intervals[i] is not None for i in keep)
+            ax.set_title(
+                f"difference to {baseline_arm}"
+                + (" (bars: 95% interval)" if has_interval else " (no interval below 3 seeds)")
+            )
             ax.grid(axis="y", alpha=0.3)
     return inline_svg(fig)
 

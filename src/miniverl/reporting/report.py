@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,7 +32,12 @@ from markupsafe import Markup
 from miniverl import __version__
 from miniverl.errors import RunDirectoryError
 from miniverl.reporting import plots
-from miniverl.schemas.trajectory import CONTEXT_SPAN_TYPES, MODEL_GENERATED_SPAN_TYPES, SpanType, Trajectory
+from miniverl.schemas.trajectory import (
+    CONTEXT_SPAN_TYPES,
+    MODEL_GENERATED_SPAN_TYPES,
+    SpanType,
+    Trajectory,
+)
 from miniverl.trajectory.io import iter_trajectories
 from miniverl.utils.io import atomic_write_text, read_json
 from miniverl.utils.runs import RunPaths
@@ -95,10 +101,24 @@ def fmt_pct(rate: Any) -> str:
 
 
 def fmt_lr(value: Any) -> str:
-    return f"{value:.3e}" if isinstance(value, int | float) and not isinstance(value, bool) else NOT_RECORDED
+    """Learning rates span orders of magnitude, so they get scientific notation."""
+    return (
+        f"{value:.3e}"
+        if isinstance(value, int | float) and not isinstance(value, bool)
+        else NOT_RECORDED
+    )
+
+
+_NUMERIC_CELL = re.compile(r"^[+-]?(\d[\d,]*(\.\d+)?(e[+-]?\d+)?|nan|inf)(%| pp)?( ± [\d.]+%?)?$")
+
+
+def looks_numeric(cell: str) -> bool:
+    """Right-align cells that are a number (with an optional unit and spread)."""
+    return bool(_NUMERIC_CELL.match(cell))
 
 
 def fmt_counts(counts: Mapping[str, Any] | None) -> str:
+    """A small counter as one cell (``a 3, b 1``), keeping the recorded order."""
     if not counts:
         return NOT_RECORDED
     return ", ".join(f"{k} {v}" for k, v in counts.items())
@@ -119,6 +139,8 @@ class Table:
 
 @dataclass
 class Figure:
+    """An already sanitized inline SVG (see :func:`plots.inline_svg`) and its caption."""
+
     svg: str
     caption: str
 
@@ -137,6 +159,8 @@ class TokenPiece:
 
 @dataclass
 class TokenView:
+    """One trajectory rendered span by span, for the per-token section of the HTML."""
+
     trajectory_id: str
     description: str
     pieces: list[TokenPiece]
@@ -145,6 +169,8 @@ class TokenView:
 
 @dataclass
 class Section:
+    """One report section: the unit both renderings iterate over."""
+
     key: str
     notes: list[str] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
@@ -255,9 +281,16 @@ def load_run(run_dir: str | Path) -> RunData:
     """Read every artifact the report uses from ``run_dir``."""
     paths = RunPaths(run_dir)
     if not paths.root.is_dir():
-        raise RunDirectoryError(f"{paths.root} is not a directory", hint="pass a run directory written by 'miniverl train' or 'miniverl benchmark'")
+        raise RunDirectoryError(
+            f"{paths.root} is not a directory",
+            hint="pass a run directory written by 'miniverl train' or 'miniverl benchmark'",
+        )
     metrics = read_jsonl(paths.metrics)
-    config_text = paths.config_resolved.read_text(encoding="utf-8") if paths.config_resolved.is_file() else None
+    config_text = (
+        paths.config_resolved.read_text(encoding="utf-8")
+        if paths.config_resolved.is_file()
+        else None
+    )
     config = yaml.safe_load(config_text) if config_text else None
     data = RunData(
         paths=paths,
@@ -322,9 +355,15 @@ def _identity(data: RunData) -> Section:
     m = data.manifest or {}
     section = Section("identity")
     if not data.manifest:
-        section.notes.append(f"{data.paths.manifest.name} not found: identity fields are limited to what the other artifacts record.")
+        section.notes.append(
+            f"{data.paths.manifest.name} not found: identity fields are limited to what the other artifacts record."
+        )
     run_end = [e for e in data.events if e.get("event") == "run_end"]
-    status = run_end[-1].get("status") if run_end else ("unknown (no run_end event)" if data.events else NOT_RECORDED)
+    status = (
+        run_end[-1].get("status")
+        if run_end
+        else ("unknown (no run_end event)" if data.events else NOT_RECORDED)
+    )
     env = m.get("environment") or {}
     splits = env.get("split_sizes") or {}
     models = m.get("models") or {}
@@ -338,7 +377,9 @@ def _identity(data: RunData) -> Section:
         parts = [str(spec.get("model_id"))]
         if spec.get("revision"):
             parts.append(f"@{spec['revision']}")
-        parts.append(f"({spec.get('precision') or 'auto'}, quantization {spec.get('quantization') or 'none'})")
+        parts.append(
+            f"({spec.get('precision') or 'auto'}, quantization {spec.get('quantization') or 'none'})"
+        )
         return " ".join(parts)
 
     digest = m.get("config_digest") or summary.get("config_digest")
@@ -349,7 +390,12 @@ def _identity(data: RunData) -> Section:
         ["miniverl version", str(m.get("miniverl_version") or NOT_RECORDED)],
         ["git commit", str(m.get("git_commit") or NOT_RECORDED)],
         ["mode", str(m.get("mode") or summary.get("mode") or NOT_RECORDED)],
-        ["objective", str((m.get("objective") or {}).get("label") or summary.get("objective") or NOT_RECORDED)],
+        [
+            "objective",
+            str(
+                (m.get("objective") or {}).get("label") or summary.get("objective") or NOT_RECORDED
+            ),
+        ],
         ["seed", fmt_num(m.get("seed"))],
         ["deterministic", fmt_num(m.get("deterministic"))],
         ["config digest (sha256)", str(digest or NOT_RECORDED)],
@@ -357,9 +403,17 @@ def _identity(data: RunData) -> Section:
         ["split sizes", ", ".join(f"{k} {v}" for k, v in splits.items()) or NOT_RECORDED],
         ["student", model_cell("student")],
         ["teacher", model_cell("teacher")],
-        ["tokenizer", f"fingerprint {str(tok.get('fingerprint', NOT_RECORDED))[:16]}…, vocab {tok.get('vocab_size', NOT_RECORDED)}" if tok else NOT_RECORDED],
+        [
+            "tokenizer",
+            f"fingerprint {str(tok.get('fingerprint', NOT_RECORDED))[:16]}…, vocab {tok.get('vocab_size', NOT_RECORDED)}"
+            if tok
+            else NOT_RECORDED,
+        ],
         ["optimizer steps", fmt_num(_optimizer_steps(data))],
-        ["parameter version", fmt_num(summary.get("parameter_version", m.get("parameter_version")))],
+        [
+            "parameter version",
+            fmt_num(summary.get("parameter_version", m.get("parameter_version"))),
+        ],
         ["wall clock (s)", fmt_num(summary.get("seconds"), 2)],
         ["python", str((m.get("python") or {}).get("version") or NOT_RECORDED)],
         ["os", " ".join(str(v) for v in (m.get("os") or {}).values()) or NOT_RECORDED],
@@ -372,6 +426,10 @@ def _identity(data: RunData) -> Section:
                 ["toy teacher fit", "value"],
                 [
                     ["fit steps", fmt_num(toy.get("steps"))],
+                    [
+                        "fit tasks (of which extra, outside every split)",
+                        f"{fmt_num(toy.get('fit_tasks'))} ({fmt_num(toy.get('extra_tasks'))})",
+                    ],
                     ["final loss", fmt_num(toy.get("final_loss"))],
                     ["greedy success (train)", fmt_pct(toy.get("train_success"))],
                     ["greedy success (held-out)", fmt_pct(toy.get("heldout_success"))],
@@ -387,9 +445,25 @@ def _identity(data: RunData) -> Section:
 
 
 _OBJECTIVE_ORDER = (
-    "label", "mode", "divergence", "loss_mode", "supervision_shape", "top_k", "temperature", "jsd_beta",
-    "sampled_token_nll_weight", "entropy_threshold", "entropy_forward_weight", "selector", "selection_ratio",
-    "teacher_mode", "opd_freshness", "replay_passes", "group_size", "trajectory_batch_size", "sft_warmup_cycles",
+    "label",
+    "mode",
+    "divergence",
+    "loss_mode",
+    "supervision_shape",
+    "top_k",
+    "temperature",
+    "jsd_beta",
+    "sampled_token_nll_weight",
+    "entropy_threshold",
+    "entropy_forward_weight",
+    "selector",
+    "selection_ratio",
+    "teacher_mode",
+    "opd_freshness",
+    "replay_passes",
+    "group_size",
+    "trajectory_batch_size",
+    "sft_warmup_cycles",
 )
 
 
@@ -400,7 +474,9 @@ def _objective(data: RunData) -> Section:
     if not objective:
         section.notes.append(f"No objective block ({data.paths.manifest.name} not found).")
         return section
-    keys = [k for k in _OBJECTIVE_ORDER if k in objective] + sorted(k for k in objective if k not in _OBJECTIVE_ORDER)
+    keys = [k for k in _OBJECTIVE_ORDER if k in objective] + sorted(
+        k for k in objective if k not in _OBJECTIVE_ORDER
+    )
     section.tables.append(Table(["objective", "value"], [[k, fmt_num(objective[k])] for k in keys]))
     plan = m.get("memory_plan") or {}
     rows = [
@@ -410,7 +486,13 @@ def _objective(data: RunData) -> Section:
         ["reason", str(plan.get("reason", NOT_RECORDED))],
         ["projection chunk size", fmt_num(m.get("projection_chunk_size"))],
     ]
-    section.tables.append(Table(["memory plan", "value"], rows, caption="memory.strategy as resolved at run start, with the reason written to config.resolved.yaml."))
+    section.tables.append(
+        Table(
+            ["memory plan", "value"],
+            rows,
+            caption="memory.strategy as resolved at run start, with the reason written to config.resolved.yaml.",
+        )
+    )
     return section
 
 
@@ -426,7 +508,11 @@ def _curves(data: RunData) -> Section:
         + ", ".join(f"{n} {p}" for p, n in phases.items())
         + ". SFT warm-up steps optimize cross-entropy on oracle traces, so their divergence is 0 by construction."
     )
-    section.figures.append(Figure(plots.learning_curves(data.steps, CURVE_SERIES), "Per optimizer step, colored by phase."))
+    section.figures.append(
+        Figure(
+            plots.learning_curves(data.steps, CURVE_SERIES), "Per optimizer step, colored by phase."
+        )
+    )
     rows = [
         [
             fmt_num(s.get("global_optimizer_step")),
@@ -442,10 +528,25 @@ def _curves(data: RunData) -> Section:
         ]
         for s in data.steps[:MAX_STEP_ROWS]
     ]
-    caption = "Every optimizer step" if len(data.steps) <= MAX_STEP_ROWS else f"The first {MAX_STEP_ROWS} of {len(data.steps)} steps (all are in {data.paths.metrics.name})"
+    caption = (
+        "Every optimizer step"
+        if len(data.steps) <= MAX_STEP_ROWS
+        else f"The first {MAX_STEP_ROWS} of {len(data.steps)} steps (all are in {data.paths.metrics.name})"
+    )
     section.tables.append(
         Table(
-            ["step", "phase", "cycle", "loss", "divergence", "sampled-token NLL", "grad norm", "lr", "selected positions", "committed"],
+            [
+                "step",
+                "phase",
+                "cycle",
+                "loss",
+                "divergence",
+                "sampled-token NLL",
+                "grad norm",
+                "lr",
+                "selected positions",
+                "committed",
+            ],
             rows,
             caption=caption,
             collapsed=len(rows) > 20,
@@ -473,10 +574,30 @@ def _success(data: RunData, evaluations: Mapping[str, Mapping[str, Any]]) -> Sec
                 str(r.get("source")),
             ]
         )
-    section.tables.append(Table(["stage", "split", "solved", "success", "mean generated tokens", "parameter version", "temperature", "source"], rows))
-    bars = [(tag, float(r["success_rate"])) for tag, r in evaluations.items() if isinstance(r.get("success_rate"), int | float)]
+    section.tables.append(
+        Table(
+            [
+                "stage",
+                "split",
+                "solved",
+                "success",
+                "mean generated tokens",
+                "parameter version",
+                "temperature",
+                "source",
+            ],
+            rows,
+        )
+    )
+    bars = [
+        (tag, float(r["success_rate"]))
+        for tag, r in evaluations.items()
+        if isinstance(r.get("success_rate"), int | float)
+    ]
     if bars:
-        section.figures.append(Figure(plots.success_bars(bars), "Held-out success per evaluation stage."))
+        section.figures.append(
+            Figure(plots.success_bars(bars), "Held-out success per evaluation stage.")
+        )
     if "after_warmup" in evaluations and "final" in evaluations:
         section.notes.append(
             "The SFT warm-up runs before distillation and often does most of the work (design.txt §4.1): "
@@ -508,7 +629,10 @@ def _failures(data: RunData, evaluations: Mapping[str, Mapping[str, Any]]) -> Se
     section.notes.append(
         "Every trajectory ends with exactly one termination reason; verifier categories come from the exact verifier (no LLM judge)."
     )
-    for key, label in (("termination", "termination reason"), ("failure_categories", "verifier category")):
+    for key, label in (
+        ("termination", "termination reason"),
+        ("failure_categories", "verifier category"),
+    ):
         per_source = sources[key]
         categories = sorted({c for counts in per_source.values() for c in counts})
         if not categories:
@@ -516,11 +640,17 @@ def _failures(data: RunData, evaluations: Mapping[str, Mapping[str, Any]]) -> Se
             continue
         rows = [[c, *[str(per_source[s].get(c, 0)) for s in per_source]] for c in categories]
         section.tables.append(Table([label, *per_source], rows))
-    section.figures.append(Figure(plots.counts_bars("termination reasons", sources["termination"]), "Termination reasons per source."))
+    section.figures.append(
+        Figure(
+            plots.counts_bars("termination reasons", sources["termination"]),
+            "Termination reasons per source.",
+        )
+    )
     return section
 
 
 def _training_trajectories(data: RunData) -> Iterable[Trajectory]:
+    """Validated training rollouts (streamed: a long run's file is not held in memory)."""
     if data.paths.trajectories.is_file():
         yield from iter_trajectories(data.paths.trajectories)
 
@@ -535,14 +665,23 @@ def _provenance(data: RunData) -> Section:
         by_source[source].update(traj.token_counts_by_span_type())
     selected: Counter[str] = Counter()
     for cycle in data.cycles:
-        selected.update({k: int(v) for k, v in ((cycle.get("selection") or {}).get("selected_by_span_type") or {}).items()})
+        selected.update(
+            {
+                k: int(v)
+                for k, v in (
+                    (cycle.get("selection") or {}).get("selected_by_span_type") or {}
+                ).items()
+            }
+        )
     loss_by_phase: dict[str, Counter[str]] = defaultdict(Counter)
     for step in data.steps:
         for span, value in (step.get("loss_by_span_type") or {}).items():
             if isinstance(value, int | float):
                 loss_by_phase[str(step.get("phase"))][span] += float(value)
     if not by_source and not selected:
-        section.notes.append(f"{data.paths.trajectories.name} not found: no token provenance to show.")
+        section.notes.append(
+            f"{data.paths.trajectories.name} not found: no token provenance to show."
+        )
         return section
     sources = sorted(by_source)
     section.notes.append(
@@ -553,22 +692,49 @@ def _provenance(data: RunData) -> Section:
     )
     phases = sorted(loss_by_phase)
     totals = {p: sum(loss_by_phase[p].values()) for p in phases}
-    span_types = [s for s in SPAN_ORDER if any(by_source[src].get(s) for src in sources) or selected.get(s)]
+    span_types = [
+        s for s in SPAN_ORDER if any(by_source[src].get(s) for src in sources) or selected.get(s)
+    ]
     rows = []
     for span in span_types:
-        in_loss = "never (context)" if span in CONTEXT_SPAN_VALUES else ("yes" if selected.get(span) or any(loss_by_phase[p].get(span) for p in phases) else "eligible, not selected")
+        in_loss = (
+            "never (context)"
+            if span in CONTEXT_SPAN_VALUES
+            else (
+                "yes"
+                if selected.get(span) or any(loss_by_phase[p].get(span) for p in phases)
+                else "eligible, not selected"
+            )
+        )
         row = [span, "context" if span in CONTEXT_SPAN_VALUES else "model-generated"]
         row += [str(by_source[src].get(span, 0)) for src in sources]
         row.append(str(selected.get(span, 0)) if span in MODEL_SPAN_VALUES else "0")
-        row += [fmt_pct(loss_by_phase[p].get(span, 0.0) / totals[p]) if totals[p] else NOT_RECORDED for p in phases]
+        row += [
+            fmt_pct(loss_by_phase[p].get(span, 0.0) / totals[p]) if totals[p] else NOT_RECORDED
+            for p in phases
+        ]
         row.append(in_loss)
         rows.append(row)
-    headers = ["span type", "origin", *[f"tokens ({s})" for s in sources], "selected positions (cycles)", *[f"loss share ({p})" for p in phases], "enters the loss"]
-    section.tables.append(Table(headers, rows, caption="Selected positions are summed over the distillation cycles; loss share is each span type's part of the summed step loss per phase."))
+    headers = [
+        "span type",
+        "origin",
+        *[f"tokens ({s})" for s in sources],
+        "selected positions (cycles)",
+        *[f"loss share ({p})" for p in phases],
+        "enters the loss",
+    ]
+    section.tables.append(
+        Table(
+            headers,
+            rows,
+            caption="Selected positions are summed over the distillation cycles; loss share is each span type's part of the summed step loss per phase.",
+        )
+    )
     return section
 
 
 def _pick_trajectory(data: RunData) -> tuple[Trajectory, list[dict[str, Any]]] | None:
+    """The most instructive analysed trajectory: solved first, then one with a tool call, then the most positions."""
     by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in data.token_rows:
         by_id[str(row.get("trajectory_id"))].append(row)
@@ -586,7 +752,8 @@ def _pick_trajectory(data: RunData) -> tuple[Trajectory, list[dict[str, Any]]] |
 
 
 def _visible(text: str) -> str:
-    return text.replace("\n", "↵\n").replace("\t", "⇥")
+    """Whitespace tokens must stay visible as chips, and must not break the line of chips."""
+    return text.replace("\r", "␍").replace("\n", "↵").replace("\t", "⇥")
 
 
 def _tokens(data: RunData) -> Section:
@@ -599,20 +766,44 @@ def _tokens(data: RunData) -> Section:
         )
         return section
     traj, rows = picked
-    by_position = {int(r["target_position"]): r for r in rows if isinstance(r.get("target_position"), int)}
-    divergences = [float(r["divergence"]) for r in rows if isinstance(r.get("divergence"), int | float)]
+    by_position = {
+        int(r["target_position"]): r for r in rows if isinstance(r.get("target_position"), int)
+    }
+    divergences = [
+        float(r["divergence"]) for r in rows if isinstance(r.get("divergence"), int | float)
+    ]
     top = max(divergences) if divergences else 0.0
     pieces: list[TokenPiece] = []
     for span in traj.spans:
         kind = span.span_type.value
         if span.span_type in CONTEXT_SPAN_TYPES:
-            text = span.text if len(span.text) <= MAX_CONTEXT_CHARS else span.text[: MAX_CONTEXT_CHARS // 2] + " … " + span.text[-MAX_CONTEXT_CHARS // 2 :]
-            pieces.append(TokenPiece("context", kind, text, f"{kind} [{span.start}, {span.end}): {span.length} context tokens, never in the loss"))
+            text = (
+                span.text
+                if len(span.text) <= MAX_CONTEXT_CHARS
+                else span.text[: MAX_CONTEXT_CHARS // 2]
+                + " … "
+                + span.text[-MAX_CONTEXT_CHARS // 2 :]
+            )
+            pieces.append(
+                TokenPiece(
+                    "context",
+                    kind,
+                    text,
+                    f"{kind} [{span.start}, {span.end}): {span.length} context tokens, never in the loss",
+                )
+            )
             continue
         for position in range(span.start, span.end):
             row = by_position.get(position)
             if row is None:
-                pieces.append(TokenPiece("unselected", kind, "·", f"{kind} position {position}: emitted by the policy, not selected"))
+                pieces.append(
+                    TokenPiece(
+                        "unselected",
+                        kind,
+                        "·",
+                        f"{kind} position {position}: emitted by the policy, not selected",
+                    )
+                )
                 continue
             div = row.get("divergence")
             title = f"{kind} position {position}, token id {row.get('token_id')}, weight {fmt_num(row.get('weight'), 3)}"
@@ -626,7 +817,9 @@ def _tokens(data: RunData) -> Section:
                     _visible(str(row.get("token_text", ""))),
                     title,
                     divergence=f"{float(div):.3f}" if isinstance(div, int | float) else None,
-                    intensity=(float(div) / top) if isinstance(div, int | float) and top > 0 else 0.0,
+                    intensity=(float(div) / top)
+                    if isinstance(div, int | float) and top > 0
+                    else 0.0,
                 )
             )
     present = list(dict.fromkeys(s.span_type.value for s in traj.spans))
@@ -635,7 +828,8 @@ def _tokens(data: RunData) -> Section:
     verdict = "solved" if traj.solved else "not solved"
     description = (
         f"{traj.trajectory_id} (task {traj.task_id}, {traj.termination_reason.value}, {verdict}, cycle {rows[0].get('cycle', NOT_RECORDED)}); "
-        f"{len(rows)} selected positions" + (f", measured {', '.join(sorted(measured))}" if measured else "")
+        f"{len(rows)} selected positions"
+        + (f", measured {', '.join(sorted(measured))}" if measured else "")
     )
     section.token_view = TokenView(traj.trajectory_id, description, pieces, legend)
     section.notes.append(
@@ -649,7 +843,11 @@ def _tokens(data: RunData) -> Section:
     span_rows = []
     for span in present:
         tokens = sum(s.length for s in traj.spans if s.span_type.value == span)
-        values = [float(r["divergence"]) for r in per_span.get(span, []) if isinstance(r.get("divergence"), int | float)]
+        values = [
+            float(r["divergence"])
+            for r in per_span.get(span, [])
+            if isinstance(r.get("divergence"), int | float)
+        ]
         span_rows.append(
             [
                 span,
@@ -659,12 +857,28 @@ def _tokens(data: RunData) -> Section:
                 fmt_num(max(values)) if values else NOT_RECORDED,
             ]
         )
-    section.tables.append(Table(["span type", "tokens", "selected", "mean divergence", "max divergence"], span_rows, caption=f"Trajectory {traj.trajectory_id}."))
-    ranked = sorted((r for r in rows if isinstance(r.get("divergence"), int | float)), key=lambda r: -float(r["divergence"]))[:10]
+    section.tables.append(
+        Table(
+            ["span type", "tokens", "selected", "mean divergence", "max divergence"],
+            span_rows,
+            caption=f"Trajectory {traj.trajectory_id}.",
+        )
+    )
+    ranked = sorted(
+        (r for r in rows if isinstance(r.get("divergence"), int | float)),
+        key=lambda r: -float(r["divergence"]),
+    )[:10]
     if ranked:
         section.tables.append(
             Table(
-                ["target position", "span type", "token", "divergence", "student log p", "teacher entropy"],
+                [
+                    "target position",
+                    "span type",
+                    "token",
+                    "divergence",
+                    "student log p",
+                    "teacher entropy",
+                ],
                 [
                     [
                         fmt_num(r.get("target_position")),
@@ -693,28 +907,64 @@ def _entropy(data: RunData) -> Section:
         if isinstance(r.get("divergence"), int | float):
             div_by_span[str(r.get("span_type"))].append(float(r["divergence"]))
     if not step_rows and not by_span:
-        section.notes.append("No teacher entropy recorded: this run queried no teacher (an sft run, or no selected positions).")
+        section.notes.append(
+            "No teacher entropy recorded: this run queried no teacher (an sft run, or no selected positions)."
+        )
         return section
     threshold = data.config_value("loss.entropy_threshold")
     threshold = float(threshold) if isinstance(threshold, int | float) else None
     section.notes.append(
         "Teacher entropy is recorded per selected position because high-entropy teacher tokens are where reverse KL is reported to destabilize "
         "(design.txt §3.7)."
-        + (f" high_entropy_fraction counts positions above loss.entropy_threshold = {threshold:g} nats." if threshold is not None else "")
+        + (
+            f" high_entropy_fraction counts positions above loss.entropy_threshold = {threshold:g} nats."
+            if threshold is not None
+            else ""
+        )
     )
-    section.figures.append(Figure(plots.entropy_figure(step_rows, by_span, threshold), "Teacher entropy per optimizer step and per selected token."))
+    section.figures.append(
+        Figure(
+            plots.entropy_figure(step_rows, by_span, threshold),
+            "Teacher entropy per optimizer step and per selected token.",
+        )
+    )
     if by_span:
         rows = []
-        for span in [s for s in SPAN_ORDER if s in by_span] + sorted(s for s in by_span if s not in SPAN_ORDER):
+        for span in [s for s in SPAN_ORDER if s in by_span] + sorted(
+            s for s in by_span if s not in SPAN_ORDER
+        ):
             values = by_span[span]
             divs = div_by_span.get(span, [])
-            rows.append([span, str(len(values)), fmt_num(statistics.fmean(values)), fmt_num(statistics.median(values)), fmt_num(statistics.fmean(divs)) if divs else NOT_RECORDED])
-        section.tables.append(Table(["span type", "positions", "mean entropy", "median entropy", "mean divergence"], rows, caption=f"Last cycle, from {data.paths.token_analysis.name}."))
+            rows.append(
+                [
+                    span,
+                    str(len(values)),
+                    fmt_num(statistics.fmean(values)),
+                    fmt_num(statistics.median(values)),
+                    fmt_num(statistics.fmean(divs)) if divs else NOT_RECORDED,
+                ]
+            )
+        section.tables.append(
+            Table(
+                ["span type", "positions", "mean entropy", "median entropy", "mean divergence"],
+                rows,
+                caption=f"Last cycle, from {data.paths.token_analysis.name}.",
+            )
+        )
     if step_rows:
         section.tables.append(
             Table(
                 ["step", "phase", "cycle", "teacher entropy mean", "high entropy fraction"],
-                [[fmt_num(s.get("global_optimizer_step")), str(s.get("phase")), fmt_num(s.get("cycle")), fmt_num(s.get("teacher_entropy_mean")), fmt_num(s.get("high_entropy_fraction"))] for s in step_rows[:MAX_STEP_ROWS]],
+                [
+                    [
+                        fmt_num(s.get("global_optimizer_step")),
+                        str(s.get("phase")),
+                        fmt_num(s.get("cycle")),
+                        fmt_num(s.get("teacher_entropy_mean")),
+                        fmt_num(s.get("high_entropy_fraction")),
+                    ]
+                    for s in step_rows[:MAX_STEP_ROWS]
+                ],
                 collapsed=len(step_rows) > 20,
             )
         )
@@ -737,7 +987,13 @@ def _selection(data: RunData) -> Section:
     totals: Counter[str] = Counter()
     for c in data.cycles:
         sel = c.get("selection") or {}
-        for key in ("trajectories", "trajectories_with_selection", "model_tokens", "critical_tokens", "selected_positions"):
+        for key in (
+            "trajectories",
+            "trajectories_with_selection",
+            "model_tokens",
+            "critical_tokens",
+            "selected_positions",
+        ):
             totals[key] += int(sel.get(key) or 0)
         rows.append(
             [
@@ -753,7 +1009,9 @@ def _selection(data: RunData) -> Section:
                 fmt_counts(sel.get("selected_by_span_type")),
             ]
         )
-    overall = totals["selected_positions"] / totals["model_tokens"] if totals["model_tokens"] else 0.0
+    overall = (
+        totals["selected_positions"] / totals["model_tokens"] if totals["model_tokens"] else 0.0
+    )
     rows.append(
         [
             "all",
@@ -770,7 +1028,18 @@ def _selection(data: RunData) -> Section:
     )
     section.tables.append(
         Table(
-            ["cycle", "mode", "trajectories", "with selection", "model tokens", "critical tokens", "selected positions", "teacher_queried_position_ratio", "outcome", "selected by span type"],
+            [
+                "cycle",
+                "mode",
+                "trajectories",
+                "with selection",
+                "model tokens",
+                "critical tokens",
+                "selected positions",
+                "teacher_queried_position_ratio",
+                "outcome",
+                "selected by span type",
+            ],
             rows,
         )
     )
@@ -783,21 +1052,49 @@ def _memory(data: RunData) -> Section:
     statuses = Counter(str((s.get("gpu") or {}).get("status", NOT_RECORDED)) for s in data.steps)
     measured = [s["gpu"] for s in data.steps if (s.get("gpu") or {}).get("status") == "measured"]
     gpu = m.get("gpu") or {}
-    devices = ", ".join(f"{d.get('name')} ({d.get('total_memory_gib')} GiB)" for d in gpu.get("devices") or []) or str(gpu.get("status", NOT_RECORDED))
+    devices = ", ".join(
+        f"{d.get('name')} ({d.get('total_memory_gib')} GiB)" for d in gpu.get("devices") or []
+    ) or str(gpu.get("status", NOT_RECORDED))
     rows = [
         ["GPU", devices],
-        ["GPU memory measurement", str((m.get("measurement_status") or {}).get("gpu_memory") or fmt_counts(statuses))],
+        [
+            "GPU memory measurement",
+            str((m.get("measurement_status") or {}).get("gpu_memory") or fmt_counts(statuses)),
+        ],
         ["memory strategy", str((m.get("memory_plan") or {}).get("strategy", NOT_RECORDED))],
-        ["projection chunk sizes used", ", ".join(str(c) for c in sorted({s.get("projection_chunk_size") for s in data.steps if s.get("projection_chunk_size") is not None})) or NOT_RECORDED],
-        ["OOM chunk retries", str(sum(1 for e in data.events if e.get("event") == "oom_chunk_retry"))],
+        [
+            "projection chunk sizes used",
+            ", ".join(
+                str(c)
+                for c in sorted(
+                    {
+                        s.get("projection_chunk_size")
+                        for s in data.steps
+                        if s.get("projection_chunk_size") is not None
+                    }
+                )
+            )
+            or NOT_RECORDED,
+        ],
+        [
+            "OOM chunk retries",
+            str(sum(1 for e in data.events if e.get("event") == "oom_chunk_retry")),
+        ],
     ]
     if measured:
         for key in ("peak_allocated_gib", "peak_reserved_gib"):
             values = [float(g[key]) for g in measured if isinstance(g.get(key), int | float)]
-            rows.append([f"{key.replace('_', ' ')} (max over steps)", fmt_num(max(values), 3) if values else NOT_RECORDED])
+            rows.append(
+                [
+                    f"{key.replace('_', ' ')} (max over steps)",
+                    fmt_num(max(values), 3) if values else NOT_RECORDED,
+                ]
+            )
     elif data.steps:
         status = next(iter(statuses)) if len(statuses) == 1 else fmt_counts(statuses)
-        rows.append(["peak allocated / reserved", f"{status} (nothing was measured; this is not a zero)"])
+        rows.append(
+            ["peak allocated / reserved", f"{status} (nothing was measured; this is not a zero)"]
+        )
     section.tables.append(Table(["memory", "value"], rows))
     if data.steps:
         by_phase: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -805,8 +1102,14 @@ def _memory(data: RunData) -> Section:
             by_phase[str(s.get("phase"))].append(s)
         rows = []
         for phase, steps in by_phase.items():
-            rates = [float(s["train_selected_tokens_per_second"]) for s in steps if isinstance(s.get("train_selected_tokens_per_second"), int | float)]
-            seconds = [float(s["seconds"]) for s in steps if isinstance(s.get("seconds"), int | float)]
+            rates = [
+                float(s["train_selected_tokens_per_second"])
+                for s in steps
+                if isinstance(s.get("train_selected_tokens_per_second"), int | float)
+            ]
+            seconds = [
+                float(s["seconds"]) for s in steps if isinstance(s.get("seconds"), int | float)
+            ]
             rows.append(
                 [
                     phase,
@@ -819,12 +1122,21 @@ def _memory(data: RunData) -> Section:
             )
         section.tables.append(
             Table(
-                ["phase", "steps", "selected positions", "update seconds", "train_selected_tokens_per_second (mean)", "(median)"],
+                [
+                    "phase",
+                    "steps",
+                    "selected positions",
+                    "update seconds",
+                    "train_selected_tokens_per_second (mean)",
+                    "(median)",
+                ],
                 rows,
                 caption="Update time only (forward, backward, optimizer step); rollouts and teacher scoring are in the cycle seconds below.",
             )
         )
-    cycle_seconds = [float(c["seconds"]) for c in data.cycles if isinstance(c.get("seconds"), int | float)]
+    cycle_seconds = [
+        float(c["seconds"]) for c in data.cycles if isinstance(c.get("seconds"), int | float)
+    ]
     timing = [
         ["cycles", str(len(data.cycles))],
         ["cycle seconds (sum)", fmt_num(sum(cycle_seconds), 2) if cycle_seconds else NOT_RECORDED],
@@ -836,20 +1148,41 @@ def _memory(data: RunData) -> Section:
 
 def _benchmark_sections(bench: Mapping[str, Any]) -> list[Section]:
     setup = Section("benchmark_setup")
-    arms: Mapping[str, Any] = bench.get("arms") or {}
+    arms_in: Mapping[str, Any] = bench.get("arms") or {}
+    order = [a for a in bench.get("arm_order") or [] if a in arms_in]
+    arms = {name: arms_in[name] for name in order + [a for a in arms_in if a not in order]}
     seeds = bench.get("seeds") or []
     setup.notes.append(
-        f"{len(arms)} arms × {len(seeds)} seeds ({', '.join(str(s) for s in seeds)}) from recipe {bench.get('recipe', NOT_RECORDED)} "
+        f"{len(arms)} arm{'s' * (len(arms) != 1)} × {len(seeds)} seed{'s' * (len(seeds) != 1)} ({', '.join(str(s) for s in seeds)}) from recipe {bench.get('recipe', NOT_RECORDED)} "
         f"(base config digest {str(bench.get('base_config_digest', NOT_RECORDED))[:16]}…). One shared SFT cold start per seed is loaded weights-only into every arm; "
         "no optimizer state crosses between arms."
     )
     if bench.get("base_overrides"):
         setup.notes.append("Base overrides: " + " ".join(str(o) for o in bench["base_overrides"]))
-    setup.tables.append(Table(["arm", "override keys"], [[name, " ".join(spec.get("overrides") or []) or "(none)"] for name, spec in arms.items()]))
+    setup.tables.append(
+        Table(
+            ["arm", "override keys"],
+            [
+                [name, " ".join(spec.get("overrides") or []) or "(none)"]
+                for name, spec in arms.items()
+            ],
+        )
+    )
     held = bench.get("held_fixed") or {}
     if held:
         setup.tables.append(
-            Table(["held fixed across arms", "value"], [[k, json.dumps(v, sort_keys=True, ensure_ascii=False) if not isinstance(v, str) else v] for k, v in (held.get("values") or {}).items()])
+            Table(
+                ["held fixed across arms", "value"],
+                [
+                    [
+                        k,
+                        json.dumps(v, sort_keys=True, ensure_ascii=False)
+                        if not isinstance(v, str)
+                        else v,
+                    ]
+                    for k, v in (held.get("values") or {}).items()
+                ],
+            )
         )
     colds = bench.get("cold_starts") or []
     if colds:
@@ -890,7 +1223,11 @@ def _benchmark_sections(bench: Mapping[str, Any]) -> list[Section]:
         diff = agg.get("difference_to_baseline") or {}
         interval = diff.get("interval")
         means.append(final.get("mean"))
-        spreads.append((final["min"], final["max"]) if final.get("n", 0) > 1 and final.get("min") is not None else None)
+        spreads.append(
+            (final["min"], final["max"])
+            if final.get("n", 0) > 1 and final.get("min") is not None
+            else None
+        )
         deltas.append(diff.get("mean"))
         intervals.append((interval[0], interval[1]) if interval else None)
 
@@ -899,37 +1236,74 @@ def _benchmark_sections(bench: Mapping[str, Any]) -> list[Section]:
             if stats.get("mean") is None:
                 return NOT_RECORDED
             sd = stats.get("std")
-            return fmt_num(float(stats["mean"]), digits) + (f" ± {float(sd):.{digits}f}" if sd is not None else "")
+            return fmt_num(float(stats["mean"]), digits) + (
+                f" ± {float(sd):.{digits}f}" if sd is not None else ""
+            )
 
         agg_rows.append(
             [
                 name,
                 str(final.get("n", 0)),
-                fmt_pct(final.get("mean")) + (f" ± {100 * float(final['std']):.1f}" if final.get("std") is not None else ""),
+                fmt_pct(final.get("mean"))
+                + (f" ± {100 * float(final['std']):.1f}" if final.get("std") is not None else ""),
                 fmt_pct((agg.get("baseline_success") or {}).get("mean")),
-                ("+" if (diff.get("mean") or 0) >= 0 else "") + f"{100 * float(diff['mean']):.1f} pp" if diff.get("mean") is not None else NOT_RECORDED,
-                f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}] pp" if interval else NOT_RECORDED,
+                ("+" if (diff.get("mean") or 0) >= 0 else "")
+                + f"{100 * float(diff['mean']):.1f} pp"
+                if diff.get("mean") is not None
+                else NOT_RECORDED,
+                f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}] pp"
+                if interval
+                else NOT_RECORDED,
                 mean_sd("generated_tokens", 0),
                 mean_sd("selected_training_tokens", 0),
                 mean_sd("teacher_query_ratio", 3),
                 mean_sd("wall_seconds", 1),
-                mean_sd("optimizer_steps", 1),
+                mean_sd("optimizer_steps", 0),
             ]
         )
     if agg_rows:
         comparison.tables.append(
             Table(
-                ["arm", "seeds", "final success (mean ± sd)", "baseline", f"Δ vs {baseline_arm or 'baseline arm'}", "95% bootstrap interval", "generated tokens", "selected training tokens", "teacher query ratio", "wall clock (s)", "optimizer steps"],
+                [
+                    "arm",
+                    "seeds",
+                    "final success (mean ± sd)",
+                    "baseline",
+                    f"Δ vs {baseline_arm or 'baseline arm'}",
+                    "95% bootstrap interval",
+                    "generated tokens",
+                    "selected training tokens",
+                    "teacher query ratio",
+                    "wall clock (s)",
+                    "optimizer steps",
+                ],
                 agg_rows,
                 caption="Quantities that cannot be matched by construction (generated tokens, selected training tokens, teacher query ratio, wall clock) are measured per arm, not held fixed.",
             )
         )
-        comparison.figures.append(Figure(plots.benchmark_bars(names, means, spreads, deltas, intervals, baseline_arm), "Final held-out success per arm, and the paired difference to the baseline arm."))
+        comparison.figures.append(
+            Figure(
+                plots.benchmark_bars(names, means, spreads, deltas, intervals, baseline_arm),
+                "Final held-out success per arm, and the paired difference to the baseline arm.",
+            )
+        )
     rows = bench.get("rows") or []
     if rows:
         comparison.tables.append(
             Table(
-                ["arm", "seed", "baseline", "final", "generated tokens", "selected training tokens", "teacher query ratio", "wall clock (s)", "optimizer steps", "run directory"],
+                [
+                    "arm",
+                    "seed",
+                    "baseline",
+                    "final",
+                    "generated tokens",
+                    "teacher generated tokens",
+                    "selected training tokens",
+                    "teacher query ratio",
+                    "wall clock (s)",
+                    "optimizer steps",
+                    "run directory",
+                ],
                 [
                     [
                         str(r.get("arm")),
@@ -937,6 +1311,7 @@ def _benchmark_sections(bench: Mapping[str, Any]) -> list[Section]:
                         fmt_pct(r.get("baseline_success")),
                         fmt_pct(r.get("final_success")),
                         fmt_num(r.get("generated_tokens")),
+                        fmt_num(r.get("teacher_generated_tokens")),
                         fmt_num(r.get("selected_training_tokens")),
                         fmt_num(r.get("teacher_query_ratio")),
                         fmt_num(r.get("wall_seconds"), 1),
@@ -948,7 +1323,7 @@ def _benchmark_sections(bench: Mapping[str, Any]) -> list[Section]:
                 caption="One row per arm and seed.",
             )
         )
-    return [setup, comparison]
+    return [comparison, setup]
 
 
 def _events(data: RunData) -> Section:
@@ -957,10 +1332,20 @@ def _events(data: RunData) -> Section:
         section.notes.append(f"{data.paths.events.name} not found.")
         return section
     counts = Counter(str(e.get("event")) for e in data.events)
-    section.tables.append(Table(["event", "count"], [[name, str(n)] for name, n in counts.items()], caption=f"From {data.paths.events.name}, in order of first occurrence."))
+    section.tables.append(
+        Table(
+            ["event", "count"],
+            [[name, str(n)] for name, n in counts.items()],
+            caption=f"From {data.paths.events.name}, in order of first occurrence.",
+        )
+    )
     skipped = [e for e in data.events if e.get("event") == "cycle_skipped_no_selected_positions"]
     if skipped:
-        section.notes.append(f"{len(skipped)} cycle(s) were skipped because the selector found nothing to supervise: " + ", ".join(str(e.get("cycle")) for e in skipped) + ".")
+        section.notes.append(
+            f"{len(skipped)} cycle(s) were skipped because the selector found nothing to supervise: "
+            + ", ".join(str(e.get("cycle")) for e in skipped)
+            + "."
+        )
     return section
 
 
@@ -1012,17 +1397,25 @@ def render_html(data: RunData, sections: Sequence[Section]) -> str:
         version=__version__,
         sections=sections,
         svg=Markup,
+        numeric=looks_numeric,
         span_colors=plots.SPAN_COLORS,
     )
 
 
 def _md_cell(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ") or " "
+    return (
+        text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ") or " "
+    )
 
 
 def render_markdown(data: RunData, sections: Sequence[Section]) -> str:
     """The same tables and notes as the HTML, as GitHub-flavoured Markdown."""
-    out = [f"# miniverl report: {data.run_id}", "", f"Generated by miniverl {__version__} from the artifacts in this directory. Figures are in report.html.", ""]
+    out = [
+        f"# miniverl report: {data.run_id}",
+        "",
+        f"Generated by miniverl {__version__} from the artifacts in this directory. Figures are in report.html.",
+        "",
+    ]
     for section in sections:
         out += [f"## {section.title}", ""]
         for note in section.notes:

@@ -9,6 +9,7 @@ teacher distribution at ``teacher_prediction_positions[i]`` both predict
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections import Counter
 
@@ -48,7 +49,7 @@ class AlignmentMap(BaseModel):
         if any(p < 0 for p in self.teacher_prediction_positions):
             raise ValueError("teacher prediction positions must be >= 0")
         pos = self.student_prediction_positions
-        if any(b <= a for a, b in zip(pos, pos[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(pos)):
             raise ValueError("student prediction positions must be strictly increasing")
         if any(w < 0 for w in self.token_weights):
             raise ValueError("token weights must be non-negative")

@@ -41,13 +41,18 @@ class CacheEntryRecord(_Strict):
 
     key: str = Field(min_length=1, max_length=512)
     trajectory_id: str
-    policy_version: int = Field(ge=0, description="Rollout policy version the targets were produced for.")
+    policy_version: int = Field(
+        ge=0, description="Rollout policy version the targets were produced for."
+    )
     alignment_digest: str = Field(pattern=SHA256_PATTERN)
     shard: str = Field(pattern=SHARD_NAME_PATTERN)
     num_positions: int = Field(ge=0)
     top_k: int = Field(ge=1)
     tensors: list[str]
-    sha256: str = Field(pattern=SHA256_PATTERN, description="SHA-256 of the entry's tensor bytes, in `tensors` order.")
+    sha256: str = Field(
+        pattern=SHA256_PATTERN,
+        description="SHA-256 of the entry's tensor bytes, in `tensors` order.",
+    )
     teacher_entropy_mean: float | None = None
 
 
@@ -69,7 +74,9 @@ class CacheIndex(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> CacheIndex:
         if self.schema_version != CACHE_SCHEMA_VERSION:
-            raise ValueError(f"cache index schema_version {self.schema_version}, this build reads version {CACHE_SCHEMA_VERSION}")
+            raise ValueError(
+                f"cache index schema_version {self.schema_version}, this build reads version {CACHE_SCHEMA_VERSION}"
+            )
         for key, entry in self.entries.items():
             if entry.key != key:
                 raise ValueError(f"entry stored under {key!r} names itself {entry.key!r}")

@@ -31,7 +31,9 @@ MODEL_GENERATED_SPAN_TYPES: frozenset[SpanType] = frozenset(
 )
 """Span types whose tokens the policy sampled: the only ones that may be supervised."""
 
-CRITICAL_SPAN_TYPES: frozenset[SpanType] = frozenset({SpanType.ASSISTANT_TOOL_CALL, SpanType.ASSISTANT_FINAL})
+CRITICAL_SPAN_TYPES: frozenset[SpanType] = frozenset(
+    {SpanType.ASSISTANT_TOOL_CALL, SpanType.ASSISTANT_FINAL}
+)
 """The structurally load-bearing model tokens: tool JSON and the answer."""
 
 CONTEXT_SPAN_TYPES: frozenset[SpanType] = frozenset(SpanType) - MODEL_GENERATED_SPAN_TYPES
@@ -67,7 +69,9 @@ class Span(_Strict):
     @model_validator(mode="after")
     def _non_empty(self) -> Span:
         if self.end <= self.start:
-            raise ValueError(f"span {self.span_type.value} has empty range [{self.start},{self.end})")
+            raise ValueError(
+                f"span {self.span_type.value} has empty range [{self.start},{self.end})"
+            )
         return self
 
     @property
@@ -195,7 +199,9 @@ class Trajectory(_Strict):
             known = {t.turn_id for t in self.turns}
             for span in self.spans:
                 if span.turn_id not in known:
-                    raise ValueError(f"span {span.span_type.value} references unknown turn_id {span.turn_id}")
+                    raise ValueError(
+                        f"span {span.span_type.value} references unknown turn_id {span.turn_id}"
+                    )
         return self
 
     # -- derived views ------------------------------------------------------------

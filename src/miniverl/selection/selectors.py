@@ -55,7 +55,9 @@ def _sample(candidates: list[int], k: int, rng: random.Random) -> list[int]:
     return sorted(rng.sample(candidates, k))
 
 
-def select_positions(trajectory: Trajectory, config: SelectionConfig, *, run_seed: int) -> SelectionResult:
+def select_positions(
+    trajectory: Trajectory, config: SelectionConfig, *, run_seed: int
+) -> SelectionResult:
     """Target positions and weights for one trajectory under ``config.selector``."""
     candidates = model_target_positions(trajectory.model_generated_mask)
     critical_set = {j for j in candidates if trajectory.critical_mask[j]}

@@ -102,15 +102,25 @@ class TeacherScoreResult:
                 hint="use loss.mode: bucketed, or keep the teacher resident and do not cache exact targets",
             )
         if dtype not in CACHE_DTYPE_CODES:
-            raise ConfigError(f"cache.dtype must be one of {', '.join(CACHE_DTYPE_CODES)}; got {dtype!r}")
+            raise ConfigError(
+                f"cache.dtype must be one of {', '.join(CACHE_DTYPE_CODES)}; got {dtype!r}"
+            )
         index_dtype = torch.int32 if index_dtype_code(self.vocab_size) == "I32" else torch.int64
         log_dtype = getattr(torch, dtype)
         p = self.provider
         return {
-            "topk_indices": p.topk_indices.detach().to(device="cpu", dtype=index_dtype).contiguous(),
-            "topk_log_probs": p.topk_log_probs.detach().to(device="cpu", dtype=log_dtype).contiguous(),
-            "tail_log_prob": p.tail_log_prob.detach().to(device="cpu", dtype=log_dtype).contiguous(),
-            "teacher_entropy": self.teacher_entropy.detach().to(device="cpu", dtype=torch.float32).contiguous(),
+            "topk_indices": p.topk_indices.detach()
+            .to(device="cpu", dtype=index_dtype)
+            .contiguous(),
+            "topk_log_probs": p.topk_log_probs.detach()
+            .to(device="cpu", dtype=log_dtype)
+            .contiguous(),
+            "tail_log_prob": p.tail_log_prob.detach()
+            .to(device="cpu", dtype=log_dtype)
+            .contiguous(),
+            "teacher_entropy": self.teacher_entropy.detach()
+            .to(device="cpu", dtype=torch.float32)
+            .contiguous(),
         }
 
 
@@ -261,7 +271,9 @@ class LocalTeacherScorer:
         _check_targets(render, positions, alignment.target_token_ids)
         hidden = self._hidden_states(render.token_ids, positions)
         if self.shape == "exact_hidden":
-            provider: ChunkTargetProvider = ExactTargetProvider(hidden, self.teacher.project, self.spec)
+            provider: ChunkTargetProvider = ExactTargetProvider(
+                hidden, self.teacher.project, self.spec
+            )
             entropy = self._exact_entropy(hidden)
             lower_bound = False
         else:
@@ -329,7 +341,11 @@ class LocalTeacherScorer:
         if len(indices) == 2:
             return indices[1], log_probs[1], tails[1]
         dtype = log_probs[-1].dtype
-        return torch.cat(indices), torch.cat([t.to(dtype) for t in log_probs]), torch.cat([t.to(dtype) for t in tails])
+        return (
+            torch.cat(indices),
+            torch.cat([t.to(dtype) for t in log_probs]),
+            torch.cat([t.to(dtype) for t in tails]),
+        )
 
 
 def _check_targets(render: Trajectory, positions: list[int], targets: list[int]) -> None:

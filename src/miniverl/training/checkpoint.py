@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.errors import CheckpointError
-from miniverl.utils.io import read_json, sha256_file, write_json
+from miniverl.utils.io import atomic_path, read_json, sha256_file, write_json
 from miniverl.utils.logging import utc_now
 
 CHECKPOINT_FORMAT = 1
@@ -45,10 +45,13 @@ class LoadedCheckpoint:
     optimizer: dict[str, Any]
 
 
-def _save_tensors(tensors: dict[str, Any], path: Path) -> None:
+def save_tensors(tensors: dict[str, Any], path: str | os.PathLike[str]) -> str:
+    """Write tensors with safetensors via a temp file and rename; return the file's SHA-256."""
     from safetensors.torch import save_file
 
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(path))
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp))
+    return sha256_file(path)
 
 
 def save_checkpoint(
@@ -64,8 +67,8 @@ def save_checkpoint(
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        _save_tensors(trainable, staging / ADAPTER_FILE)
-        _save_tensors(optimizer_tensors, staging / OPTIMIZER_FILE)
+        save_tensors(trainable, staging / ADAPTER_FILE)
+        save_tensors(optimizer_tensors, staging / OPTIMIZER_FILE)
         write_json(staging / STATE_FILE, {**state, "config_digest": config_digest})
         marker = {
             "format": CHECKPOINT_FORMAT,
@@ -74,7 +77,10 @@ def save_checkpoint(
             "config_digest": config_digest,
             "cycle": state.get("cycle"),
             "global_step": state.get("global_step"),
-            "files": {name: sha256_file(staging / name) for name in (ADAPTER_FILE, OPTIMIZER_FILE, STATE_FILE)},
+            "files": {
+                name: sha256_file(staging / name)
+                for name in (ADAPTER_FILE, OPTIMIZER_FILE, STATE_FILE)
+            },
         }
         write_json(staging / MARKER_FILE, marker)
         if target.exists():
@@ -104,8 +110,14 @@ def read_marker(directory: str | os.PathLike[str]) -> dict[str, Any]:
         marker = read_json(marker_path)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{marker_path} is not valid JSON: {exc}") from None
-    if not isinstance(marker, dict) or marker.get("format") != CHECKPOINT_FORMAT or not isinstance(marker.get("files"), dict):
-        raise CheckpointError(f"{marker_path} is not a miniverl checkpoint marker (format {CHECKPOINT_FORMAT})")
+    if (
+        not isinstance(marker, dict)
+        or marker.get("format") != CHECKPOINT_FORMAT
+        or not isinstance(marker.get("files"), dict)
+    ):
+        raise CheckpointError(
+            f"{marker_path} is not a miniverl checkpoint marker (format {CHECKPOINT_FORMAT})"
+        )
     for name in (ADAPTER_FILE, OPTIMIZER_FILE, STATE_FILE):
         expected = marker["files"].get(name)
         file = path / name
@@ -133,8 +145,12 @@ def load_checkpoint(directory: str | os.PathLike[str], *, device: str = "cpu") -
     except (SafetensorError, json.JSONDecodeError, OSError) as exc:
         raise CheckpointError(f"could not read checkpoint {path}: {exc}") from None
     if state.get("config_digest") != marker.get("config_digest"):
-        raise CheckpointError(f"{path}: state.json and {MARKER_FILE} disagree about the config digest")
-    return LoadedCheckpoint(path=path, marker=marker, state=state, trainable=trainable, optimizer=optimizer)
+        raise CheckpointError(
+            f"{path}: state.json and {MARKER_FILE} disagree about the config digest"
+        )
+    return LoadedCheckpoint(
+        path=path, marker=marker, state=state, trainable=trainable, optimizer=optimizer
+    )
 
 
 def find_latest_checkpoint(checkpoints_dir: str | os.PathLike[str]) -> Path | None:
@@ -148,7 +164,10 @@ def find_latest_checkpoint(checkpoints_dir: str | os.PathLike[str]) -> Path | No
             continue
         with contextlib.suppress(CheckpointError):
             marker = read_marker(child)
-            key = (int(marker.get("global_step") or 0), int(marker.get("cycle") if marker.get("cycle") is not None else -1))
+            key = (
+                int(marker.get("global_step") or 0),
+                int(marker.get("cycle") if marker.get("cycle") is not None else -1),
+            )
             if best is None or key > best[:2]:
                 best = (*key, child)
     return None if best is None else best[2]

@@ -19,13 +19,23 @@ from miniverl.utils.io import write_json
 from miniverl.utils.runs import RunPaths
 
 
-def evaluate_run(run_dir: str | Path, *, tag: str, checkpoint: str = "final", split: str | None = None, quiet: bool = True) -> dict[str, Any]:
+def evaluate_run(
+    run_dir: str | Path,
+    *,
+    tag: str,
+    checkpoint: str = "final",
+    split: str | None = None,
+    quiet: bool = True,
+) -> dict[str, Any]:
     paths = RunPaths(run_dir)
     target = paths.eval_tag_json(tag)
     config = load_resolved_config(run_dir)
     if not paths.config_validated.is_file():
         raise RunDirectoryError(f"{paths.config_validated} not found")
-    validated = RunConfig.from_mapping(yaml.safe_load(paths.config_validated.read_text(encoding="utf-8")), source=str(paths.config_validated))
+    validated = RunConfig.from_mapping(
+        yaml.safe_load(paths.config_validated.read_text(encoding="utf-8")),
+        source=str(paths.config_validated),
+    )
     loaded = load_checkpoint(paths.checkpoint(checkpoint))
     if loaded.state["config_digest"] != validated.digest():
         raise CheckpointError(
@@ -34,7 +44,9 @@ def evaluate_run(run_dir: str | Path, *, tag: str, checkpoint: str = "final", sp
         )
     trainer = OPDTrainer(config, output_dir=paths.root, quiet=quiet, progress=False, resolved=True)
     trainer.setup(write_artifacts=False, with_teacher=False)
-    trainer.student.load_trainable_state_dict({k: v.to(trainer.student.device) for k, v in loaded.trainable.items()})
+    trainer.student.load_trainable_state_dict(
+        {k: v.to(trainer.student.device) for k, v in loaded.trainable.items()}
+    )
     trainer.parameter_version = int(loaded.state["parameter_version"])
     trainer.global_step = int(loaded.state["global_step"])
     trainer.events.path = None

@@ -65,28 +65,45 @@ def resolve_strategy(
     swap. The trainer then actually loads the teacher and falls back to swap on OOM.
     """
     requested = config.memory.strategy
-    quantized = any(getattr(config.models, r).quantization != "none" for r in ("student", "teacher"))
+    quantized = any(
+        getattr(config.models, r).quantization != "none" for r in ("student", "teacher")
+    )
     if requested == "swap" and quantized:
         raise ConfigError(SWAP_QUANTIZED_MESSAGE)
     if requested == "resident":
         return MemoryPlan("resident", requested, "requested: resident", True)
     if requested == "swap":
-        return MemoryPlan("swap", requested, "requested: swap (teacher targets pass through the cache)", False)
+        return MemoryPlan(
+            "swap", requested, "requested: swap (teacher targets pass through the cache)", False
+        )
     if quantized:
         return MemoryPlan("resident", requested, AUTO_QUANTIZED_REASON, True)
     if not device.startswith("cuda"):
-        return MemoryPlan("resident", requested, f"auto -> resident: device {device} has no accelerator memory to save", True)
+        return MemoryPlan(
+            "resident",
+            requested,
+            f"auto -> resident: device {device} has no accelerator memory to save",
+            True,
+        )
     free = free_gib if free_gib is not None else free_vram_gib(device)
     if free is None:
-        return MemoryPlan("resident", requested, "auto -> resident: free VRAM could not be measured", True)
+        return MemoryPlan(
+            "resident", requested, "auto -> resident: free VRAM could not be measured", True
+        )
     need = (model_bytes or 0) / (1 << 30)
     headroom = config.memory.auto_swap_vram_headroom_gb
     if free - need >= headroom:
         return MemoryPlan(
-            "resident", requested, f"auto -> resident: {free:.2f} GiB free, models need {need:.2f} GiB, headroom {headroom} GiB kept", True
+            "resident",
+            requested,
+            f"auto -> resident: {free:.2f} GiB free, models need {need:.2f} GiB, headroom {headroom} GiB kept",
+            True,
         )
     return MemoryPlan(
-        "swap", requested, f"auto -> swap: {free:.2f} GiB free, models need {need:.2f} GiB, headroom {headroom} GiB would not be kept", False
+        "swap",
+        requested,
+        f"auto -> swap: {free:.2f} GiB free, models need {need:.2f} GiB, headroom {headroom} GiB would not be kept",
+        False,
     )
 
 
@@ -132,7 +149,13 @@ def run_with_oom_retry(
                 ) from exc
             attempt += 1
             if events is not None:
-                events.emit("oom_chunk_retry", echo=f"chunk {chunk} -> {smaller}", previous_chunk_size=chunk, chunk_size=smaller, attempt=attempt)
+                events.emit(
+                    "oom_chunk_retry",
+                    echo=f"chunk {chunk} -> {smaller}",
+                    previous_chunk_size=chunk,
+                    chunk_size=smaller,
+                    attempt=attempt,
+                )
             if on_retry is not None:
                 on_retry()
             _empty_cuda_cache()

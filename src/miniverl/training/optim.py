@@ -56,9 +56,15 @@ class Schedule:
 
 def build_optimizer(params: list[torch.nn.Parameter], train: TrainConfig) -> torch.optim.AdamW:
     if not params:
-        raise CheckpointError("the student has no trainable parameters", hint="enable LoRA or full fine-tuning")
+        raise CheckpointError(
+            "the student has no trainable parameters", hint="enable LoRA or full fine-tuning"
+        )
     return torch.optim.AdamW(
-        params, lr=train.lr, betas=tuple(train.betas), weight_decay=train.weight_decay, foreach=False
+        params,
+        lr=train.lr,
+        betas=tuple(train.betas),
+        weight_decay=train.weight_decay,
+        foreach=False,
     )
 
 
@@ -67,7 +73,9 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def optimizer_state_tensors(
+    optimizer: torch.optim.Optimizer,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, json-meta) of an optimizer's per-parameter state, keyed by param index."""
     tensors: dict[str, torch.Tensor] = {}
     meta: dict[str, Any] = {"scalars": {}}
@@ -77,13 +85,19 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str,
             if isinstance(value, torch.Tensor) and value.dim() > 0:
                 tensors[f"{index}.{key}"] = value.detach().to("cpu").contiguous()
             else:
-                meta["scalars"][f"{index}.{key}"] = float(value.item() if isinstance(value, torch.Tensor) else value)
-    meta["param_groups"] = [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]]
+                meta["scalars"][f"{index}.{key}"] = float(
+                    value.item() if isinstance(value, torch.Tensor) else value
+                )
+    meta["param_groups"] = [
+        {k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]
+    ]
     meta["num_params"] = sum(len(g["params"]) for g in state["param_groups"])
     return tensors, meta
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
+) -> None:
     """Inverse of :func:`optimizer_state_tensors`; shapes are checked against the params."""
     current = optimizer.state_dict()
     params = [p for g in optimizer.param_groups for p in g["params"]]

@@ -13,9 +13,10 @@ Read :meth:`OPDTrainer.train` top to bottom: it is the cycle of design.txt §3 i
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
+import shutil
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -25,12 +26,13 @@ from typing import Any
 
 import torch
 import yaml
+from safetensors.torch import load_file
 
 from miniverl import __version__
 from miniverl.agent.loop import RolloutRunner
 from miniverl.cache.store import TeacherCache
 from miniverl.config.models import RunConfig
-from miniverl.environments.base import Task, make_splits
+from miniverl.environments.base import Task, make_splits, sample_extra_tasks
 from miniverl.environments.registry import make_environment
 from miniverl.errors import CheckpointError, RunDirectoryError
 from miniverl.losses import (
@@ -46,13 +48,24 @@ from miniverl.models.factory import build_tokenizer, resolve_device
 from miniverl.models.runtime import LocalRoleGraph, build_runtime
 from miniverl.schemas.alignment import AlignmentMap
 from miniverl.schemas.trajectory import Trajectory
-from miniverl.selection.selectors import SelectionResult, aggregate_selection_stats, select_positions
+from miniverl.selection.selectors import (
+    SelectionResult,
+    aggregate_selection_stats,
+    select_positions,
+)
 from miniverl.teachers.local import LocalTeacherScorer
-from miniverl.trajectory.alignment import build_alignment_map
-from miniverl.trajectory.io import append_trajectories, read_trajectories, write_trajectories
-from miniverl.trajectory.masks import model_target_positions
-from miniverl.training.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
-from miniverl.training.memory import MemoryPlan, resolve_chunk_size, resolve_strategy, run_with_oom_retry
+from miniverl.training.checkpoint import (
+    find_latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_tensors,
+)
+from miniverl.training.memory import (
+    MemoryPlan,
+    resolve_chunk_size,
+    resolve_strategy,
+    run_with_oom_retry,
+)
 from miniverl.training.optim import (
     Schedule,
     build_optimizer,
@@ -62,16 +75,33 @@ from miniverl.training.optim import (
     set_lr,
 )
 from miniverl.training.progress import ProgressReporter
+from miniverl.trajectory.alignment import build_alignment_map
+from miniverl.trajectory.io import append_trajectories, read_trajectories
+from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils import gpu
 from miniverl.utils.env import collect_environment
-from miniverl.utils.io import atomic_write_bytes, atomic_write_text, read_json, sha256_file, write_json
+from miniverl.utils.io import (
+    append_jsonl,
+    atomic_write_bytes,
+    atomic_write_text,
+    read_json,
+    sha256_file,
+    write_json,
+)
 from miniverl.utils.logging import EventLog, MetricsLog, make_console, utc_now
 from miniverl.utils.runs import RunPaths
-from miniverl.utils.seeding import capture_rng_state, derive_seed, restore_rng_state, seed_everything
+from miniverl.utils.seeding import (
+    capture_rng_state,
+    derive_seed,
+    restore_rng_state,
+    seed_everything,
+)
 
 TOY_TEACHER_FILE = "toy-teacher.safetensors"
 COLD_START_STUDENT = "student.safetensors"
 COLD_START_MARKER = "cold_start.json"
+OFFLINE_POOL_CYCLE = -1
+"""Cache keys of the offline_kd pool carry this cycle: it is scored once, before cycle 0."""
 DEFAULT_TOP_K = 64
 
 
@@ -144,6 +174,8 @@ class OPDTrainer:
         self.offline_version: int | None = None
         self.offline_cursor = 0
         self.toy_teacher_report: dict[str, Any] | None = None
+        self._in_warmup = False
+        self.main_start_step = 0
         self._is_setup = False
 
     # ================================================================== setup
@@ -163,8 +195,14 @@ class OPDTrainer:
         self.cpu_threads = self._resolve_cpu_threads()
         self.tokenizer = build_tokenizer(cfg)
         self.environment = make_environment(cfg.environment.name, **cfg.environment.params)
-        counts = {"train": cfg.environment.train_tasks, "eval": cfg.environment.eval_tasks, "test": cfg.environment.test_tasks}
-        self.splits = make_splits(self.environment, counts, cfg.environment.split_seed, cfg.environment.difficulty)
+        counts = {
+            "train": cfg.environment.train_tasks,
+            "eval": cfg.environment.eval_tasks,
+            "test": cfg.environment.test_tasks,
+        }
+        self.splits = make_splits(
+            self.environment, counts, cfg.environment.split_seed, cfg.environment.difficulty
+        )
         self.tasks_by_id = {t.task_id: t for split in self.splits.values() for t in split}
         self.task_order = self._build_task_order()
 
@@ -177,7 +215,9 @@ class OPDTrainer:
         self.vocab_size = vocab
         self.chunk_size = resolve_chunk_size(cfg.loss.chunk_size, vocab, cfg.memory.min_chunk_size)
         self.top_k = self._resolve_top_k(vocab)
-        self.memory_plan: MemoryPlan = resolve_strategy(cfg, device=self.device, model_bytes=self._model_bytes())
+        self.memory_plan: MemoryPlan = resolve_strategy(
+            cfg, device=self.device, model_bytes=self._model_bytes()
+        )
         self.spec = DivergenceSpec(
             name=cfg.loss.divergence,
             temperature=cfg.loss.temperature,
@@ -208,7 +248,11 @@ class OPDTrainer:
     def _resolve_cpu_threads(self) -> int:
         threads = self.config.run.cpu_threads
         if threads == "auto":
-            threads = 1 if self.config.models.backend == "toy" and self.device == "cpu" else torch.get_num_threads()
+            threads = (
+                1
+                if self.config.models.backend == "toy" and self.device == "cpu"
+                else torch.get_num_threads()
+            )
         torch.set_num_threads(int(threads))
         return int(threads)
 
@@ -256,9 +300,9 @@ class OPDTrainer:
 
     def _planned_steps(self) -> int:
         tr = self.config.train
-        per_cycle = math.ceil(tr.rollouts_per_cycle / tr.group_size())
-        warmup = 0 if self.config.run.mode == "sft" else tr.sft_warmup_cycles * per_cycle
-        return warmup + tr.cycles * tr.steps_per_rollout_batch()
+        if self.config.run.mode == "opd":
+            return tr.cycles * tr.steps_per_rollout_batch()
+        return tr.cycles * math.ceil(tr.rollouts_per_cycle / tr.group_size())
 
     def _resolved_config(self) -> RunConfig:
         data = self.config.to_dict()
@@ -283,9 +327,12 @@ class OPDTrainer:
         atomic_write_text(self.paths.config_validated, validated)
         atomic_write_text(
             self.paths.config_original,
-            "# v0.2 resume-compatibility copy of the runtime input; not the submitted bytes\n" + validated,
+            "# v0.2 resume-compatibility copy of the runtime input; not the submitted bytes\n"
+            + validated,
         )
-        header = f"# every 'auto' replaced by its decision\n# memory plan: {self.memory_plan.reason}\n"
+        header = (
+            f"# every 'auto' replaced by its decision\n# memory plan: {self.memory_plan.reason}\n"
+        )
         atomic_write_text(self.paths.config_resolved, header + self.resolved_config.to_yaml())
 
     # ================================================================== manifest
@@ -328,7 +375,10 @@ class OPDTrainer:
                 "split_sizes": {k: len(v) for k, v in self.splits.items()},
             },
             "models": models,
-            "tokenizer": {"fingerprint": self.tokenizer.fingerprint, "vocab_size": self.tokenizer.vocab_size},
+            "tokenizer": {
+                "fingerprint": self.tokenizer.fingerprint,
+                "vocab_size": self.tokenizer.vocab_size,
+            },
             "objective": self.objective_block(),
             "memory_plan": self.memory_plan.to_dict(),
             "projection_chunk_size": self.chunk_size,
@@ -348,7 +398,11 @@ class OPDTrainer:
         cfg = self.config
         supervision = "oracle_tokens"
         if cfg.run.mode != "sft":
-            supervision = "exact_hidden" if self.scorer is not None and self.scorer.shape == "exact_hidden" else "bucketed_topk_plus_tail"
+            supervision = (
+                "exact_hidden"
+                if self.scorer is not None and self.scorer.shape == "exact_hidden"
+                else "bucketed_topk_plus_tail"
+            )
         return {
             "label": cfg.objective_label(),
             "mode": cfg.run.mode,
@@ -359,8 +413,12 @@ class OPDTrainer:
             "top_k": self.top_k if supervision == "bucketed_topk_plus_tail" else None,
             "supervision_shape": supervision,
             "sampled_token_nll_weight": cfg.loss.sampled_token_nll_weight,
-            "entropy_threshold": cfg.loss.entropy_threshold if cfg.loss.divergence == "entropy_aware" else None,
-            "entropy_forward_weight": cfg.loss.entropy_forward_weight if cfg.loss.divergence == "entropy_aware" else None,
+            "entropy_threshold": cfg.loss.entropy_threshold
+            if cfg.loss.divergence == "entropy_aware"
+            else None,
+            "entropy_forward_weight": cfg.loss.entropy_forward_weight
+            if cfg.loss.divergence == "entropy_aware"
+            else None,
             "selector": cfg.selection.selector,
             "selection_ratio": cfg.selection.ratio,
             "teacher_mode": cfg.teacher.mode,
@@ -381,7 +439,15 @@ class OPDTrainer:
         self.setup()
         cfg = self.config
         started = time.perf_counter()
-        self.events.emit("run_start", echo=f"{cfg.run.mode} -> {self.paths.root}", mode=cfg.run.mode, run_dir=self.paths.root.name, resume=self.resume, device=self.device, memory_plan=self.memory_plan.to_dict())
+        self.events.emit(
+            "run_start",
+            echo=f"{cfg.run.mode} -> {self.paths.root}",
+            mode=cfg.run.mode,
+            run_dir=self.paths.root.name,
+            resume=self.resume,
+            device=self.device,
+            memory_plan=self.memory_plan.to_dict(),
+        )
         try:
             if self.resume:
                 self.load_from_checkpoint()
@@ -411,9 +477,20 @@ class OPDTrainer:
             write_json(self.paths.eval_json, summary)
             write_json(self.paths.manifest, self.build_manifest())
         except KeyboardInterrupt:
-            self.events.emit("run_end", echo="interrupted; resume with --resume", status="interrupted", global_optimizer_step=self.global_step)
+            self.events.emit(
+                "run_end",
+                echo="interrupted; resume with --resume",
+                status="interrupted",
+                global_optimizer_step=self.global_step,
+            )
             raise
-        self.events.emit("run_end", echo=f"final success {summary['final']['success_rate']:.3f}", status="completed", seconds=round(time.perf_counter() - started, 2), global_optimizer_step=self.global_step)
+        self.events.emit(
+            "run_end",
+            echo=f"final success {summary['final']['success_rate']:.3f}",
+            status="completed",
+            seconds=round(time.perf_counter() - started, 2),
+            global_optimizer_step=self.global_step,
+        )
         return summary
 
     # ---------------------------------------------------------------- tasks
@@ -443,7 +520,9 @@ class OPDTrainer:
             return 0.0
         solved = 0
         for i, task in enumerate(tasks):
-            traj = runner.rollout(task, derive_seed(self.config.run.seed, "probe", i), temperature=0.0)
+            traj = runner.rollout(
+                task, derive_seed(self.config.run.seed, "probe", i), temperature=0.0
+            )
             solved += int(traj.solved)
         return solved / len(tasks)
 
@@ -454,11 +533,22 @@ class OPDTrainer:
         from miniverl.models.toy import fit_toy_model
 
         fit = self.config.models.toy_fit
+        env_cfg = self.config.environment
         train = self.splits["train"]
-        oracle = [self.runner.oracle_rollout(t) for t in train]
+        extra = sample_extra_tasks(
+            self.environment,
+            fit.extra_tasks,
+            derive_seed(env_cfg.split_seed, "toy-teacher-pool"),
+            env_cfg.difficulty,
+            exclude=[t for split in self.splits.values() for t in split],
+        )
+        pool = train + extra
+        oracle = [self.runner.oracle_rollout(t) for t in pool]
         examples = [(t.token_ids, model_target_positions(t.model_generated_mask)) for t in oracle]
         runner = self._teacher_runner()
-        probe = train[: min(len(train), 8)]
+        probe = random.Random(derive_seed(self.config.run.seed, "toy-teacher-probe")).sample(
+            pool, min(len(pool), fit.probe_tasks)
+        )
         checks: list[dict[str, float]] = []
 
         def solved_enough(step: int) -> bool:
@@ -482,13 +572,17 @@ class OPDTrainer:
             p.requires_grad_(False)
         self.teacher.set_train(False)
         train_success = self._greedy_success(runner, train)
-        eval_success = self._greedy_success(runner, self.splits[self.config.eval.split][: self.config.eval.max_tasks])
+        eval_success = self._greedy_success(
+            runner, self.splits[self.config.eval.split][: self.config.eval.max_tasks]
+        )
         weights_sha256 = self._save_toy_teacher(self.paths.root / TOY_TEACHER_FILE)
         self.toy_teacher_report = {
             "steps": report.steps_run,
             "final_loss": report.final_loss,
             "stopped_early": report.stopped_early,
             "seconds": round(report.seconds, 2),
+            "fit_tasks": len(pool),
+            "extra_tasks": len(extra),
             "train_success": train_success,
             "heldout_success": eval_success,
             "checks": checks,
@@ -502,13 +596,8 @@ class OPDTrainer:
         )
 
     def _save_toy_teacher(self, path: Path) -> str:
-        from safetensors.torch import save_file
-
         assert self.teacher is not None
-        tmp = path.with_name(f".{path.name}.tmp")
-        save_file({k: v.contiguous() for k, v in self.teacher.full_state_dict().items()}, str(tmp))
-        tmp.replace(path)
-        return sha256_file(path)
+        return save_tensors(self.teacher.full_state_dict(), path)
 
     def export_cold_start(self, directory: str | Path) -> Path:
         """Write the student's trainable weights (and the fitted toy teacher) for benchmark arms.
@@ -516,16 +605,12 @@ class OPDTrainer:
         Weights only: no optimizer state crosses into an arm, so no momentum leaks
         between arms that share this cold start.
         """
-        from safetensors.torch import save_file
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        student_path = directory / COLD_START_STUDENT
-        tmp = student_path.with_name(f".{student_path.name}.tmp")
-        save_file({k: v.contiguous() for k, v in self.student.trainable_state_dict().items()}, str(tmp))
-        tmp.replace(student_path)
         marker: dict[str, Any] = {
-            "student_sha256": sha256_file(student_path),
+            "student_sha256": save_tensors(
+                self.student.trainable_state_dict(), directory / COLD_START_STUDENT
+            ),
             "parameter_version": self.parameter_version,
             "global_optimizer_step": self.global_step,
             "config_digest": self.config.digest(),
@@ -539,17 +624,19 @@ class OPDTrainer:
 
     def _load_cold_start(self) -> None:
         """Load a shared cold start weights-only; the arm starts with a fresh optimizer."""
-        from safetensors.torch import load_file
-
         assert self.cold_start is not None
         marker_path = self.cold_start / COLD_START_MARKER
         if not marker_path.is_file():
-            raise CheckpointError(f"{marker_path} not found", hint="run the benchmark cold start first")
+            raise CheckpointError(
+                f"{marker_path} not found", hint="run the benchmark cold start first"
+            )
         marker = read_json(marker_path)
         student_path = self.cold_start / COLD_START_STUDENT
         if not student_path.is_file() or sha256_file(student_path) != marker.get("student_sha256"):
             raise CheckpointError(f"{student_path} is missing or does not match {marker_path}")
-        self.student.load_trainable_state_dict({k: v.to(self.student.device) for k, v in load_file(str(student_path)).items()})
+        self.student.load_trainable_state_dict(
+            {k: v.to(self.student.device) for k, v in load_file(str(student_path)).items()}
+        )
         teacher_sha = None
         if self.config.models.backend == "toy" and self.teacher is not None:
             teacher_path = self.cold_start / TOY_TEACHER_FILE
@@ -557,7 +644,10 @@ class OPDTrainer:
             if teacher_sha is None or teacher_sha != marker.get("toy_teacher_sha256"):
                 raise CheckpointError(f"{teacher_path} is missing or does not match {marker_path}")
             self.teacher.load_full_state_dict(load_file(str(teacher_path)))
-            self.toy_teacher_report = {**(marker.get("toy_teacher") or {}), "weights_sha256": self._save_toy_teacher(self.paths.root / TOY_TEACHER_FILE)}
+            self.toy_teacher_report = {
+                **(marker.get("toy_teacher") or {}),
+                "weights_sha256": self._save_toy_teacher(self.paths.root / TOY_TEACHER_FILE),
+            }
         self.events.emit(
             "benchmark_cold_start_loaded",
             echo=f"weights-only cold start from {self.cold_start.name}",
@@ -570,18 +660,26 @@ class OPDTrainer:
         """Resume: the fitted toy teacher, verified against the hash in the checkpoint."""
         if self.config.models.backend != "toy" or self.teacher is None:
             return
-        from safetensors.torch import load_file
-
         path = self.paths.root / TOY_TEACHER_FILE
         report = report or {}
         if not path.is_file() or sha256_file(path) != report.get("weights_sha256"):
-            raise CheckpointError(f"{path} is missing or does not match its SHA-256 in the checkpoint", hint="start a new run")
+            raise CheckpointError(
+                f"{path} is missing or does not match its SHA-256 in the checkpoint",
+                hint="start a new run",
+            )
         self.teacher.load_full_state_dict(load_file(str(path)))
         self.toy_teacher_report = report
 
     # ---------------------------------------------------------------- evaluation
 
-    def evaluate(self, tag: str, *, temperature: float | None = None, split: str | None = None, write: bool = True) -> dict[str, Any]:
+    def evaluate(
+        self,
+        tag: str,
+        *,
+        temperature: float | None = None,
+        split: str | None = None,
+        write: bool = True,
+    ) -> dict[str, Any]:
         """Roll out the held-out split (greedy by default) and summarize it."""
         cfg = self.config
         split = split or cfg.eval.split
@@ -604,9 +702,17 @@ class OPDTrainer:
         if write:
             append_trajectories(self.paths.eval_trajectories, trajectories)
         result = summarize_rollouts(trajectories)
-        result.update(tag=tag, split=split, temperature=temp, parameter_version=self.parameter_version, global_optimizer_step=self.global_step)
+        result.update(
+            tag=tag,
+            split=split,
+            temperature=temp,
+            parameter_version=self.parameter_version,
+            global_optimizer_step=self.global_step,
+        )
         self.eval_results[tag] = result
-        self.events.emit("eval", echo=f"{tag}: {result['solved']}/{result['tasks']} solved", **result)
+        self.events.emit(
+            "eval", echo=f"{tag}: {result['solved']}/{result['tasks']} solved", **result
+        )
         self.metrics.write({"kind": "eval", **result})
         return result
 
@@ -633,7 +739,11 @@ class OPDTrainer:
 
     def _oracle_samples(self, tasks: Sequence[Task], suffix: str) -> list[TrainingSample]:
         trajectories = [
-            self.runner.oracle_rollout(t, trajectory_id=f"{t.task_id}:oracle:{suffix}", policy_version=self.parameter_version)
+            self.runner.oracle_rollout(
+                t,
+                trajectory_id=f"{t.task_id}:oracle:{suffix}",
+                policy_version=self.parameter_version,
+            )
             for t in tasks
         ]
         append_trajectories(self.paths.trajectories, trajectories)
@@ -641,20 +751,45 @@ class OPDTrainer:
         for traj in trajectories:
             targets = model_target_positions(traj.model_generated_mask)
             weights = [1.0] * len(targets)
-            selection = SelectionResult(traj.trajectory_id, "all_model_tokens", targets, weights, len(targets), sum(traj.critical_mask), traj.span_types_at(targets))
-            samples.append(TrainingSample(traj, selection, build_alignment_map(traj, targets, weights), traj.policy_version))
+            selection = SelectionResult(
+                traj.trajectory_id,
+                "all_model_tokens",
+                targets,
+                weights,
+                len(targets),
+                sum(traj.critical_mask),
+                traj.span_types_at(targets),
+            )
+            samples.append(
+                TrainingSample(
+                    traj,
+                    selection,
+                    build_alignment_map(traj, targets, weights),
+                    traj.policy_version,
+                )
+            )
         return samples
 
     def _run_sft_warmup(self, cycles: int) -> None:
         """Oracle-trace cross-entropy before KD/OPD: gets the policy emitting valid calls."""
         self.events.emit("sft_warmup_start", echo=f"{cycles} cycles", cycles=cycles)
-        with self.progress.task("SFT warm-up", cycles) as advance:
-            for k in range(cycles):
-                tasks = self._next_tasks(self.config.train.rollouts_per_cycle)
-                samples = self._oracle_samples(tasks, f"c-{cycles - k}")
-                records = self._optimize(samples, phase="sft", cycle=k - cycles)
-                self.events.emit("sft_warmup_cycle", cycle=k - cycles, steps=len(records), loss=records[-1]["loss"] if records else None)
-                advance()
+        self._in_warmup = True
+        try:
+            with self.progress.task("SFT warm-up", cycles) as advance:
+                for k in range(cycles):
+                    tasks = self._next_tasks(self.config.train.rollouts_per_cycle)
+                    samples = self._oracle_samples(tasks, f"c-{cycles - k}")
+                    records = self._optimize(samples, phase="sft", cycle=k - cycles)
+                    self.events.emit(
+                        "sft_warmup_cycle",
+                        cycle=k - cycles,
+                        steps=len(records),
+                        loss=records[-1]["loss"] if records else None,
+                    )
+                    advance()
+        finally:
+            self._in_warmup = False
+        self.main_start_step = self.global_step
 
     # ---------------------------------------------------------------- one cycle
 
@@ -666,7 +801,9 @@ class OPDTrainer:
         mode = cfg.run.mode
         rollout_stats: dict[str, Any] = {}
         if mode == "sft":
-            samples = self._oracle_samples(self._next_tasks(cfg.train.rollouts_per_cycle), f"c{cycle}")
+            samples = self._oracle_samples(
+                self._next_tasks(cfg.train.rollouts_per_cycle), f"c{cycle}"
+            )
         elif mode == "offline_kd":
             samples = self._offline_kd_samples(cycle)
         else:
@@ -691,7 +828,12 @@ class OPDTrainer:
                 selector=cfg.selection.selector,
                 trajectories=len(samples),
             )
-            record.update(skipped=True, steps=0, parameter_version=self.parameter_version, seconds=round(time.perf_counter() - started, 3))
+            record.update(
+                skipped=True,
+                steps=0,
+                parameter_version=self.parameter_version,
+                seconds=round(time.perf_counter() - started, 3),
+            )
             self.metrics.write(record)
             return
         steps = self._optimize(samples, phase=mode, cycle=cycle)
@@ -717,7 +859,12 @@ class OPDTrainer:
             for offset, task in enumerate(tasks):
                 seed = cfg.run.seed + self.global_step * 1013 + offset
                 trajectories.append(
-                    self.runner.rollout(task, seed, policy_version=self.parameter_version, extra_metadata={"cycle": cycle})
+                    self.runner.rollout(
+                        task,
+                        seed,
+                        policy_version=self.parameter_version,
+                        extra_metadata={"cycle": cycle},
+                    )
                 )
                 advance()
         append_trajectories(self.paths.trajectories, trajectories)
@@ -731,36 +878,48 @@ class OPDTrainer:
         )
         return trajectories
 
-    def _build_samples(self, trajectories: Sequence[Trajectory], cycle: int, *, rollout_version: int | None = None) -> list[TrainingSample]:
+    def _build_samples(
+        self, trajectories: Sequence[Trajectory], cycle: int, *, rollout_version: int | None = None
+    ) -> list[TrainingSample]:
         """select -> privileged render -> align -> score -> cache write + flush -> providers."""
-        cfg = self.config
         version = self.parameter_version if rollout_version is None else rollout_version
         samples: list[TrainingSample] = []
         swap = not self.memory_plan.teacher_resident
         if swap:
             self._student_off_device()
         for traj in trajectories:
-            selection = select_positions(traj, cfg.selection, run_seed=cfg.run.seed)
-            teacher_view = None
-            if cfg.teacher.mode == "privileged_context":
-                teacher_view = self.runner.privileged_render(traj, self.tasks_by_id[traj.task_id])
-            alignment = build_alignment_map(traj, selection.positions, selection.weights, teacher=teacher_view)
-            sample = TrainingSample(traj, selection, alignment, version)
-            if alignment.num_positions:
+            sample, teacher_view = self._select_and_align(traj, version)
+            if sample.num_positions:
                 assert self.scorer is not None
-                result = self.scorer.score(traj, alignment, teacher_trajectory=teacher_view)
+                result = self.scorer.score(traj, sample.alignment, teacher_trajectory=teacher_view)
                 sample.provider = result.provider
                 sample.teacher_entropy = [float(x) for x in result.teacher_entropy]
                 if self.cache is not None and result.shape == "bucketed":
-                    sample.cache_key = f"{traj.trajectory_id}@c{cycle}"
+                    sample.cache_key = _cache_key(traj.trajectory_id, cycle)
                     self.cache.write(sample.cache_key, result, policy_version=version)
             samples.append(sample)
         if self.cache is not None:
             self.cache.flush()
         if swap:
             self._student_on_device()
-        self._reload_targets_from_cache(samples, expect_policy_version=self._expected_version(version))
+        self._reload_targets_from_cache(
+            samples, expect_policy_version=self._expected_version(version)
+        )
         return samples
+
+    def _select_and_align(
+        self, traj: Trajectory, version: int
+    ) -> tuple[TrainingSample, Trajectory | None]:
+        """Selection, the privileged render (if any) and the alignment of one trajectory."""
+        cfg = self.config
+        selection = select_positions(traj, cfg.selection, run_seed=cfg.run.seed)
+        teacher_view = None
+        if cfg.teacher.mode == "privileged_context":
+            teacher_view = self.runner.privileged_render(traj, self.tasks_by_id[traj.task_id])
+        alignment = build_alignment_map(
+            traj, selection.positions, selection.weights, teacher=teacher_view
+        )
+        return TrainingSample(traj, selection, alignment, version), teacher_view
 
     def _expected_version(self, rollout_version: int) -> int:
         """Strict OPD: the current parameters; replay and offline KD: the data's version."""
@@ -768,14 +927,20 @@ class OPDTrainer:
             return self.parameter_version
         return rollout_version
 
-    def _reload_targets_from_cache(self, samples: Sequence[TrainingSample], *, expect_policy_version: int) -> None:
+    def _reload_targets_from_cache(
+        self, samples: Sequence[TrainingSample], *, expect_policy_version: int
+    ) -> None:
         """Re-attach providers from disk: the policy-version check happens here."""
         if self.cache is None:
             return
         for sample in samples:
             if sample.cache_key is not None:
-                cached = self.cache.read(sample.cache_key, expect_policy_version=expect_policy_version)
+                cached = self.cache.read(
+                    sample.cache_key, expect_policy_version=expect_policy_version
+                )
                 sample.provider = cached.provider(self.spec)
+                if cached.teacher_entropy is not None:
+                    sample.teacher_entropy = [float(x) for x in cached.teacher_entropy]
 
     def _student_off_device(self) -> None:
         """swap: student weights and optimizer moments to host memory, teacher on."""
@@ -801,50 +966,80 @@ class OPDTrainer:
             runner = self._teacher_runner()
             self._rollout_version = self.parameter_version
             trajectories = [
-                runner.rollout(t, derive_seed(cfg.run.seed, "offline", i), policy_version=self.parameter_version, extra_metadata={"offline_kd_pool": True})
+                runner.rollout(
+                    t,
+                    derive_seed(cfg.run.seed, "offline", i),
+                    policy_version=self.parameter_version,
+                    extra_metadata={"offline_kd_pool": True},
+                )
                 for i, t in enumerate(tasks)
             ]
             append_trajectories(self.paths.trajectories, trajectories)
             self.offline_version = self.parameter_version
-            samples = self._build_samples(trajectories, cycle=-1, rollout_version=self.offline_version)
+            samples = self._build_samples(
+                trajectories, cycle=OFFLINE_POOL_CYCLE, rollout_version=self.offline_version
+            )
             self.offline_pool = [s.trajectory.trajectory_id for s in samples]
             self._offline_samples = {s.trajectory.trajectory_id: s for s in samples}
-            self.events.emit("rollouts_collected", echo=f"offline_kd: {len(trajectories)} fixed teacher rollouts", cycle=cycle, offline_kd_pool=True, **summarize_rollouts(trajectories))
+            self.events.emit(
+                "rollouts_collected",
+                echo=f"offline_kd: {len(trajectories)} fixed teacher rollouts",
+                cycle=cycle,
+                offline_kd_pool=True,
+                **summarize_rollouts(trajectories),
+            )
         else:
-            self.events.emit("offline_kd_reuse", echo=f"cycle {cycle}: reusing the frozen cache", cycle=cycle, pool=len(self.offline_pool), cache_policy_version=self.offline_version, parameter_version=self.parameter_version)
+            self.events.emit(
+                "offline_kd_reuse",
+                echo=f"cycle {cycle}: reusing the frozen cache",
+                cycle=cycle,
+                pool=len(self.offline_pool),
+                cache_policy_version=self.offline_version,
+                parameter_version=self.parameter_version,
+            )
         picked = []
         for _ in range(cfg.train.rollouts_per_cycle):
-            picked.append(self._offline_samples[self.offline_pool[self.offline_cursor % len(self.offline_pool)]])
+            picked.append(
+                self._offline_samples[
+                    self.offline_pool[self.offline_cursor % len(self.offline_pool)]
+                ]
+            )
             self.offline_cursor += 1
         return picked
 
     def _restore_offline_pool(self) -> None:
+        """Resume of offline_kd: the fixed rollouts from the log, their targets from the cache."""
         if self.config.run.mode != "offline_kd" or not self.offline_pool:
             return
-        by_id = {t.trajectory_id: t for t in read_trajectories(self.paths.trajectories) if t.metadata.get("offline_kd_pool")}
+        by_id = {
+            t.trajectory_id: t
+            for t in read_trajectories(self.paths.trajectories)
+            if t.metadata.get("offline_kd_pool")
+        }
+        version = int(self.offline_version or 0)
         samples = {}
         for tid in self.offline_pool:
-            traj = by_id[tid]
-            selection = select_positions(traj, self.config.selection, run_seed=self.config.run.seed)
-            teacher_view = None
-            if self.config.teacher.mode == "privileged_context":
-                teacher_view = self.runner.privileged_render(traj, self.tasks_by_id[traj.task_id])
-            alignment = build_alignment_map(traj, selection.positions, selection.weights, teacher=teacher_view)
-            sample = TrainingSample(traj, selection, alignment, int(self.offline_version or 0))
-            if alignment.num_positions and self.cache is not None:
-                sample.cache_key = f"{tid}@c-1"
+            sample, _ = self._select_and_align(by_id[tid], version)
+            if sample.num_positions and self.cache is not None:
+                sample.cache_key = _cache_key(tid, OFFLINE_POOL_CYCLE)
             samples[tid] = sample
-        self._reload_targets_from_cache(list(samples.values()), expect_policy_version=int(self.offline_version or 0))
+        self._reload_targets_from_cache(list(samples.values()), expect_policy_version=version)
         self._offline_samples = samples
 
     # ---------------------------------------------------------------- update
 
-    def _optimize(self, samples: Sequence[TrainingSample], *, phase: str, cycle: int) -> list[dict[str, Any]]:
+    def _optimize(
+        self, samples: Sequence[TrainingSample], *, phase: str, cycle: int
+    ) -> list[dict[str, Any]]:
         """Optimizer groups of ``group_size`` trainable rows; one commit per group."""
         cfg = self.config
         rows = [s for s in samples if s.trainable]
         group = cfg.train.group_size()
-        passes = cfg.train.replay_passes if (phase == "opd" and cfg.train.opd_freshness == "replay") else 1
+        passes = (
+            cfg.train.replay_passes
+            if (phase == "opd" and cfg.train.opd_freshness == "replay")
+            else 1
+        )
         records = []
         self.student.set_train(True)
         step_in_cycle = 0
@@ -854,7 +1049,9 @@ class OPDTrainer:
                 t0 = time.perf_counter()
                 gpu.reset_peak(self.device if self.device.startswith("cuda") else None)
                 result, used_chunk = run_with_oom_retry(
-                    lambda chunk, members=members: self._compute_group_gradients(members, chunk, phase),
+                    lambda chunk, members=members: self._compute_group_gradients(
+                        members, chunk, phase
+                    ),
                     chunk_size=self.chunk_size,
                     min_chunk_size=cfg.memory.min_chunk_size,
                     retries=cfg.memory.oom_retries,
@@ -882,11 +1079,17 @@ class OPDTrainer:
                     "lr": lr,
                     "selected_positions": positions,
                     "trajectories_in_step": len(members),
-                    "teacher_entropy_mean": (result.entropy_sum / result.entropy_positions) if result.entropy_positions else None,
-                    "high_entropy_fraction": (result.high_entropy_sum / result.entropy_positions) if result.entropy_positions else None,
+                    "teacher_entropy_mean": (result.entropy_sum / result.entropy_positions)
+                    if result.entropy_positions
+                    else None,
+                    "high_entropy_fraction": (result.high_entropy_sum / result.entropy_positions)
+                    if result.entropy_positions
+                    else None,
                     "loss_by_span_type": result.loss_by_span_type,
                     "seconds": round(seconds, 4),
-                    "train_selected_tokens_per_second": round(positions / seconds, 2) if seconds > 0 else None,
+                    "train_selected_tokens_per_second": round(positions / seconds, 2)
+                    if seconds > 0
+                    else None,
                     "projection_chunk_size": used_chunk,
                     "gpu": gpu.snapshot(self.device),
                 }
@@ -896,7 +1099,9 @@ class OPDTrainer:
         self.student.set_train(False)
         return records
 
-    def _compute_group_gradients(self, group: Sequence[TrainingSample], chunk_size: int, phase: str) -> GroupResult:
+    def _compute_group_gradients(
+        self, group: Sequence[TrainingSample], chunk_size: int, phase: str
+    ) -> GroupResult:
         """Accumulate the gradient of L = (1/G) sum_r L_r over length-bucketed micro-batches."""
         cfg = self.config
         self.optimizer.zero_grad(set_to_none=True)
@@ -912,9 +1117,15 @@ class OPDTrainer:
                 device=self.student.device,
             )
             hidden = self.student.hidden_states_at_batch(batch, with_grad=True)
-            weights = torch.cat(normalize_trajectory_weights([r.alignment.token_weights for r in rows])).to(hidden.device)
+            weights = torch.cat(
+                normalize_trajectory_weights([r.alignment.token_weights for r in rows])
+            ).to(hidden.device)
             provider = None if phase == "sft" else concat_providers([r.provider for r in rows])
-            targets = torch.tensor([t for r in rows for t in r.alignment.target_token_ids], dtype=torch.long, device=hidden.device)
+            targets = torch.tensor(
+                [t for r in rows for t in r.alignment.target_token_ids],
+                dtype=torch.long,
+                device=hidden.device,
+            )
             res = chunked_selected_position_loss(
                 hidden_states=hidden,
                 lm_head=self.student.project,
@@ -940,16 +1151,32 @@ class OPDTrainer:
                 out.loss_by_span_type[key] = out.loss_by_span_type.get(key, 0.0) + value
         return out
 
+    def _current_lr(self) -> float:
+        """Warm-up: constant ``train.sft_lr`` (default ``train.lr``); then the schedule.
+
+        The schedule counts optimizer steps since the main phase began, so a longer or
+        shorter warm-up does not shift the KD/OPD learning-rate curve.
+        """
+        if self._in_warmup:
+            return self.config.train.sft_lr or self.config.train.lr
+        return self.schedule.lr_at(self.global_step - self.main_start_step)
+
     def _commit_update(self) -> tuple[bool, float, float]:
         """Clip, set the scheduled lr, step. A non-finite gradient skips the step."""
         params = self.student.trainable_parameters()
         max_norm = self.config.train.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(
+            params, max_norm if max_norm is not None else float("inf")
+        )
         grad_norm = float(norm)
-        lr = self.schedule.lr_at(self.global_step)
+        lr = self._current_lr()
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
-            self.events.emit("update_skipped_nonfinite", echo="non-finite gradient: update skipped", global_optimizer_step=self.global_step)
+            self.events.emit(
+                "update_skipped_nonfinite",
+                echo="non-finite gradient: update skipped",
+                global_optimizer_step=self.global_step,
+            )
             return False, grad_norm, lr
         set_lr(self.optimizer, lr)
         self.optimizer.step()
@@ -969,14 +1196,18 @@ class OPDTrainer:
             al = sample.alignment
             if not al.num_positions:
                 continue
-            hidden = self.student.hidden_states_at(sample.trajectory.token_ids, al.student_prediction_positions)
+            hidden = self.student.hidden_states_at(
+                sample.trajectory.token_ids, al.student_prediction_positions
+            )
             logits = self.student.project(hidden).float()
             log_probs = torch.log_softmax(logits, dim=-1)
             targets = torch.tensor(al.target_token_ids, dtype=torch.long, device=logits.device)
             student_lp = log_probs.gather(1, targets[:, None])[:, 0].tolist()
             divergence: list[float | None] = [None] * al.num_positions
             if sample.provider is not None:
-                divergence = sample.provider.divergence(logits, 0, al.num_positions).divergence.tolist()
+                divergence = sample.provider.divergence(
+                    logits, 0, al.num_positions
+                ).divergence.tolist()
             for i, pred in enumerate(al.student_prediction_positions):
                 records.append(
                     {
@@ -991,11 +1222,11 @@ class OPDTrainer:
                         "weight": al.token_weights[i],
                         "divergence": divergence[i],
                         "student_log_prob": student_lp[i],
-                        "teacher_entropy": sample.teacher_entropy[i] if i < len(sample.teacher_entropy) else None,
+                        "teacher_entropy": sample.teacher_entropy[i]
+                        if i < len(sample.teacher_entropy)
+                        else None,
                     }
                 )
-        from miniverl.utils.io import append_jsonl
-
         self.paths.token_analysis.unlink(missing_ok=True)
         append_jsonl(self.paths.token_analysis, records)
         self.events.emit("token_analysis_written", cycle=cycle, positions=len(records))
@@ -1031,11 +1262,16 @@ class OPDTrainer:
             "task_cursor": self.task_cursor,
             "chunk_size": self.chunk_size,
             "schedule": self.schedule.to_dict(),
+            "main_start_step": self.main_start_step,
             "rng": capture_rng_state(),
             "optimizer": optimizer_meta,
             "eval_results": self.eval_results,
             "jsonl_sizes": self._jsonl_sizes(),
-            "offline_kd": {"pool": self.offline_pool, "version": self.offline_version, "cursor": self.offline_cursor},
+            "offline_kd": {
+                "pool": self.offline_pool,
+                "version": self.offline_version,
+                "cursor": self.offline_cursor,
+            },
             "toy_teacher": self.toy_teacher_report,
             "miniverl_version": __version__,
         }
@@ -1049,10 +1285,10 @@ class OPDTrainer:
         if name.startswith("cycle-"):
             for old in self.paths.checkpoints.glob("cycle-*"):
                 if old.name != name and old.is_dir():
-                    import shutil
-
                     shutil.rmtree(old, ignore_errors=True)
-        self.events.emit("checkpoint_saved", name=name, cycle=cycle, global_optimizer_step=self.global_step)
+        self.events.emit(
+            "checkpoint_saved", name=name, cycle=cycle, global_optimizer_step=self.global_step
+        )
         return path
 
     def load_from_checkpoint(self, path: str | Path | None = None) -> None:
@@ -1066,7 +1302,10 @@ class OPDTrainer:
                 hint="the run stopped before its first checkpoint; start it again without --resume",
             )
         if path.name == "final":
-            raise CheckpointError(f"{self.paths.root} already finished (checkpoints/final exists)", hint="nothing to resume; use 'miniverl eval --run' to re-evaluate")
+            raise CheckpointError(
+                f"{self.paths.root} already finished (checkpoints/final exists)",
+                hint="nothing to resume; use 'miniverl eval --run' to re-evaluate",
+            )
         loaded = load_checkpoint(path, device=self.student.device)
         if loaded.state["config_digest"] != self.config.digest():
             raise CheckpointError(
@@ -1082,6 +1321,7 @@ class OPDTrainer:
         self._rollout_version = state.get("rollout_policy_version")
         self.task_cursor = int(state["task_cursor"])
         self.chunk_size = int(state["chunk_size"])
+        self.main_start_step = int(state.get("main_start_step", 0))
         self.eval_results = dict(state.get("eval_results") or {})
         offline = state.get("offline_kd") or {}
         self.offline_pool = list(offline.get("pool") or [])
@@ -1092,8 +1332,15 @@ class OPDTrainer:
         restore_rng_state(state["rng"])
         self._start_cycle = int(state["cycle"]) + 1
         self._restore_offline_pool()
-        self.events.emit("checkpoint_loaded", name=path.name, global_optimizer_step=self.global_step)
-        self.events.emit("resumed", echo=f"from {path.name}: continuing at cycle {self._start_cycle}", start_cycle=self._start_cycle, parameter_version=self.parameter_version)
+        self.events.emit(
+            "checkpoint_loaded", name=path.name, global_optimizer_step=self.global_step
+        )
+        self.events.emit(
+            "resumed",
+            echo=f"from {path.name}: continuing at cycle {self._start_cycle}",
+            start_cycle=self._start_cycle,
+            parameter_version=self.parameter_version,
+        )
 
 
 # ====================================================================== helpers
@@ -1104,7 +1351,11 @@ def summarize_rollouts(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     n = len(trajectories)
     solved = sum(1 for t in trajectories if t.solved)
     termination = Counter(t.termination_reason.value for t in trajectories)
-    failures = Counter(t.verification.failure_category for t in trajectories if t.verification and t.verification.failure_category)
+    failures = Counter(
+        t.verification.failure_category
+        for t in trajectories
+        if t.verification and t.verification.failure_category
+    )
     generated = [t.generated_token_count for t in trajectories]
     return {
         "tasks": n,
@@ -1118,6 +1369,11 @@ def summarize_rollouts(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     }
 
 
+def _cache_key(trajectory_id: str, cycle: int) -> str:
+    """One cache entry per trajectory and cycle (a skipped cycle can repeat seeds)."""
+    return f"{trajectory_id}@c{cycle}"
+
+
 def _truncate(path: Path, size: int) -> None:
     """Cut an append-only log back to the length recorded at the checkpoint."""
     if path.exists() and path.stat().st_size > size:
@@ -1127,11 +1383,15 @@ def _truncate(path: Path, size: int) -> None:
 
 def _git_commit() -> str | None:
     """The miniverl source commit when running from a git checkout, else None."""
-    import subprocess
-
     here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False)
+        out = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -1141,10 +1401,12 @@ def load_resolved_config(run_dir: str | Path) -> RunConfig:
     """``config.resolved.yaml`` of a run (what ``miniverl eval --run`` rebuilds from)."""
     paths = RunPaths(run_dir)
     if not paths.config_resolved.is_file():
-        raise RunDirectoryError(f"{paths.config_resolved} not found", hint="point --run at a directory written by 'miniverl train'")
+        raise RunDirectoryError(
+            f"{paths.config_resolved} not found",
+            hint="point --run at a directory written by 'miniverl train'",
+        )
     data = yaml.safe_load(paths.config_resolved.read_text(encoding="utf-8"))
     return RunConfig.from_mapping(data, source=str(paths.config_resolved))
 
 
 __all__ = ["OPDTrainer", "TrainingSample", "load_resolved_config", "summarize_rollouts"]
-_ = (dataclasses, write_trajectories)

@@ -86,7 +86,9 @@ def build_alignment_map(
     for tspan in teacher.spans:
         key = segment_key_of(tspan)
         if key in teacher_spans:
-            raise AlignmentError(f"teacher render contains duplicate segment key {key!r}; keys must be unique")
+            raise AlignmentError(
+                f"teacher render contains duplicate segment key {key!r}; keys must be unique"
+            )
         teacher_spans[key] = tspan
     counterpart: dict[int, Span] = {}
     for index, span in enumerate(trajectory.spans):
@@ -111,10 +113,14 @@ def build_alignment_map(
         tspan = counterpart[span_index[id(span)]]
         k = tspan.start + (j - span.start)
         if k == 0:
-            raise AlignmentError("a target token landed at teacher position 0, which has no preceding prediction position")
+            raise AlignmentError(
+                "a target token landed at teacher position 0, which has no preceding prediction position"
+            )
         a, b = trajectory.token_ids[j], teacher.token_ids[k]
         if a != b:
-            raise AlignmentError(f"target token mismatch at student position {j} / teacher position {k}: {a} != {b}")
+            raise AlignmentError(
+                f"target token mismatch at student position {j} / teacher position {k}: {a} != {b}"
+            )
         teacher_targets.append(k)
 
     return AlignmentMap(

@@ -22,7 +22,10 @@ from miniverl.utils.io import append_jsonl, atomic_write_text
 
 
 def _line(trajectory: Trajectory) -> str:
-    return json.dumps(trajectory.model_dump(mode="json"), ensure_ascii=False, separators=(", ", ": ")) + "\n"
+    return (
+        json.dumps(trajectory.model_dump(mode="json"), ensure_ascii=False, separators=(", ", ": "))
+        + "\n"
+    )
 
 
 def _validated(trajectories: Iterable[Trajectory]) -> list[Trajectory]:
@@ -81,7 +84,8 @@ def iter_trajectories(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
     path = Path(path)
     if not path.is_file():
         raise SchemaValidationError(
-            f"trajectory file not found: {path}", hint="run 'miniverl demo' or 'miniverl train <recipe>' first"
+            f"trajectory file not found: {path}",
+            hint="run 'miniverl demo' or 'miniverl train <recipe>' first",
         )
     # Binary lines decoded one at a time: a text-mode reader decodes ahead in chunks, so
     # an invalid byte on line N would be reported while reading an earlier line.

@@ -51,7 +51,9 @@ def prediction_positions(target_positions: Sequence[int]) -> list[int]:
     return out
 
 
-def validate_target_positions(target_positions: Sequence[int], model_generated_mask: Sequence[bool]) -> None:
+def validate_target_positions(
+    target_positions: Sequence[int], model_generated_mask: Sequence[bool]
+) -> None:
     """Raise :class:`TrajectoryError` unless every target is a supervisable token.
 
     This is the check that makes "tool outputs are context, not labels" a tested

@@ -60,7 +60,11 @@ def collect_environment() -> dict[str, Any]:
             "version": platform.python_version(),
             "implementation": platform.python_implementation(),
         },
-        "os": {"system": platform.system(), "release": platform.release(), "machine": platform.machine()},
+        "os": {
+            "system": platform.system(),
+            "release": platform.release(),
+            "machine": platform.machine(),
+        },
         "cpu_count": os.cpu_count(),
         "packages": package_versions(),
         "gpu": describe_gpu(),

@@ -79,4 +79,9 @@ def describe_gpu() -> dict[str, Any]:
                 "capability": f"{props.major}.{props.minor}",
             }
         )
-    return {"status": "measured", "count": len(devices), "devices": devices, "cuda": torch.version.cuda}
+    return {
+        "status": "measured",
+        "count": len(devices),
+        "devices": devices,
+        "cuda": torch.version.cuda,
+    }

@@ -92,7 +92,9 @@ def append_jsonl(path: str | os.PathLike[str], records: list[dict[str, Any]]) ->
     """
     if not records:
         return
-    payload = "".join(json.dumps(r, sort_keys=True, ensure_ascii=False, default=str) + "\n" for r in records)
+    payload = "".join(
+        json.dumps(r, sort_keys=True, ensure_ascii=False, default=str) + "\n" for r in records
+    )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as handle:

@@ -31,7 +31,12 @@ class EventLog:
         self.events: list[dict[str, Any]] = []
 
     def emit(self, event: str, *, echo: str | None = None, **fields: Any) -> dict[str, Any]:
-        record = {"event": event, "time": utc_now(), "monotonic_s": round(time.monotonic(), 3), **fields}
+        record = {
+            "event": event,
+            "time": utc_now(),
+            "monotonic_s": round(time.monotonic(), 3),
+            **fields,
+        }
         self.events.append(record)
         if self.path is not None:
             append_jsonl(self.path, [record])

@@ -64,7 +64,9 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
     torch.set_rng_state(torch.tensor(state["torch_cpu"], dtype=torch.uint8))
     if "torch_cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["torch_cuda"]])
+        torch.cuda.set_rng_state_all(
+            [torch.tensor(s, dtype=torch.uint8) for s in state["torch_cuda"]]
+        )
 
 
 def _python_state_to_json(state: tuple[Any, ...]) -> list[Any]:

@@ -1,0 +1,43 @@
+"""What every ``miniverl`` sub-command shares: consoles and the user-error exit path.
+
+A :class:`~miniverl.errors.MiniverlError` is printed as message + hint on stderr (never
+parsed as rich markup, so ``[a-z]`` in a message survives) with exit status 1.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from miniverl.errors import MiniverlError
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, hint: str | None = None, code: int = 1) -> typer.Exit:
+    """Print a user error and return the ``typer.Exit`` to raise."""
+    err_console.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
+    if hint:
+        err_console.print(Text.assemble(("  hint: ", "dim"), hint), soft_wrap=True)
+    return typer.Exit(code)
+
+
+def handles_errors(func: F) -> F:
+    """Turn MiniverlError into a clean message and a non-zero exit (no traceback)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except MiniverlError as exc:
+            raise fail(exc.message, exc.hint) from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,593 @@
+"""``miniverl benchmark``: arms that differ only in their objective (design.txt §4.1).
+
+A single end-to-end number cannot say whether on-policy distillation helped, because the
+SFT cold start usually does most of the work. The harness therefore runs, per seed, ONE
+shared SFT cold start, exports it weights-only, and starts every arm from those exact
+bytes with a fresh optimizer, so no momentum leaks between arms. The splits, the number
+of cycles and optimizer steps, the rollout bounds and the evaluation settings are held
+fixed — checked on the arms' validated configs, not assumed — and each arm is recorded
+as the override keys it applied to the base recipe.
+
+What cannot be matched by construction (generated tokens, selected training tokens,
+teacher query ratio, wall clock) is measured per arm instead of being pretended away.
+With one or two seeds the harness says that no statistical significance is claimed;
+with three or more it reports mean, standard deviation and a seeded, paired bootstrap
+interval of the difference to ``sft_only``. Nothing in here imports torch at module
+level: the aggregation is plain Python and can be tested and reused without a trainer.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from miniverl import __version__
+from miniverl.config.models import RunConfig, parse_override
+from miniverl.errors import CheckpointError, ConfigError, RunDirectoryError
+from miniverl.utils.io import read_json, sha256_file, write_json
+from miniverl.utils.logging import utc_now
+from miniverl.utils.runs import RunPaths
+
+BASELINE_ARM = "sft_only"
+DEFAULT_ARMS: dict[str, tuple[str, ...]] = {
+    "sft_only": ("run.mode=sft",),
+    "offline_kd": ("run.mode=offline_kd", "loss.divergence=forward_kl"),
+    "opd": ("run.mode=opd", "loss.divergence=forward_kl"),
+    "opd_reverse_kl": ("run.mode=opd", "loss.divergence=reverse_kl"),
+    "opd_entropy_aware": ("run.mode=opd", "loss.divergence=entropy_aware"),
+}
+"""Each arm is the set of override keys it applies to the base recipe (recorded verbatim)."""
+
+ARM_DESCRIPTIONS: dict[str, str] = {
+    "sft_only": "continues oracle-trace SFT for the same number of optimizer steps",
+    "offline_kd": "one fixed set of teacher rollouts and one frozen teacher cache (forward KL)",
+    "opd": "on-policy distillation, forward KL",
+    "opd_reverse_kl": "on-policy distillation, reverse KL",
+    "opd_entropy_aware": "on-policy distillation, entropy-aware forward/reverse KL",
+}
+
+FIXED_KEYS: tuple[str, ...] = (
+    "environment",
+    "eval",
+    "models",
+    "run.seed",
+    "train.cycles",
+    "train.rollouts_per_cycle",
+    "rollout.max_turns",
+    "rollout.max_new_tokens_per_turn",
+    "rollout.max_total_tokens",
+    "rollout.max_parse_errors",
+    "rollout.max_repeated_calls",
+)
+"""Config keys no arm may override: splits, evaluation, the models the cold start was
+trained for, the seed (set by the harness), cycles, rollouts per cycle and rollout bounds."""
+
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 20_260_407
+CONFIDENCE = 0.95
+MIN_SEEDS_FOR_INTERVAL = 3
+METRICS = (
+    "final_success",
+    "baseline_success",
+    "generated_tokens",
+    "teacher_generated_tokens",
+    "selected_training_tokens",
+    "teacher_query_ratio",
+    "wall_seconds",
+    "optimizer_steps",
+)
+REFUSES_TO_CLAIM = (
+    "The shared SFT cold start is not attributed to any arm: every arm of a seed starts from the same weights, "
+    "and each arm's baseline success is the cold start's.",
+    "Generated tokens, selected training tokens, teacher query ratio and wall clock cannot be matched by construction; "
+    "they are measured per arm, not held fixed, and a difference in success is not normalized by them.",
+    "generated_tokens counts tokens the student sampled in training rollouts; offline_kd's fixed teacher rollouts are "
+    "counted separately as teacher_generated_tokens, and sft_only samples nothing (it trains on oracle traces).",
+    "teacher_query_ratio is selected positions / model-generated tokens of the trained trajectories; the teacher still "
+    "runs a full forward pass over each scored sequence. sft_only queries no teacher and has no ratio.",
+    "Intervals resample seeds, not tasks: they describe seed-to-seed variation on this held-out split only.",
+)
+
+
+# ---------------------------------------------------------------------- statistics
+
+
+def describe(values: Sequence[float | int | None]) -> dict[str, Any]:
+    """n, mean, sample standard deviation (n - 1; None below two values), min and max."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return {"n": 0, "mean": None, "std": None, "min": None, "max": None}
+    return {
+        "n": len(xs),
+        "mean": statistics.fmean(xs),
+        "std": statistics.stdev(xs) if len(xs) > 1 else None,
+        "min": min(xs),
+        "max": max(xs),
+    }
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile of already sorted values (numpy's default method)."""
+    if not sorted_values:
+        raise ValueError("quantile of an empty sequence")
+    h = (len(sorted_values) - 1) * q
+    lo = math.floor(h)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (h - lo) * (sorted_values[hi] - sorted_values[lo])
+
+
+def bootstrap_interval(
+    values: Sequence[float],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    confidence: float = CONFIDENCE,
+) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of the mean; None below :data:`MIN_SEEDS_FOR_INTERVAL` values.
+
+    Seeded, so the same rows always give the same interval. With fewer than three
+    values the resampling distribution has too few atoms to say anything.
+    """
+    xs = [float(v) for v in values]
+    n = len(xs)
+    if n < MIN_SEEDS_FOR_INTERVAL:
+        return None
+    rng = random.Random(seed)
+    means = sorted(sum(xs[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    alpha = (1.0 - confidence) / 2.0
+    return quantile(means, alpha), quantile(means, 1.0 - alpha)
+
+
+def significance_note(n_seeds: int, baseline_arm: str | None = BASELINE_ARM) -> str:
+    """The sentence the CLI prints and benchmark.json records about statistical claims."""
+    if n_seeds < MIN_SEEDS_FOR_INTERVAL:
+        unit = "seed" if n_seeds == 1 else "seeds"
+        extra = (
+            ""
+            if n_seeds == 1
+            else f"; a bootstrap interval needs at least {MIN_SEEDS_FOR_INTERVAL}"
+        )
+        return f"no statistical significance is claimed ({n_seeds} {unit}{extra})"
+    against = (
+        f"the paired difference to {baseline_arm}"
+        if baseline_arm
+        else "differences (no baseline arm ran)"
+    )
+    return (
+        f"mean ± standard deviation over {n_seeds} seeds; {int(CONFIDENCE * 100)}% percentile-bootstrap intervals of {against} "
+        f"({BOOTSTRAP_RESAMPLES} resamples of seeds, seed {BOOTSTRAP_SEED}); an interval is a description of seed variation, not a significance test"
+    )
+
+
+def aggregate(
+    rows: Sequence[Mapping[str, Any]], arms: Sequence[str], baseline_arm: str | None = BASELINE_ARM
+) -> dict[str, dict[str, Any]]:
+    """Per arm: :func:`describe` of every metric, and the seed-paired difference to ``baseline_arm``."""
+    by_arm: dict[str, dict[int, Mapping[str, Any]]] = {arm: {} for arm in arms}
+    for row in rows:
+        if row["arm"] in by_arm:
+            by_arm[row["arm"]][int(row["seed"])] = row
+    baseline = by_arm.get(baseline_arm or "", {})
+    out: dict[str, dict[str, Any]] = {}
+    for arm in arms:
+        per_seed = by_arm[arm]
+        stats: dict[str, Any] = {
+            metric: describe([r.get(metric) for r in per_seed.values()]) for metric in METRICS
+        }
+        diff: dict[str, Any] | None = None
+        if baseline_arm and arm != baseline_arm and baseline:
+            paired = sorted(
+                s
+                for s in per_seed
+                if s in baseline
+                and per_seed[s].get("final_success") is not None
+                and baseline[s].get("final_success") is not None
+            )
+            differences = [
+                float(per_seed[s]["final_success"]) - float(baseline[s]["final_success"])
+                for s in paired
+            ]
+            interval = bootstrap_interval(differences)
+            diff = {
+                "against": baseline_arm,
+                "metric": "final_success",
+                "seeds": paired,
+                "values": differences,
+                **describe(differences),
+                "interval": list(interval) if interval else None,
+                "confidence": CONFIDENCE,
+                "resamples": BOOTSTRAP_RESAMPLES if interval else None,
+                "bootstrap_seed": BOOTSTRAP_SEED if interval else None,
+            }
+        stats["difference_to_baseline"] = diff
+        out[arm] = stats
+    return out
+
+
+# ---------------------------------------------------------------------- configs
+
+
+def _dotted(data: Mapping[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _touches(override_key: str, fixed: str) -> bool:
+    return (
+        override_key == fixed
+        or override_key.startswith(fixed + ".")
+        or fixed.startswith(override_key + ".")
+    )
+
+
+def check_arm_overrides(arm: str, overrides: Sequence[str]) -> None:
+    """Refuse an arm whose overrides touch anything the benchmark holds fixed."""
+    for item in overrides:
+        key = ".".join(parse_override(item)[0])
+        hit = next((fixed for fixed in FIXED_KEYS if _touches(key, fixed)), None)
+        if hit is not None:
+            raise ConfigError(
+                f"benchmark arm {arm!r} overrides {key!r}, which the benchmark holds fixed ({hit})",
+                hint="arms may change the objective (run.mode, loss.*, selection.*, teacher.*, train.lr, ...); "
+                "put split, cycle, rollout-bound, model and evaluation changes in the base overrides instead",
+            )
+
+
+def fixed_view(config: RunConfig) -> dict[str, Any]:
+    """The values of :data:`FIXED_KEYS` plus the planned optimizer steps of the arm phase."""
+    data = config.to_dict()
+    view = {key: _dotted(data, key) for key in FIXED_KEYS}
+    view["optimizer_steps"] = config.train.cycles * config.train.steps_per_rollout_batch()
+    return view
+
+
+def verify_held_fixed(configs: Mapping[str, RunConfig]) -> dict[str, Any]:
+    """Compare the arms' validated configs key by key; refuse any difference."""
+    names = list(configs)
+    reference = fixed_view(configs[names[0]])
+    for name in names[1:]:
+        view = fixed_view(configs[name])
+        for key, value in reference.items():
+            if view[key] != value:
+                raise ConfigError(
+                    f"benchmark arms {names[0]!r} and {name!r} differ in {key} ({value!r} vs {view[key]!r}), which must be held fixed",
+                    hint="every arm must run the same splits, cycles, optimizer steps, rollout bounds and evaluation settings",
+                )
+    return reference
+
+
+def cold_start_config(base: RunConfig, seed: int) -> RunConfig:
+    """The shared cold start: the base recipe with no distillation cycles.
+
+    ``train()`` then fits the toy teacher, evaluates the baseline, runs the SFT warm-up
+    and evaluates again. ``sft`` mode skips the warm-up and loads no teacher, so an sft
+    base recipe is run in opd mode for the cold start only.
+    """
+    overrides = [
+        f"run.seed={seed}",
+        "train.cycles=0",
+        f"run.name={base.run.name}-cold-start-s{seed}",
+    ]
+    if base.run.mode == "sft":
+        overrides.append("run.mode=opd")
+    return base.with_overrides(overrides)
+
+
+def arm_config(base: RunConfig, arm: str, overrides: Sequence[str], seed: int) -> RunConfig:
+    """The base recipe plus the arm's override keys, at ``seed`` (the harness owns the seed)."""
+    return base.with_overrides(
+        [*overrides, f"run.seed={seed}", f"run.name={base.run.name}-{arm}-s{seed}"]
+    )
+
+
+def _load_base(
+    recipe: str | Path | RunConfig, overrides: Sequence[str]
+) -> tuple[RunConfig, str, str | None]:
+    """The base config, the recipe's file name (never its directory) and the SHA-256 of its bytes."""
+    if isinstance(recipe, RunConfig):
+        return recipe.with_overrides(overrides), "<config>", None
+    path = Path(recipe)
+    config = RunConfig.from_yaml(path, overrides)
+    return config, path.name, sha256_file(path)
+
+
+def resolve_arms(
+    arms: Sequence[str] | None, definitions: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, tuple[str, ...]]:
+    """Arm name -> override keys, in the requested order; unknown names are refused."""
+    known = {name: tuple(spec) for name, spec in (definitions or DEFAULT_ARMS).items()}
+    names = list(dict.fromkeys(arms)) if arms else list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(
+            f"unknown benchmark arm(s) {', '.join(unknown)}", hint=f"choose from {', '.join(known)}"
+        )
+    if not names:
+        raise ConfigError("no benchmark arms selected")
+    return {name: known[name] for name in names}
+
+
+# ---------------------------------------------------------------------- measurements
+
+
+def measure_arm(run_dir: Path) -> dict[str, Any]:
+    """What one finished arm run measured, read back from its artifacts."""
+    from miniverl.reporting.report import read_jsonl
+
+    paths = RunPaths(run_dir)
+    metrics = read_jsonl(paths.metrics)
+    events = read_jsonl(paths.events)
+    summary = read_json(paths.eval_json)
+    steps = [r for r in metrics if r.get("kind") == "step"]
+    cycles = [r for r in metrics if r.get("kind") == "cycle"]
+    mode = summary.get("mode")
+    model_tokens = sum(int((c.get("selection") or {}).get("model_tokens") or 0) for c in cycles)
+    selected_in_cycles = sum(
+        int((c.get("selection") or {}).get("selected_positions") or 0) for c in cycles
+    )
+    loaded = [e for e in events if e.get("event") == "benchmark_cold_start_loaded"]
+    final = summary.get("final") or {}
+    baseline = summary.get("baseline") or {}
+    return {
+        "mode": mode,
+        "objective": summary.get("objective"),
+        "config_digest": summary.get("config_digest"),
+        "baseline_success": baseline.get("success_rate"),
+        "final_success": final.get("success_rate"),
+        "final_solved": final.get("solved"),
+        "final_tasks": final.get("tasks"),
+        "generated_tokens": sum(
+            int((c.get("rollouts") or {}).get("generated_tokens") or 0) for c in cycles
+        ),
+        "teacher_generated_tokens": sum(
+            int(e.get("generated_tokens") or 0)
+            for e in events
+            if e.get("event") == "rollouts_collected" and e.get("offline_kd_pool")
+        ),
+        "selected_training_tokens": sum(int(s.get("selected_positions") or 0) for s in steps),
+        "teacher_query_ratio": None
+        if mode == "sft" or not model_tokens
+        else selected_in_cycles / model_tokens,
+        "optimizer_steps": summary.get("global_optimizer_step"),
+        "skipped_cycles": sum(1 for c in cycles if c.get("skipped")),
+        "cold_start_student_sha256": loaded[-1].get("student_sha256") if loaded else None,
+    }
+
+
+# ---------------------------------------------------------------------- the harness
+
+
+def _relative(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def run_benchmark(
+    recipe_path_or_config: str | Path | RunConfig,
+    *,
+    arms: Sequence[str] | None,
+    seeds: Sequence[int],
+    output_dir: str | Path,
+    overrides: Sequence[str] = (),
+    quiet: bool = True,
+    arm_definitions: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, Any]:
+    """Run every arm for every seed from one shared cold start per seed; write benchmark.json and a report.
+
+    All configs are built and checked before anything trains, so a refused arm costs
+    nothing. ``arm_definitions`` replaces :data:`DEFAULT_ARMS` (name -> override keys).
+    """
+    console = Console(quiet=quiet, highlight=False)
+    seeds = [int(s) for s in dict.fromkeys(seeds)]
+    if not seeds:
+        raise ConfigError("benchmark needs at least one seed", hint="e.g. --seeds 1,2,3")
+    base, recipe_label, recipe_sha256 = _load_base(recipe_path_or_config, list(overrides))
+    chosen = resolve_arms(arms, arm_definitions)
+    for name, arm_overrides in chosen.items():
+        check_arm_overrides(name, arm_overrides)
+
+    root = Path(output_dir)
+    bench_paths = RunPaths(root)
+    seed_dirs = {seed: root / f"seed-{seed}" for seed in seeds}
+    if bench_paths.benchmark_json.exists() or any(
+        d.exists() and any(d.iterdir()) for d in seed_dirs.values()
+    ):
+        raise RunDirectoryError(
+            f"{root} already holds a benchmark", hint="choose another --output directory"
+        )
+
+    plans: dict[int, tuple[RunConfig, dict[str, RunConfig]]] = {}
+    held: dict[str, Any] = {}
+    for seed in seeds:
+        arm_configs = {name: arm_config(base, name, ovr, seed) for name, ovr in chosen.items()}
+        held = verify_held_fixed(arm_configs)
+        plans[seed] = (cold_start_config(base, seed), arm_configs)
+    held_values = {k: v for k, v in held.items() if k != "run.seed"}
+    baseline_arm = BASELINE_ARM if BASELINE_ARM in chosen else None
+
+    from miniverl.reporting.report import write_report
+    from miniverl.training.trainer import COLD_START_MARKER, COLD_START_STUDENT, OPDTrainer
+
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    cold_starts: list[dict[str, Any]] = []
+    for seed in seeds:
+        cold_config, arm_configs = plans[seed]
+        seed_dir = seed_dirs[seed]
+        cold_dir = RunPaths(seed_dir).cold_start
+        console.print(f"[bold]seed {seed}[/]: shared SFT cold start")
+        t0 = time.perf_counter()
+        trainer = OPDTrainer(cold_config, output_dir=seed_dir / "cold-start-run", quiet=quiet)
+        trainer.train()
+        trainer.export_cold_start(cold_dir)
+        marker = read_json(cold_dir / COLD_START_MARKER)
+        evaluations = marker.get("evaluations") or {}
+        cold_starts.append(
+            {
+                "seed": seed,
+                "dir": _relative(cold_dir, root),
+                "run_dir": _relative(seed_dir / "cold-start-run", root),
+                "student_sha256": marker["student_sha256"],
+                "toy_teacher_sha256": marker.get("toy_teacher_sha256"),
+                "global_optimizer_step": marker.get("global_optimizer_step"),
+                "baseline_success": (evaluations.get("baseline") or {}).get("success_rate"),
+                "after_warmup_success": (evaluations.get("after_warmup") or {}).get("success_rate"),
+                "wall_seconds": round(time.perf_counter() - t0, 2),
+            }
+        )
+        del trainer
+        for name, config in arm_configs.items():
+            console.print(f"[bold]seed {seed}[/]: arm {name}")
+            run_dir = seed_dir / name
+            t0 = time.perf_counter()
+            OPDTrainer(config, output_dir=run_dir, cold_start=cold_dir, quiet=quiet).train()
+            wall = time.perf_counter() - t0
+            measured = measure_arm(run_dir)
+            if (
+                measured["cold_start_student_sha256"] != marker["student_sha256"]
+                or sha256_file(cold_dir / COLD_START_STUDENT) != marker["student_sha256"]
+            ):
+                raise CheckpointError(
+                    f"arm {name} (seed {seed}) did not start from the shared cold start {cold_dir}",
+                    hint="the cold-start weights changed while the benchmark ran; start it again in a fresh directory",
+                )
+            rows.append(
+                {
+                    "arm": name,
+                    "seed": seed,
+                    "run_dir": _relative(run_dir, root),
+                    "wall_seconds": round(wall, 2),
+                    **measured,
+                }
+            )
+
+    names = list(chosen)
+    result: dict[str, Any] = {
+        "schema": "miniverl.benchmark/1",
+        "miniverl_version": __version__,
+        "created_at": utc_now(),
+        "recipe": recipe_label,
+        "recipe_sha256": recipe_sha256,
+        "base_overrides": list(overrides),
+        "base_config_digest": base.digest(),
+        "base_config": base.to_dict(),
+        "seeds": seeds,
+        "arms": {
+            name: {"overrides": list(chosen[name]), "description": ARM_DESCRIPTIONS.get(name, "")}
+            for name in names
+        },
+        "arm_order": names,
+        "baseline_arm": baseline_arm,
+        "held_fixed": {
+            "keys": [k for k in FIXED_KEYS if k != "run.seed"] + ["optimizer_steps"],
+            "values": held_values,
+        },
+        "measured_not_matched": [
+            "generated_tokens",
+            "selected_training_tokens",
+            "teacher_query_ratio",
+            "wall_seconds",
+        ],
+        "cold_starts": cold_starts,
+        "rows": rows,
+        "aggregates": aggregate(rows, names, baseline_arm),
+        "significance": {
+            "seeds": len(seeds),
+            "intervals_reported": len(seeds) >= MIN_SEEDS_FOR_INTERVAL and baseline_arm is not None,
+            "note": significance_note(len(seeds), baseline_arm),
+        },
+        "refuses_to_claim": list(REFUSES_TO_CLAIM),
+        "wall_seconds": round(time.perf_counter() - started, 2),
+    }
+    write_json(bench_paths.benchmark_json, result)
+    write_report(root)
+    return result
+
+
+def print_benchmark(result: Mapping[str, Any], console: Console) -> None:
+    """The comparison table and the significance sentence, as the CLI shows them."""
+    baseline_arm = result.get("baseline_arm")
+    n_arms, n_seeds = len(result["arms"]), len(result["seeds"])
+    table = Table(
+        title=f"miniverl benchmark: {n_arms} arm{'s' * (n_arms != 1)} × {n_seeds} seed{'s' * (n_seeds != 1)} ({result.get('recipe')})"
+    )
+    for column in (
+        "arm",
+        "seeds",
+        "final success",
+        f"Δ vs {baseline_arm or '-'}",
+        "95% interval",
+        "generated tok",
+        "selected tok",
+        "teacher query ratio",
+        "wall s",
+        "opt steps",
+    ):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+
+    def mean_sd(
+        stats: Mapping[str, Any], scale: float = 1.0, digits: int = 1, unit: str = ""
+    ) -> str:
+        if stats.get("mean") is None:
+            return "-"
+        text = f"{scale * stats['mean']:.{digits}f}{unit}"
+        return text + (
+            f" ± {scale * stats['std']:.{digits}f}" if stats.get("std") is not None else ""
+        )
+
+    for name in result.get("arm_order") or result["aggregates"]:
+        agg = result["aggregates"][name]
+        diff = agg.get("difference_to_baseline") or {}
+        interval = diff.get("interval")
+        table.add_row(
+            name,
+            str(agg["final_success"]["n"]),
+            mean_sd(agg["final_success"], 100.0, 1, "%"),
+            f"{100 * diff['mean']:+.1f} pp" if diff.get("mean") is not None else "-",
+            f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else "-",
+            mean_sd(agg["generated_tokens"], digits=0),
+            mean_sd(agg["selected_training_tokens"], digits=0),
+            mean_sd(agg["teacher_query_ratio"], digits=3),
+            mean_sd(agg["wall_seconds"], digits=1),
+            mean_sd(agg["optimizer_steps"], digits=0),
+        )
+    if not console.is_terminal and console.width < 160:
+        console = Console(file=console.file, width=160, highlight=False)
+    console.print(table)
+    console.print(result["significance"]["note"])
+    console.print(
+        f"wall clock {result['wall_seconds']:.1f} s (including {len(result['cold_starts'])} shared cold start(s))"
+    )
+
+
+__all__ = [
+    "ARM_DESCRIPTIONS",
+    "BASELINE_ARM",
+    "BOOTSTRAP_RESAMPLES",
+    "BOOTSTRAP_SEED",
+    "DEFAULT_ARMS",
+    "FIXED_KEYS",
+    "aggregate",
+    "arm_config",
+    "bootstrap_interval",
+    "check_arm_overrides",
+    "cold_start_config",
+    "describe",
+    "fixed_view",
+    "measure_arm",
+    "print_benchmark",
+    "quantile",
+    "resolve_arms",
+    "run_benchmark",
+    "significance_note",
+    "verify_held_fixed",
+]

@@ -1,0 +1,117 @@
+"""Headless Chromium opens report.html from disk, offline, without a console error.
+
+Networking is cut three ways (no proxy that works, every host name unresolvable,
+background networking off), so a report that tried to fetch anything would log a
+failed request; the test scans Chromium's log for console errors and failed loads and
+checks that a real screenshot was written.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from miniverl.evaluation.benchmark import aggregate, significance_note
+from miniverl.reporting.report import write_report
+from miniverl.utils.io import write_json
+from miniverl.utils.runs import RunPaths
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="needs the Debian chromium package (/usr/bin/chromium)"
+    ),
+]
+
+CONSOLE_PROBLEMS = re.compile(
+    r"Uncaught|:CONSOLE[:(]|net::ERR_|Failed to load resource|Refused to", re.IGNORECASE
+)
+
+
+def _chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--disable-extensions",
+            f"--user-data-dir={profile}",
+            "--proxy-server=127.0.0.1:9",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--enable-logging=stderr",
+            "--v=0",
+            *extra,
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _with_benchmark(run: Path) -> None:
+    """Add a three-seed benchmark.json so the comparison section and its chart render too."""
+    rows = [
+        {"arm": arm, "seed": seed, "run_dir": f"seed-{seed}/{arm}", "final_success": final + 0.05 * seed, "baseline_success": 0.25,
+         "generated_tokens": 100, "selected_training_tokens": 90, "teacher_query_ratio": 0.9, "wall_seconds": 1.5, "optimizer_steps": 2}
+        for seed in (1, 2, 3)
+        for arm, final in (("sft_only", 0.5), ("opd", 0.6))
+    ]  # fmt: skip
+    write_json(
+        RunPaths(run).benchmark_json,
+        {
+            "seeds": [1, 2, 3], "arms": {"sft_only": {"overrides": ["run.mode=sft"]}, "opd": {"overrides": ["run.mode=opd"]}},
+            "arm_order": ["sft_only", "opd"], "baseline_arm": "sft_only", "rows": rows,
+            "aggregates": aggregate(rows, ["sft_only", "opd"], "sft_only"), "significance": {"note": significance_note(3)},
+        },
+    )  # fmt: skip
+
+
+def test_report_renders_offline_without_console_errors(demo_fast_run: Path, tmp_path: Path) -> None:
+    target = tmp_path / "run"
+    shutil.copytree(
+        demo_fast_run,
+        target,
+        ignore=shutil.ignore_patterns("checkpoints", "teacher-cache", "report.html", "summary.md"),
+    )
+    _with_benchmark(target)
+    html, _ = write_report(target)
+    assert RunPaths(target).report_html == html
+
+    screenshot = tmp_path / "report.png"
+    shot = _chromium(
+        html, tmp_path / "profile-shot", f"--screenshot={screenshot}", "--window-size=1280,2000"
+    )
+    dom = _chromium(html, tmp_path / "profile-dom", "--dump-dom")
+    for proc in (shot, dom):
+        problems = [line for line in proc.stderr.splitlines() if CONSOLE_PROBLEMS.search(line)]
+        assert problems == [], problems
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "<h2>Benchmark comparison</h2>" in dom.stdout and dom.stdout.count("<svg") >= 5
+    assert screenshot.is_file() and screenshot.stat().st_size > 20_000
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_console_check_catches_a_script_error(tmp_path: Path) -> None:
+    page = tmp_path / "bad.html"
+    page.write_text(
+        "<!DOCTYPE html><html><body><h2>x</h2><script>undefinedFunction();</script></body></html>",
+        encoding="utf-8",
+    )
+    proc = _chromium(page, tmp_path / "profile", "--dump-dom")
+    assert any(CONSOLE_PROBLEMS.search(line) for line in proc.stderr.splitlines()), proc.stderr[
+        -2000:
+    ]
