@@ -170,6 +170,18 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         },
         "models.runtime: shared_backbone needs student and teacher to share one base (same model_id)",
     ),
+    "shared backbone with swap": (
+        {
+            "models": {
+                "backend": "hf",
+                "runtime": "shared_backbone",
+                "student": {"model_id": "a"},
+                "teacher": {"model_id": "a"},
+            },
+            "memory": {"strategy": "swap"},
+        },
+        "models.runtime: shared_backbone keeps one base model on the device, so memory.strategy: swap cannot evict the teacher; use resident or auto",
+    ),
     "test split without tasks": (
         {"eval": {"split": "test"}},
         "eval.split: test needs environment.test_tasks > 0",

@@ -45,6 +45,8 @@ commands = {
     "doctor": ["doctor", "--no-torch-probe"],
     "doctor_json": ["doctor", "--json"],
 }
+if mode == "block":
+    commands["train"] = ["train", recipe_path, "--output", recipe_path + ".run"]
 for name, args in commands.items():
     result = runner.invoke(cli.app, args)
     out[name] = {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
@@ -84,6 +86,7 @@ def _check_commands(out: dict, inputs: tuple[Path, Path, str]) -> None:
         and "divergence: reverse_kl" in out["validate"]["stdout"]
     )
     assert "doctor" in out["doctor"]["stdout"]
+    assert "needs 'miniverl[torch]'" in out["doctor"]["stdout"]
 
 
 def test_commands_never_import_torch(inputs: tuple[Path, Path, str]) -> None:
@@ -99,6 +102,10 @@ def test_commands_work_with_torch_unimportable(inputs: tuple[Path, Path, str]) -
     assert out["torch_in_sys_modules"] is False
     # doctor asks whether torch is importable and reports it absent instead of failing.
     assert json.loads(out["doctor_json"]["stdout"])["torch"]["status"] == "absent"
+    # a training command says which extra to install instead of crashing with a traceback
+    assert out["train"]["exit_code"] == 1
+    assert "torch is not installed (needed for miniverl train)" in out["train"]["stderr"]
+    assert "miniverl[torch]" in out["train"]["stderr"]
 
 
 def test_importing_the_package_is_light() -> None:

@@ -26,6 +26,7 @@ from rich.text import Text
 from miniverl import __version__
 from miniverl.cli.cache_cmd import cache_app
 from miniverl.cli.common import console, fail, handles_errors
+from miniverl.utils.lazy import import_torch
 
 app = typer.Typer(
     name="miniverl",
@@ -149,7 +150,8 @@ def doctor(
     table.add_row("environments", ", ".join(report["environments"]))
     console.print(table)
     console.print(
-        "torch-free commands: doctor, validate, inspect, report, export, cache. Training needs 'miniverl[torch]'."
+        "torch-free commands: doctor, validate, inspect, report, export, cache. Training needs 'miniverl[torch]'.",
+        markup=False,
     )
 
 
@@ -323,6 +325,7 @@ def train(
     quiet: Quiet = False,
 ) -> None:
     """Train from a recipe: sft, offline_kd or opd, as run.mode says."""
+    import_torch("miniverl train")
     from miniverl.config.models import RunConfig
     from miniverl.training.trainer import OPDTrainer
 
@@ -348,6 +351,7 @@ def demo(
     quiet: Quiet = False,
 ) -> None:
     """Embedded toy backend on the CPU, no network: watch a toy student learn to use a tool."""
+    import_torch("miniverl demo")
     from miniverl.config.presets import demo_config, demo_recipe_bytes
     from miniverl.training.trainer import OPDTrainer
 
@@ -376,6 +380,7 @@ def eval_command(
     quiet: Quiet = False,
 ) -> None:
     """Re-evaluate a run from config.resolved.yaml and one of its checkpoints."""
+    import_torch("miniverl eval")
     from miniverl.training.evaluate import evaluate_run
 
     result = evaluate_run(run, tag=tag, checkpoint=checkpoint, split=split, quiet=quiet)
@@ -429,6 +434,7 @@ def benchmark(
     quiet: Quiet = False,
 ) -> None:
     """Compare objectives from one shared SFT cold start per seed, holding splits, steps and evaluation fixed."""
+    import_torch("miniverl benchmark")
     from miniverl.config.models import RunConfig
     from miniverl.evaluation.benchmark import print_benchmark, run_benchmark
     from miniverl.utils.runs import RunPaths

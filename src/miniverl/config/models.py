@@ -591,6 +591,8 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
             yield "models.runtime: shared_backbone needs models.student.lora.enabled: true (only actor adapters are trained)"
         if cfg.models.student.model_id != cfg.models.teacher.model_id:
             yield "models.runtime: shared_backbone needs student and teacher to share one base (same model_id)"
+        if cfg.memory.strategy == "swap":
+            yield "models.runtime: shared_backbone keeps one base model on the device, so memory.strategy: swap cannot evict the teacher; use resident or auto"
     if cfg.eval.split == "test" and cfg.environment.test_tasks == 0:
         yield "eval.split: test needs environment.test_tasks > 0"
     if (

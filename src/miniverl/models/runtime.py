@@ -59,17 +59,37 @@ class ModelRuntime:
         }
 
 
+def teacher_load_device(config: RunConfig, device: str) -> str:
+    """Where the dual-model teacher is first loaded.
+
+    On an accelerator, unless the recipe asks for ``resident`` or the teacher is quantized
+    (bitsandbytes weights are quantized onto the device and cannot move), the teacher is
+    loaded into host memory first: ``auto`` then decides with both models' sizes known
+    and moves it to the device only when resident fits, and ``swap`` brings it over per
+    cycle. On the CPU there is nothing to decide.
+    """
+    if not device.startswith("cuda"):
+        return device
+    if config.memory.strategy == "resident" or config.models.teacher.quantization != "none":
+        return device
+    return "cpu"
+
+
 def build_runtime(
     config: RunConfig, tokenizer: TokenizerLike, device: str, *, with_teacher: bool = True
 ) -> ModelRuntime:
-    """Build the runtime ``models.runtime`` asks for."""
+    """Build the runtime ``models.runtime`` asks for (teacher placement: :func:`teacher_load_device`)."""
     if config.models.runtime == "shared_backbone":
         from miniverl.models.hf import build_shared_backbone
 
         student, teacher = build_shared_backbone(config, tokenizer, device)
         return ModelRuntime("shared_backbone", student, teacher if with_teacher else None)
     student = build_student(config, tokenizer, device)
-    teacher = build_teacher(config, tokenizer, device) if with_teacher else None
+    teacher = (
+        build_teacher(config, tokenizer, teacher_load_device(config, device))
+        if with_teacher
+        else None
+    )
     return ModelRuntime("dual_model", student, teacher)
 
 

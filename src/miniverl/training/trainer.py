@@ -34,7 +34,7 @@ from miniverl.cache.store import TeacherCache
 from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task, make_splits, sample_extra_tasks
 from miniverl.environments.registry import make_environment
-from miniverl.errors import CheckpointError, RunDirectoryError
+from miniverl.errors import CheckpointError, GpuMemoryError, RunDirectoryError
 from miniverl.losses import (
     ChunkTargetProvider,
     DivergenceSpec,
@@ -218,6 +218,7 @@ class OPDTrainer:
         self.memory_plan: MemoryPlan = resolve_strategy(
             cfg, device=self.device, model_bytes=self._model_bytes()
         )
+        self._place_teacher()
         self.spec = DivergenceSpec(
             name=cfg.loss.divergence,
             temperature=cfg.loss.temperature,
@@ -255,6 +256,37 @@ class OPDTrainer:
             )
         torch.set_num_threads(int(threads))
         return int(threads)
+
+    def _place_teacher(self) -> None:
+        """Resident plan: move a host-loaded teacher onto the device; fall back to swap on OOM.
+
+        Only ``auto`` may fall back, and the plan's reason says so; a requested
+        ``resident`` that does not fit is a :class:`GpuMemoryError`.
+        """
+        teacher = self.teacher
+        if (
+            teacher is None
+            or not self.memory_plan.teacher_resident
+            or teacher.device == self.device
+        ):
+            return
+        try:
+            teacher.to_device(self.device)
+        except Exception as exc:
+            if not gpu.is_oom_error(exc):
+                raise
+            teacher.to_device("cpu")
+            if self.memory_plan.requested != "auto":
+                raise GpuMemoryError(
+                    f"the teacher does not fit on {self.device} next to the student (memory.strategy: resident)",
+                    hint="use memory.strategy: swap or auto, or quantize the student",
+                ) from exc
+            self.memory_plan = MemoryPlan(
+                "swap",
+                "auto",
+                f"auto -> swap: loading the teacher onto {self.device} ran out of memory ({self.memory_plan.reason})",
+                False,
+            )
 
     def _resolve_top_k(self, vocab: int) -> int:
         top_k = self.config.loss.top_k
