@@ -123,7 +123,7 @@ def learning_curves(
                     )
             ax.set_title(title)
             ax.set_xlabel("optimizer step")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
             ax.grid(alpha=0.3)
             if not ax.lines:
                 ax.text(
@@ -188,7 +188,7 @@ def counts_bars(title: str, counts: Mapping[str, Mapping[str, int]]) -> str:
         ax.invert_yaxis()
         ax.set_title(title)
         ax.set_xlabel("trajectories")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
         ax.grid(axis="x", alpha=0.3)
         if len(sources) > 1:
             ax.legend(fontsize=7, frameon=False)
@@ -227,7 +227,7 @@ def entropy_figure(
             left.legend(fontsize=7, frameon=False)
         left.set_title("mean teacher entropy per step (nats)")
         left.set_xlabel("optimizer step")
-        left.xaxis.set_major_locator(MaxNLocator(integer=True))
+        left.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
         left.grid(alpha=0.3)
         series = {k: _finite(v) for k, v in by_span.items() if _finite(v)}
         if series:
