@@ -113,6 +113,16 @@ _COVERED_BYTES = frozenset(ord(c) for c in _SINGLE_CHARS)
 _FALLBACK_BYTES: tuple[int, ...] = tuple(b for b in range(256) if b not in _COVERED_BYTES)
 
 
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """:func:`compute_fingerprint` of a tokenizer with ``special_token_ids``, eos and pad ids."""
+    specials = {
+        **tokenizer.special_token_ids,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    return compute_fingerprint(tokenizer.encode, specials, tokenizer.vocab_size)
+
+
 class ToyTokenizer:
     """A deterministic greedy longest-match tokenizer embedded in the source.
 
@@ -173,12 +183,7 @@ class ToyTokenizer:
     @property
     def fingerprint(self) -> str:
         if self._fingerprint is None:
-            specials = {
-                **self.special_token_ids,
-                "eos_token_id": self.eos_token_id,
-                "pad_token_id": self.pad_token_id,
-            }
-            self._fingerprint = compute_fingerprint(self.encode, specials, self.vocab_size)
+            self._fingerprint = tokenizer_fingerprint(self)
         return self._fingerprint
 
     def token_to_id(self, piece: str) -> int:
@@ -293,12 +298,7 @@ class HFTokenizerAdapter:
     @property
     def fingerprint(self) -> str:
         if self._fingerprint is None:
-            specials = {
-                **self.special_token_ids,
-                "eos_token_id": self.eos_token_id,
-                "pad_token_id": self.pad_token_id,
-            }
-            self._fingerprint = compute_fingerprint(self.encode, specials, self.vocab_size)
+            self._fingerprint = tokenizer_fingerprint(self)
         return self._fingerprint
 
     def token_to_id(self, piece: str) -> int:
