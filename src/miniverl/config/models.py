@@ -399,21 +399,6 @@ class EvalConfig(_Section):
     after_warmup: bool = Field(True, description="Evaluate after the SFT warm-up.")
 
 
-_SECTION_ORDER = (
-    "run",
-    "models",
-    "environment",
-    "rollout",
-    "selection",
-    "teacher",
-    "loss",
-    "cache",
-    "memory",
-    "train",
-    "eval",
-)
-
-
 class RunConfig(_Section):
     """The whole recipe. Build it with :meth:`from_mapping` or :meth:`from_yaml`."""
 
@@ -475,8 +460,7 @@ class RunConfig(_Section):
         return cls.from_mapping(data, source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
-        dumped = self.model_dump(mode="json")
-        return {key: dumped[key] for key in _SECTION_ORDER}
+        return self.model_dump(mode="json")
 
     def to_yaml(self) -> str:
         """Canonical YAML: fixed section order, sorted keys inside sections."""
