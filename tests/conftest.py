@@ -51,6 +51,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(skip)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module of tiny-tensor tests.
+
+    Waking a second OpenMP thread per operation costs far more than it saves on these
+    tensors, and on a busy 2-core machine it made such modules ~6x slower. Modules opt in
+    with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """The embedded toy tokenizer."""

@@ -396,3 +396,22 @@ def tiny_config(*overrides: str, base: dict[str, Any] | None = None) -> Any:
     return RunConfig.from_mapping(
         apply_overrides(base or TINY_RUN_OVERRIDES, overrides), source="<tiny>"
     )
+
+
+REPORT_FORBIDDEN = ("http", "//cdn", "<script src", "<script", "<link", "@import", "url(")
+"""Strings a self-contained, offline report.html may not contain."""
+
+REPORT_RUN_SECTIONS = (
+    "identity",
+    "objective",
+    "curves",
+    "success",
+    "failures",
+    "provenance",
+    "tokens",
+    "entropy",
+    "selection",
+    "memory",
+    "events",
+)
+"""Keys of ``SECTION_TITLES`` every training-run report shows."""

@@ -13,29 +13,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from helpers import REPORT_FORBIDDEN, REPORT_RUN_SECTIONS
 from miniverl.cli.main import app
 from miniverl.reporting.report import SECTION_TITLES
 from miniverl.utils.runs import RunPaths
 
 pytestmark = pytest.mark.slow
 
-FORBIDDEN = ("http", "//cdn", "<script src", "<script", "<link", "@import", "url(")
-HEADINGS = [
-    SECTION_TITLES[k]
-    for k in (
-        "identity",
-        "objective",
-        "curves",
-        "success",
-        "failures",
-        "provenance",
-        "tokens",
-        "entropy",
-        "selection",
-        "memory",
-        "events",
-    )
-]
+HEADINGS = [SECTION_TITLES[k] for k in REPORT_RUN_SECTIONS]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +49,7 @@ def _records(run: Path, kind: str) -> list[dict]:
 def test_self_contained(report: tuple[Path, str, str]) -> None:
     _, html, _ = report
     lowered = html.lower()
-    for needle in FORBIDDEN:
+    for needle in REPORT_FORBIDDEN:
         assert needle not in lowered, needle
     assert "<svg" in html and "<style>" in html
 

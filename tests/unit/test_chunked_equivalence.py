@@ -12,7 +12,7 @@ has all-zero weights.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -44,14 +44,7 @@ SPLITS = {
 SPAN_NAMES = ("assistant_text", "tool_call", "final_answer")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread() -> Iterator[None]:
-    """These tensors are tiny: waking a second OpenMP thread per operation costs far more
-    than it saves, and on a busy 2-core machine it made this module ~6x slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class Backbone(torch.nn.Module):

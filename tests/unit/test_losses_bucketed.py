@@ -7,7 +7,6 @@ computes the divergence between the two (K + 1)-point distributions term by term
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -32,14 +31,7 @@ NEG_INF = float("-inf")
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "entropy_aware")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread() -> Iterator[None]:
-    """These tensors are tiny: waking a second OpenMP thread per operation costs far more
-    than it saves, and on a busy 2-core machine it made this module ~6x slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------- brute-force reference

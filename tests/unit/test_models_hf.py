@@ -25,20 +25,14 @@ from miniverl.models.sampling import recompute_step, run_generation  # noqa: E40
 from miniverl.models.tiny_hf import PROTOCOL_TAGS, build_tiny_hf_checkpoint  # noqa: E402
 from miniverl.models.tokenizers import HFTokenizerAdapter, check_same_tokenizer, load_hf_tokenizer  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
-
 PROMPT_TEXT = "<|im_start|>user\nCompute 12 * (7 - 3) and report the value.<|im_end|>\n<|im_start|>assistant\n"
 CUDA = torch.cuda.is_available()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core runner the
-    OpenMP barriers of a second thread cost far more than they save."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning"),
+    pytest.mark.usefixtures("one_torch_thread"),
+]
 
 
 @pytest.fixture(scope="module")

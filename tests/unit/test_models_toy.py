@@ -28,14 +28,7 @@ PROMPT = TOK.encode(
 SMALL = dataclasses.replace(TOY_STUDENT, hidden_size=32, intermediate_size=64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """A ~100k-parameter model gains nothing from intra-op threads; on a shared 2-core
-    runner the OpenMP barriers of a second thread cost far more than they save."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def full_logits(backend: ToyBackend, ids: list[int]) -> torch.Tensor:

@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from helpers import oracle_trajectory, run_python, toy_tokenizer
+from helpers import (
+    REPORT_FORBIDDEN,
+    REPORT_RUN_SECTIONS,
+    oracle_trajectory,
+    run_python,
+    toy_tokenizer,
+)
 from miniverl.config.models import RunConfig
 from miniverl.errors import RunDirectoryError
 from miniverl.evaluation.benchmark import aggregate, significance_note
@@ -25,23 +31,7 @@ from miniverl.trajectory.io import write_trajectories
 from miniverl.utils.io import append_jsonl, write_json
 from miniverl.utils.runs import RunPaths
 
-FORBIDDEN = ("http", "//cdn", "<script src", "<link", "@import", "url(")
-RUN_SECTIONS = [
-    SECTION_TITLES[k]
-    for k in (
-        "identity",
-        "objective",
-        "curves",
-        "success",
-        "failures",
-        "provenance",
-        "tokens",
-        "entropy",
-        "selection",
-        "memory",
-        "events",
-    )
-]
+RUN_SECTIONS = [SECTION_TITLES[k] for k in REPORT_RUN_SECTIONS]
 
 
 class _Elements(HTMLParser):
@@ -78,7 +68,7 @@ def parse(html: str) -> _Elements:
 def assert_self_contained(html: str) -> None:
     """No URL, external script, stylesheet, font or import: the file opens offline."""
     lowered = html.lower()
-    for needle in FORBIDDEN:
+    for needle in REPORT_FORBIDDEN:
         assert needle not in lowered, needle
     elements = parse(html)
     tags = {tag for tag, _ in elements.tags}
@@ -424,7 +414,7 @@ def test_inline_svg_is_sanitized_and_namespaced() -> None:
     second = plots.learning_curves(steps, [("loss", "loss")])
     for svg in (first, second):
         assert svg.startswith("<svg") and svg.endswith("</svg>")
-        for needle in (*FORBIDDEN, "<?xml", "DOCTYPE", "xmlns", "clip-path", "xlink:"):
+        for needle in (*REPORT_FORBIDDEN, "<?xml", "DOCTYPE", "xmlns", "clip-path", "xlink:"):
             assert needle not in svg, needle
     ids = [set(re.findall(r'\bid="([^"]+)"', svg)) for svg in (first, second)]
     assert ids[0] and not ids[0] & ids[1]
