@@ -30,7 +30,6 @@ def compose(export_dir: Path) -> tuple[object, dict]:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
-
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
@@ -84,11 +83,13 @@ def compose(export_dir: Path) -> tuple[object, dict]:
 
 
 def check_dataset(cfg: object, export_dir: Path) -> dict:
+    import yaml
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
     from miniverl.config.models import RunConfig
     from miniverl.environments.base import make_splits
     from miniverl.environments.registry import make_environment
-    from transformers import AutoTokenizer
-    from verl.utils.dataset.rl_dataset import RLHFDataset
 
     recipe = RunConfig.from_yaml(export_dir / "recipe.resolved.yaml")
     env = make_environment(recipe.environment.name, **recipe.environment.params)
@@ -103,7 +104,9 @@ def check_dataset(cfg: object, export_dir: Path) -> dict:
         recipe.environment.difficulty,
     )
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
-    counts = {}
+    schemas = yaml.safe_load((export_dir / "tools.yaml").read_text())["tools"]
+    schemas = [t["tool_schema"] for t in schemas]
+    counts: dict = {"longest_prompt_tokens": 0}
     for name, split in (("train", "train"), ("val", recipe.eval.split)):
         data_cfg = cfg.data
         ds = RLHFDataset(
@@ -127,6 +130,12 @@ def check_dataset(cfg: object, export_dir: Path) -> dict:
             create = row["tools_kwargs"][env.tool_specs()[0].name]["create_kwargs"]
             assert create["task_id"] == task.task_id, (create, task.task_id)
             assert json.loads(create["data_json"]) == dict(task.data)
+            ids = tokenizer.apply_chat_template(
+                row["raw_prompt"], tools=schemas, add_generation_prompt=True, tokenize=True
+            )
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            counts["longest_prompt_tokens"] = max(counts["longest_prompt_tokens"], len(ids))
+            assert len(ids) <= cfg.data.max_prompt_length, (len(ids), cfg.data.max_prompt_length)
         counts[name] = len(ds)
     return counts
 
@@ -143,13 +152,13 @@ async def _call(tool: object, create_kwargs: dict, arguments: object) -> str:
 
 def check_tool(export_dir: Path) -> dict:
     import pyarrow.parquet as pq
+    from verl.tools.base_tool import BaseTool
+    from verl.tools.tool_registry import initialize_tools_from_config
+    from verl.utils.import_utils import load_extern_object
 
     from miniverl.environments.base import ToolCall
     from miniverl.environments.registry import make_environment
     from miniverl.evaluation.verl_tool import task_from_create_kwargs
-    from verl.tools.base_tool import BaseTool
-    from verl.tools.tool_registry import initialize_tools_from_config
-    from verl.utils.import_utils import load_extern_object
 
     tools = initialize_tools_from_config(str(export_dir / "tools.yaml"))
     assert len(tools) == 1 and isinstance(tools[0], BaseTool), tools

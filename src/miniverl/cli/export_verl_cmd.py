@@ -17,7 +17,9 @@ from miniverl.cli.common import console, handles_errors
 
 @handles_errors
 def export_verl(
-    recipe: Annotated[Path, typer.Argument(help="Recipe YAML (models.backend: hf, run.mode: opd).")],
+    recipe: Annotated[
+        Path, typer.Argument(help="Recipe YAML (models.backend: hf, run.mode: opd).")
+    ],
     overrides: Annotated[
         list[str] | None,
         typer.Argument(help="Dotted recipe overrides, e.g. models.student.quantization=none."),
@@ -31,7 +33,8 @@ def export_verl(
 ) -> None:
     """Export a validated OPD recipe to verl: data/*.parquet, tools.yaml, run_verl.sh, MAPPING.md."""
     from miniverl.config.models import RunConfig
-    from miniverl.evaluation.verl_export import VERL_VERSION, export_verl as do_export
+    from miniverl.evaluation.verl_export import VERL_VERSION
+    from miniverl.evaluation.verl_export import export_verl as do_export
 
     cfg = RunConfig.from_yaml(recipe, overrides or [])
     plan = do_export(cfg, out, recipe=recipe.name, force=force)
@@ -44,5 +47,7 @@ def export_verl(
     if dropped:
         console.print(f"dropped ({len(dropped)} keys with no verl equivalent; see MAPPING.md):")
         for fate in dropped:
-            console.print(f"  - {fate.key} = {fate.value!r}: {fate.note}", soft_wrap=True, markup=False)
+            console.print(
+                f"  - {fate.key} = {fate.value!r}: {fate.note}", soft_wrap=True, markup=False
+            )
     console.print(f"run it with: bash {out}/run_verl.sh", markup=False)

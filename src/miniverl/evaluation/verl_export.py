@@ -111,7 +111,11 @@ def hydra_value(value: Any) -> str:
 def json_schema_type(description: str) -> str:
     """The JSON type a miniverl ToolSpec parameter description starts with (default string)."""
     first = description.strip().split(",")[0].split()[0].lower() if description.strip() else ""
-    return first if first in {"string", "integer", "number", "boolean", "array", "object"} else "string"
+    return (
+        first
+        if first in {"string", "integer", "number", "boolean", "array", "object"}
+        else "string"
+    )
 
 
 def tool_schema(spec: ToolSpec) -> dict[str, Any]:
@@ -141,13 +145,17 @@ def prompt_messages(env_system_prompt: str, task: Task) -> list[dict[str, str]]:
     ]
 
 
-def prompt_length_bound(messages_per_task: list[list[dict[str, str]]]) -> int:
+def prompt_length_bound(
+    messages_per_task: list[list[dict[str, str]]], schemas: list[dict[str, Any]]
+) -> int:
     """An upper bound on prompt tokens, from characters (a BPE token covers >= 1 character).
 
-    Rounded up to a multiple of 8. Used for ``data.max_prompt_length`` with
+    Counts every message plus the JSON of the tool schemas, which chat templates that
+    support tools render into the prompt. Rounded up to a multiple of 8. Used for ``data.max_prompt_length`` with
     ``truncation: error``, so an underestimate would fail loudly in verl, not truncate.
     """
-    longest = max(
+    tools = len(json.dumps(schemas)) + 4 * PROMPT_OVERHEAD_TOKENS if schemas else 0
+    longest = tools + max(
         sum(len(m["content"]) + PROMPT_OVERHEAD_TOKENS for m in msgs) for msgs in messages_per_task
     )
     return -(-longest // 8) * 8
@@ -217,16 +225,23 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
             if v == "forward_kl"
             else "k3 single-sample estimator of reverse KL at the sampled token, backpropagated; miniverl computes reverse KL over top-k + tail buckets"
         )
-        return KeyFate("", v, MAPPED, "distillation.distillation_loss.loss_mode", f"{loss_mode}: {note}")
+        return KeyFate(
+            "", v, MAPPED, "distillation.distillation_loss.loss_mode", f"{loss_mode}: {note}"
+        )
 
     def top_k(v: Any, _: RunConfig) -> KeyFate:
         if divergence != "forward_kl":
-            return KeyFate("", v, DROPPED, "(none)", "k3 uses only the sampled token's log-probabilities")
+            return KeyFate(
+                "", v, DROPPED, "(none)", "k3 uses only the sampled token's log-probabilities"
+            )
         o["distillation.distillation_loss.topk"] = topk
         return KeyFate(
-            "", v, MAPPED, "distillation.distillation_loss.topk",
+            "",
+            v,
+            MAPPED,
+            "distillation.distillation_loss.topk",
             f"{topk}" + (" (auto resolved to 64; miniverl uses min(64, V))" if v == "auto" else ""),
-        )  # fmt: skip
+        )
 
     def student_path(v: Any, _: RunConfig) -> KeyFate:
         o["actor_rollout_ref.model.path"] = v
@@ -236,16 +251,21 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
         o["distillation.teacher_models.teacher_model.model_path"] = v
         note = ""
         if c.models.runtime == "shared_backbone":
-            note = "shared_backbone: the teacher is the base model, served as a separate verl replica"
+            note = (
+                "shared_backbone: the teacher is the base model, served as a separate verl replica"
+            )
         return KeyFate("", v, MAPPED, "distillation.teacher_models.teacher_model.model_path", note)
 
     def precision(v: Any, _: RunConfig) -> KeyFate:
         dtype = "bfloat16" if v == "auto" else v
         o["actor_rollout_ref.rollout.dtype"] = dtype
         return KeyFate(
-            "", v, MAPPED, "actor_rollout_ref.rollout.dtype",
+            "",
+            v,
+            MAPPED,
+            "actor_rollout_ref.rollout.dtype",
             f"{dtype}; the teacher inherits it through ${{oc.select:actor_rollout_ref.rollout.dtype}}; FSDP keeps fp32 master weights",
-        )  # fmt: skip
+        )
 
     def teacher_precision(v: Any, c: RunConfig) -> KeyFate | str:
         student = c.models.student.precision
@@ -257,7 +277,9 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
         spec = c.models.student.lora
         if not v:
             o["actor_rollout_ref.model.lora_rank"] = 0
-            return KeyFate("", v, MAPPED, "actor_rollout_ref.model.lora_rank", "0: full fine-tuning")
+            return KeyFate(
+                "", v, MAPPED, "actor_rollout_ref.model.lora_rank", "0: full fine-tuning"
+            )
         o["actor_rollout_ref.model.lora_rank"] = spec.r
         o["actor_rollout_ref.model.lora_alpha"] = spec.alpha
         o["actor_rollout_ref.model.target_modules"] = (
@@ -280,12 +302,20 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
     def freshness(v: Any, c: RunConfig) -> KeyFate:
         epochs = c.train.replay_passes if v == "replay" else 1
         o["actor_rollout_ref.actor.ppo_epochs"] = epochs
-        return KeyFate("", v, MAPPED, "actor_rollout_ref.actor.ppo_epochs", f"{epochs} pass(es) per rollout batch")
+        return KeyFate(
+            "",
+            v,
+            MAPPED,
+            "actor_rollout_ref.actor.ppo_epochs",
+            f"{epochs} pass(es) per rollout batch",
+        )
 
     def eval_temperature(v: Any, _: RunConfig) -> KeyFate:
         o["actor_rollout_ref.rollout.val_kwargs.temperature"] = v
         o["actor_rollout_ref.rollout.val_kwargs.do_sample"] = v > 0
-        return KeyFate("", v, MAPPED, "actor_rollout_ref.rollout.val_kwargs.temperature, .do_sample")
+        return KeyFate(
+            "", v, MAPPED, "actor_rollout_ref.rollout.val_kwargs.temperature, .do_sample"
+        )
 
     def eval_split(v: Any, _: RunConfig) -> KeyFate:
         return KeyFate("", v, MAPPED, "data/val.parquet", f"val.parquet holds the {v} split")
@@ -316,9 +346,14 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
             f"run.mode: {mode} — verl's distillation is on-policy only; export an opd recipe (sft/offline_kd have no ppo_trainer equivalent)",
             mapped("distillation.enabled", True, "opd -> on-policy distillation"),
         ),
-        "run.seed": mapped(["data.seed", "actor_rollout_ref.rollout.seed"], note="also the seed of the exported splits' shuffling in verl's sampler"),
+        "run.seed": mapped(
+            ["data.seed", "actor_rollout_ref.rollout.seed"],
+            note="also the seed of the exported splits' shuffling in verl's sampler",
+        ),
         "run.output_dir": dropped("verl writes to trainer.default_local_dir"),
-        "run.deterministic": dropped("verl has its own actor_rollout_ref.rollout.full_determinism; not implied"),
+        "run.deterministic": dropped(
+            "verl has its own actor_rollout_ref.rollout.full_determinism; not implied"
+        ),
         "run.cpu_threads": dropped("no CPU thread knob in verl"),
         "models.backend": refuse_unless(
             lambda v: v == "hf",
@@ -334,17 +369,40 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
             n_a("no revision pinned"),
         ),
         "models.student.tokenizer_id": lambda v, _: (
-            mapped("actor_rollout_ref.model.tokenizer_path")(v, _) if v else KeyFate("", v, NOT_APPLICABLE, "(none)", "tokenizer from the model path")
+            mapped("actor_rollout_ref.model.tokenizer_path")(v, _)
+            if v
+            else KeyFate("", v, NOT_APPLICABLE, "(none)", "tokenizer from the model path")
         ),
         "models.student.precision": precision,
         "models.student.quantization": lambda v, _: KeyFate(
-            "", v, DROPPED if v != "none" else NOT_APPLICABLE, "(none)",
-            "verl trains the student unquantized (bf16 compute, fp32 FSDP master weights): QLoRA numerics do not carry over" if v != "none" else "",
-        ),  # fmt: skip
+            "",
+            v,
+            DROPPED if v != "none" else NOT_APPLICABLE,
+            "(none)",
+            "verl trains the student unquantized (bf16 compute, fp32 FSDP master weights): QLoRA numerics do not carry over"
+            if v != "none"
+            else "",
+        ),
         "models.student.lora.enabled": lora_enabled,
-        "models.student.lora.r": lambda v, c: KeyFate("", v, MAPPED if c.models.student.lora.enabled else NOT_APPLICABLE, "actor_rollout_ref.model.lora_rank"),
-        "models.student.lora.alpha": lambda v, c: KeyFate("", v, MAPPED if c.models.student.lora.enabled else NOT_APPLICABLE, "actor_rollout_ref.model.lora_alpha"),
-        "models.student.lora.dropout": lambda v, c: KeyFate("", v, DROPPED if (v and c.models.student.lora.enabled) else NOT_APPLICABLE, "(none)", "verl's FSDP LoRA has no adapter dropout" if v else ""),
+        "models.student.lora.r": lambda v, c: KeyFate(
+            "",
+            v,
+            MAPPED if c.models.student.lora.enabled else NOT_APPLICABLE,
+            "actor_rollout_ref.model.lora_rank",
+        ),
+        "models.student.lora.alpha": lambda v, c: KeyFate(
+            "",
+            v,
+            MAPPED if c.models.student.lora.enabled else NOT_APPLICABLE,
+            "actor_rollout_ref.model.lora_alpha",
+        ),
+        "models.student.lora.dropout": lambda v, c: KeyFate(
+            "",
+            v,
+            DROPPED if (v and c.models.student.lora.enabled) else NOT_APPLICABLE,
+            "(none)",
+            "verl's FSDP LoRA has no adapter dropout" if v else "",
+        ),
         "models.student.lora.target_modules": lora_target,
         "models.student.toy": n_a(toy_note),
         "models.teacher.model_id": teacher_path,
@@ -360,9 +418,12 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
         ),
         "models.teacher.precision": teacher_precision,
         "models.teacher.quantization": lambda v, _: KeyFate(
-            "", v, DROPPED if v != "none" else NOT_APPLICABLE, "(none)",
+            "",
+            v,
+            DROPPED if v != "none" else NOT_APPLICABLE,
+            "(none)",
             "the teacher is served unquantized by vLLM" if v != "none" else "",
-        ),  # fmt: skip
+        ),
         "models.teacher.lora.enabled": n_a("miniverl never trains or adapts the teacher"),
         "models.teacher.lora.r": n_a("teacher LoRA is ignored by miniverl too"),
         "models.teacher.lora.alpha": n_a("teacher LoRA is ignored by miniverl too"),
@@ -370,15 +431,41 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
         "models.teacher.lora.target_modules": n_a("teacher LoRA is ignored by miniverl too"),
         "models.teacher.toy": n_a(toy_note),
         **{f"models.toy_fit.{k}": n_a(toy_note) for k in cfg.models.toy_fit.model_dump()},
-        "environment.name": lambda v, _: KeyFate("", v, MAPPED, "data_source (parquet), tools.yaml config.environment", "the tool adapter rebuilds it from miniverl's registry"),
-        "environment.params": lambda v, _: KeyFate("", v, MAPPED, "tools.yaml config.environment_params + extra_info.environment_params_json"),
-        "environment.difficulty": lambda v, _: KeyFate("", v, MAPPED, "data/*.parquet rows (make_splits)"),
-        "environment.train_tasks": lambda v, _: KeyFate("", v, MAPPED, "rows of data/train.parquet"),
-        "environment.eval_tasks": lambda v, _: KeyFate("", v, MAPPED, "rows of data/val.parquet when eval.split is eval"),
-        "environment.test_tasks": lambda v, _: KeyFate("", v, MAPPED, "rows of data/val.parquet when eval.split is test; drawn either way so splits match miniverl"),
-        "environment.split_seed": lambda v, _: KeyFate("", v, MAPPED, "data/*.parquet (make_splits seed)"),
+        "environment.name": lambda v, _: KeyFate(
+            "",
+            v,
+            MAPPED,
+            "data_source (parquet), tools.yaml config.environment",
+            "the tool adapter rebuilds it from miniverl's registry",
+        ),
+        "environment.params": lambda v, _: KeyFate(
+            "",
+            v,
+            MAPPED,
+            "tools.yaml config.environment_params + extra_info.environment_params_json",
+        ),
+        "environment.difficulty": lambda v, _: KeyFate(
+            "", v, MAPPED, "data/*.parquet rows (make_splits)"
+        ),
+        "environment.train_tasks": lambda v, _: KeyFate(
+            "", v, MAPPED, "rows of data/train.parquet"
+        ),
+        "environment.eval_tasks": lambda v, _: KeyFate(
+            "", v, MAPPED, "rows of data/val.parquet when eval.split is eval"
+        ),
+        "environment.test_tasks": lambda v, _: KeyFate(
+            "",
+            v,
+            MAPPED,
+            "rows of data/val.parquet when eval.split is test; drawn either way so splits match miniverl",
+        ),
+        "environment.split_seed": lambda v, _: KeyFate(
+            "", v, MAPPED, "data/*.parquet (make_splits seed)"
+        ),
         "rollout.max_turns": mapped(["actor_rollout_ref.rollout.multi_turn.max_assistant_turns"]),
-        "rollout.max_new_tokens_per_turn": dropped("verl bounds the whole response (data.max_response_length), not each turn"),
+        "rollout.max_new_tokens_per_turn": dropped(
+            "verl bounds the whole response (data.max_response_length), not each turn"
+        ),
         "rollout.max_total_tokens": rollout_bounds,
         "rollout.temperature": refuse_unless(
             lambda v: v > 0,
@@ -386,24 +473,54 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
             mapped("actor_rollout_ref.rollout.temperature"),
         ),
         "rollout.top_p": mapped("actor_rollout_ref.rollout.top_p"),
-        "rollout.max_parse_errors": dropped("verl's ToolAgentLoop does not stop on unparseable turns; it ends the episode when a turn has no tool call"),
+        "rollout.max_parse_errors": dropped(
+            "verl's ToolAgentLoop does not stop on unparseable turns; it ends the episode when a turn has no tool call"
+        ),
         "rollout.max_repeated_calls": dropped("verl has no repeated-call stop"),
-        "selection.selector": only_default("selection.selector", "all_model_tokens", "has no verl equivalent: verl supervises every response token the model generated"),
-        "selection.ratio": lambda v, c: KeyFate("", v, NOT_APPLICABLE, "(none)", "used only by uniform_ratio/hybrid"),
-        "selection.critical_weight": only_default("selection.critical_weight", 1.0, "re-weights tokens; verl weights every response token equally"),
-        "selection.other_weight": only_default("selection.other_weight", 1.0, "re-weights tokens; verl weights every response token equally"),
-        "teacher.mode": only_default("teacher.mode", "standard", "— verl's teacher scores the student's exact context; privileged context cannot be expressed"),
+        "selection.selector": only_default(
+            "selection.selector",
+            "all_model_tokens",
+            "has no verl equivalent: verl supervises every response token the model generated",
+        ),
+        "selection.ratio": lambda v, c: KeyFate(
+            "", v, NOT_APPLICABLE, "(none)", "used only by uniform_ratio/hybrid"
+        ),
+        "selection.critical_weight": only_default(
+            "selection.critical_weight",
+            1.0,
+            "re-weights tokens; verl weights every response token equally",
+        ),
+        "selection.other_weight": only_default(
+            "selection.other_weight",
+            1.0,
+            "re-weights tokens; verl weights every response token equally",
+        ),
+        "teacher.mode": only_default(
+            "teacher.mode",
+            "standard",
+            "— verl's teacher scores the student's exact context; privileged context cannot be expressed",
+        ),
         "loss.mode": refuse_unless(
             lambda v: v == "bucketed",
             "loss.mode: exact_full_vocab — verl 0.9.1 has no full-vocabulary distillation loss; use loss.mode: bucketed (exported as top-k)",
-            lambda v, _: KeyFate("", v, MAPPED, "distillation.distillation_loss.loss_mode", "bucketed -> top-k (see divergence)"),
+            lambda v, _: KeyFate(
+                "",
+                v,
+                MAPPED,
+                "distillation.distillation_loss.loss_mode",
+                "bucketed -> top-k (see divergence)",
+            ),
         ),
         "loss.divergence": distill_loss,
         "loss.jsd_beta": n_a("used only by divergence jsd"),
         "loss.top_k": top_k,
-        "loss.temperature": only_default("loss.temperature", 1.0, "— verl has no distillation temperature"),
+        "loss.temperature": only_default(
+            "loss.temperature", 1.0, "— verl has no distillation temperature"
+        ),
         "loss.chunk_size": dropped("memory knob; verl chunks top-k only with use_chunked_topk"),
-        "loss.sampled_token_nll_weight": only_default("loss.sampled_token_nll_weight", 0.0, "— verl has no auxiliary sampled-token NLL term"),
+        "loss.sampled_token_nll_weight": only_default(
+            "loss.sampled_token_nll_weight", 0.0, "— verl has no auxiliary sampled-token NLL term"
+        ),
         "loss.exact_max_vocab": n_a("exact_full_vocab only"),
         "loss.allow_large_exact": n_a("exact_full_vocab only"),
         "loss.entropy_threshold": n_a("used only by divergence entropy_aware"),
@@ -414,23 +531,43 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
         "train.schedule": schedule,
         "train.warmup_steps": mapped("actor_rollout_ref.actor.optim.lr_warmup_steps"),
         "train.min_lr_ratio": lambda v, c: (
-            mapped("actor_rollout_ref.actor.optim.min_lr_ratio")(v, c) if c.train.schedule == "cosine" else KeyFate("", v, NOT_APPLICABLE, "(none)", "constant schedule")
+            mapped("actor_rollout_ref.actor.optim.min_lr_ratio")(v, c)
+            if c.train.schedule == "cosine"
+            else KeyFate("", v, NOT_APPLICABLE, "(none)", "constant schedule")
         ),
         "train.weight_decay": mapped("actor_rollout_ref.actor.optim.weight_decay"),
         "train.betas": lambda v, c: mapped("actor_rollout_ref.actor.optim.betas", list(v))(v, c),
-        "train.max_grad_norm": lambda v, c: mapped(["actor_rollout_ref.actor.grad_clip", "actor_rollout_ref.actor.optim.clip_grad"], 1e9 if v is None else v, "None (no clipping) becomes 1e9")(v, c),
-        "train.cycles": mapped("trainer.total_training_steps", note="one verl step = one rollout batch + its update(s)"),
-        "train.rollouts_per_cycle": mapped(["data.train_batch_size"], note="with actor_rollout_ref.rollout.n=1"),
-        "train.gradient_accumulation_steps": lambda v, c: mapped("actor_rollout_ref.actor.ppo_mini_batch_size", c.train.group_size())(v, c),
+        "train.max_grad_norm": lambda v, c: mapped(
+            ["actor_rollout_ref.actor.grad_clip", "actor_rollout_ref.actor.optim.clip_grad"],
+            1e9 if v is None else v,
+            "None (no clipping) becomes 1e9",
+        )(v, c),
+        "train.cycles": mapped(
+            "trainer.total_training_steps", note="one verl step = one rollout batch + its update(s)"
+        ),
+        "train.rollouts_per_cycle": mapped(
+            ["data.train_batch_size"], note="with actor_rollout_ref.rollout.n=1"
+        ),
+        "train.gradient_accumulation_steps": lambda v, c: mapped(
+            "actor_rollout_ref.actor.ppo_mini_batch_size", c.train.group_size()
+        )(v, c),
         "train.trajectory_batch_size": lambda v, c: mapped(
-            ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"],
+            [
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+            ],
             c.train.group_size() if v == "auto" else v,
             "per GPU in verl",
         )(v, c),
         "train.sft_warmup_cycles": sft_warmup,
         "train.sft_lr": n_a("warm-up only"),
         "train.opd_freshness": freshness,
-        "train.replay_passes": lambda v, c: KeyFate("", v, MAPPED if c.train.opd_freshness == "replay" else NOT_APPLICABLE, "actor_rollout_ref.actor.ppo_epochs"),
+        "train.replay_passes": lambda v, c: KeyFate(
+            "",
+            v,
+            MAPPED if c.train.opd_freshness == "replay" else NOT_APPLICABLE,
+            "actor_rollout_ref.actor.ppo_epochs",
+        ),
         "train.checkpoint_every": mapped("trainer.save_freq"),
         "eval.split": eval_split,
         "eval.max_tasks": max_tasks,
@@ -502,7 +639,8 @@ def plan_export(cfg: RunConfig) -> ExportPlan:
     )
     system = env.system_prompt()
     all_prompts = [prompt_messages(system, t) for tasks in splits.values() for t in tasks]
-    lengths = {"prompt": prompt_length_bound(all_prompts)}
+    schemas = [tool_schema(spec) for spec in env.tool_specs()]
+    lengths = {"prompt": prompt_length_bound(all_prompts, schemas)}
     overrides = _fixed_overrides(cfg)
     rules = _rules(cfg, overrides, lengths)
     fates: list[KeyFate] = []
@@ -511,7 +649,9 @@ def plan_export(cfg: RunConfig) -> ExportPlan:
         rule = rules.get(key)
         if rule is None:
             fates.append(
-                KeyFate(key, value, DROPPED, "(none)", "no verl mapping rule in this miniverl version")
+                KeyFate(
+                    key, value, DROPPED, "(none)", "no verl mapping rule in this miniverl version"
+                )
             )
             continue
         out = rule(value, cfg)
@@ -722,7 +862,9 @@ def _fixed_overrides_keys() -> list[str]:
     return list(_fixed_overrides(RunConfig()).keys())
 
 
-def export_verl(cfg: RunConfig, out: Path, *, recipe: str = "<recipe>", force: bool = False) -> ExportPlan:
+def export_verl(
+    cfg: RunConfig, out: Path, *, recipe: str = "<recipe>", force: bool = False
+) -> ExportPlan:
     """Plan, then write every file into a temporary directory renamed to ``out`` at the end.
 
     A refused recipe or a missing pyarrow raises before anything exists at ``out``.

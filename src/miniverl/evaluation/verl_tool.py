@@ -121,9 +121,7 @@ def _build_tool_class() -> type:
             self._params = dict(config.get("environment_params") or {})
             self._episodes: dict[str, ToolEnvironment] = {}
 
-        async def create(
-            self, instance_id: str | None = None, **kwargs: Any
-        ) -> tuple[str, Any]:
+        async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, Any]:
             instance_id, response = await super().create(instance_id)
             self._episodes[instance_id] = new_episode(
                 self._environment, self._params, kwargs.get("create_kwargs")
