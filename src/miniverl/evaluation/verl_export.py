@@ -348,7 +348,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
         ),
         "run.seed": mapped(
             ["data.seed", "actor_rollout_ref.rollout.seed"],
-            note="also the seed of the exported splits' shuffling in verl's sampler",
+            note="verl's dataloader shuffle and rollout sampling seed (the splits themselves come from environment.split_seed)",
         ),
         "run.output_dir": dropped("verl writes to trainer.default_local_dir"),
         "run.deterministic": dropped(

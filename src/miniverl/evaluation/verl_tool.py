@@ -55,8 +55,9 @@ def new_episode(
 def execute_call(env: ToolEnvironment, tool_name: str, arguments: Any) -> ToolResult:
     """One call through the environment, exactly as miniverl's agent loop makes it.
 
-    ``arguments`` that are not a JSON object reach the environment as an empty mapping
-    would not: they are refused with miniverl's parser message instead.
+    verl hands over whatever JSON the model wrote as arguments; miniverl's parser refuses
+    anything but an object before the environment sees it, so this does the same, with the
+    parser's message.
     """
     if not isinstance(arguments, Mapping):
         return ToolResult(ok=False, error='tool call "arguments" must be a JSON object')
