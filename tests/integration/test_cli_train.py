@@ -123,6 +123,6 @@ def test_the_configuration_reference_is_current() -> None:
 def test_the_readme_quick_start_and_ci_run_the_same_test_command() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
-    command = 'pip install torch==2.13.0 -e ".[hf,dev]" && ruff check . && python -m pytest'
+    command = 'pip install torch==2.13.0 -e ".[hf,dev,verl-export]" && ruff check . && python -m pytest'
     assert command in readme and command in ci
     assert 'pip install torch==2.13.0 ".[torch]" && miniverl demo' in readme
