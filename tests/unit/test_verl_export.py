@@ -172,6 +172,16 @@ def test_prompt_bound_covers_messages_and_tool_schemas() -> None:
     assert bound == -(-raw // 8) * 8 and bound % 8 == 0 and bound >= raw
 
 
+def test_max_prompt_tokens_replaces_the_character_bound() -> None:
+    cfg = _hf(**{"rollout.max_total_tokens": "300"})
+    with pytest.raises(ConfigError, match="--max-prompt-tokens"):
+        vx.plan_export(cfg)
+    o = vx.plan_export(cfg, max_prompt_tokens=128).overrides
+    assert (o["data.max_prompt_length"], o["data.max_response_length"]) == (128, 172)
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        vx.plan_export(cfg, max_prompt_tokens=0)
+
+
 @pytest.mark.parametrize(
     ("value", "text"),
     [

@@ -30,6 +30,13 @@ def export_verl(
     force: Annotated[
         bool, typer.Option("--force", help="Replace an existing non-empty --out directory.")
     ] = False,
+    max_prompt_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-prompt-tokens",
+            help="Prompt token budget (default: a safe character bound of the longest prompt + tool schemas).",
+        ),
+    ] = None,
 ) -> None:
     """Export a validated OPD recipe to verl: data/*.parquet, tools.yaml, run_verl.sh, MAPPING.md."""
     from miniverl.config.models import RunConfig
@@ -37,7 +44,7 @@ def export_verl(
     from miniverl.evaluation.verl_export import export_verl as do_export
 
     cfg = RunConfig.from_yaml(recipe, overrides or [])
-    plan = do_export(cfg, out, recipe=recipe.name, force=force)
+    plan = do_export(cfg, out, recipe=recipe.name, force=force, max_prompt_tokens=max_prompt_tokens)
     console.print(
         f"exported {recipe} -> {out} for verl=={VERL_VERSION}: "
         f"{len(plan.splits['train'])} train / "

@@ -166,7 +166,7 @@ def prompt_length_bound(
 Rule = Callable[[Any, RunConfig], "KeyFate | str"]
 
 
-def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[str, Rule]:
+def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[str, Rule]:
     """One rule per recipe key. A rule returns a KeyFate, or a string: the refusal reason.
 
     Rules also fill ``o``, the Hydra overrides, for the keys they map.
@@ -203,6 +203,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
             return (
                 f"rollout.max_total_tokens {v} leaves {response_len} response tokens after the "
                 f"{prompt_len}-token prompt bound; raise it above {prompt_len + cfg.rollout.max_new_tokens_per_turn}"
+                " or pass --max-prompt-tokens with the measured prompt length"
             )
         o["data.max_prompt_length"] = prompt_len
         o["data.max_response_length"] = response_len
@@ -211,7 +212,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, int]) -> dict[s
             v,
             MAPPED,
             "data.max_prompt_length, data.max_response_length",
-            f"split as prompt {prompt_len} (character bound of the longest prompt) + response "
+            f"split as prompt {prompt_len} ({env_len['source']}) + response "
             f"{response_len}; verl's response budget covers all turns and tool results, as here",
         )
 
@@ -624,8 +625,14 @@ FIXED_NOTES = {
 }
 
 
-def plan_export(cfg: RunConfig) -> ExportPlan:
-    """Decide every override and every key's fate; raise ConfigError listing all refusals."""
+def plan_export(cfg: RunConfig, *, max_prompt_tokens: int | None = None) -> ExportPlan:
+    """Decide every override and every key's fate; raise ConfigError listing all refusals.
+
+    ``max_prompt_tokens`` replaces the character bound of the prompt (e.g. a count measured
+    with the student's chat template); verl's ``truncation: error`` fails loudly if it is low.
+    """
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
+        raise ConfigError(f"--max-prompt-tokens must be >= 1, got {max_prompt_tokens}")
     env = make_environment(cfg.environment.name, **cfg.environment.params)
     splits = make_splits(
         env,
@@ -640,7 +647,14 @@ def plan_export(cfg: RunConfig) -> ExportPlan:
     system = env.system_prompt()
     all_prompts = [prompt_messages(system, t) for tasks in splits.values() for t in tasks]
     schemas = [tool_schema(spec) for spec in env.tool_specs()]
-    lengths = {"prompt": prompt_length_bound(all_prompts, schemas)}
+    lengths: dict[str, Any] = (
+        {
+            "prompt": prompt_length_bound(all_prompts, schemas),
+            "source": "character bound of the longest prompt and the tool schemas",
+        }
+        if max_prompt_tokens is None
+        else {"prompt": max_prompt_tokens, "source": "given by --max-prompt-tokens"}
+    )
     overrides = _fixed_overrides(cfg)
     rules = _rules(cfg, overrides, lengths)
     fates: list[KeyFate] = []
@@ -863,13 +877,18 @@ def _fixed_overrides_keys() -> list[str]:
 
 
 def export_verl(
-    cfg: RunConfig, out: Path, *, recipe: str = "<recipe>", force: bool = False
+    cfg: RunConfig,
+    out: Path,
+    *,
+    recipe: str = "<recipe>",
+    force: bool = False,
+    max_prompt_tokens: int | None = None,
 ) -> ExportPlan:
     """Plan, then write every file into a temporary directory renamed to ``out`` at the end.
 
     A refused recipe or a missing pyarrow raises before anything exists at ``out``.
     """
-    plan = plan_export(cfg)
+    plan = plan_export(cfg, max_prompt_tokens=max_prompt_tokens)
     _require_pyarrow()
     out = Path(out)
     occupied = out.is_file() or (out.is_dir() and any(out.iterdir()))
