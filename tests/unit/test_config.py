@@ -490,6 +490,8 @@ def test_yaml_round_trip_keeps_the_digest(data: dict[str, Any]) -> None:
         "memory",
         "train",
         "eval",
+        "checkpoint",
+        "logging",
     ]
 
 

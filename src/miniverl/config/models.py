@@ -397,6 +397,31 @@ class EvalConfig(_Section):
     )
     baseline: bool = Field(True, description="Evaluate before training.")
     after_warmup: bool = Field(True, description="Evaluate after the SFT warm-up.")
+    every: int | None = Field(
+        None,
+        ge=1,
+        description="Also evaluate held-out success every N cycles (tag cycle-NNNN in metrics.jsonl). None: baseline, warm-up and final only.",
+    )
+
+
+class CheckpointConfig(_Section):
+    keep: int | None = Field(
+        1,
+        ge=1,
+        description="Cycle checkpoints kept on disk (newest first); warmup and final are always kept. None: keep every one.",
+    )
+
+
+class LoggingConfig(_Section):
+    tensorboard: bool = Field(
+        False,
+        description="Write TensorBoard scalars to <run>/tensorboard (needs the 'tensorboard' extra: tensorboardX).",
+    )
+    wandb: bool = Field(
+        False,
+        description="Log the same scalars to Weights & Biases in offline mode (never uses the network; sync later with 'wandb sync'). Needs wandb installed.",
+    )
+    wandb_project: str = Field("miniverl", min_length=1, description="wandb project name.")
 
 
 class RunConfig(_Section):
@@ -425,6 +450,12 @@ class RunConfig(_Section):
     )
     train: TrainConfig = Field(default_factory=TrainConfig, description="Optimization.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Which checkpoints stay on disk."
+    )
+    logging: LoggingConfig = Field(
+        default_factory=LoggingConfig, description="Live metric sinks besides metrics.jsonl."
+    )
 
     @model_validator(mode="after")
     def _validate_combination(self) -> RunConfig:
@@ -683,8 +714,10 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 __all__ = [
     "ENVIRONMENT_NAME_PATTERN",
     "CacheConfig",
+    "CheckpointConfig",
     "EnvironmentConfig",
     "EvalConfig",
+    "LoggingConfig",
     "LoraConfig",
     "LossConfig",
     "MemoryConfig",

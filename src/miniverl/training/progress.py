@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import (
@@ -32,22 +32,33 @@ class ProgressReporter:
                 TimeElapsedColumn(),
                 TextColumn("eta"),
                 TimeRemainingColumn(),
+                TextColumn("{task.fields[stats]}"),
                 console=console,
                 transient=True,
             )
 
     @contextlib.contextmanager
-    def task(self, description: str, total: int) -> Iterator[callable]:
-        """Yield an ``advance()`` callable for a phase of ``total`` units."""
+    def task(self, description: str, total: int) -> Iterator[Callable[..., None]]:
+        """Yield ``advance(n=1, stats=None)`` for a phase of ``total`` units.
+
+        ``stats`` replaces the text after the bar (e.g. loss, KL and success so far).
+        """
         if self._progress is None:
-            yield lambda n=1: None
+            yield lambda n=1, stats=None: None
             return
         started = not self._progress.live.is_started
         if started:
             self._progress.start()
-        task_id = self._progress.add_task(description, total=total)
+        progress = self._progress
+        task_id = progress.add_task(description, total=total, stats="")
+
+        def advance(n: int = 1, stats: str | None = None) -> None:
+            if stats is not None:
+                progress.update(task_id, stats=stats)
+            progress.advance(task_id, n)
+
         try:
-            yield lambda n=1: self._progress.advance(task_id, n)
+            yield advance
         finally:
             self._progress.remove_task(task_id)
             if started:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 import subprocess
 import time
 from collections import Counter
@@ -60,6 +59,8 @@ from miniverl.training.checkpoint import (
     save_checkpoint,
     save_tensors,
 )
+from miniverl.training.checkpoint_retention import prune_cycle_checkpoints
+from miniverl.training.live import LiveSinks, cycle_summary, format_live_line, step_scalars
 from miniverl.training.memory import (
     MemoryPlan,
     resolve_chunk_size,
@@ -177,6 +178,8 @@ class OPDTrainer:
         self._in_warmup = False
         self.main_start_step = 0
         self._is_setup = False
+        self.live: LiveSinks | None = None
+        self.last_cycle_summary: dict[str, Any] = {}
 
     # ================================================================== setup
 
@@ -480,6 +483,9 @@ class OPDTrainer:
             device=self.device,
             memory_plan=self.memory_plan.to_dict(),
         )
+        self.live = LiveSinks(
+            cfg.logging, self.paths.root, run_name=self.paths.root.name, run_config=cfg.to_dict()
+        )
         try:
             if self.resume:
                 self.load_from_checkpoint()
@@ -500,9 +506,12 @@ class OPDTrainer:
                 for cycle in range(self._start_cycle, cfg.train.cycles):
                     self._run_cycle(cycle)
                     last = cycle == cfg.train.cycles - 1
+                    held_out = None
+                    if cfg.eval.every and not last and (cycle + 1) % cfg.eval.every == 0:
+                        held_out = self.evaluate(f"cycle-{cycle:04d}")
                     if last or (cycle + 1) % cfg.train.checkpoint_every == 0:
                         self.save_checkpoint(f"cycle-{cycle:04d}", cycle=cycle)
-                    advance()
+                    advance(stats=format_live_line(self.last_cycle_summary, held_out))
             self.evaluate("final", temperature=0.0)
             self.save_checkpoint("final", cycle=cfg.train.cycles - 1)
             summary = self.eval_summary(seconds=time.perf_counter() - started)
@@ -516,6 +525,8 @@ class OPDTrainer:
                 global_optimizer_step=self.global_step,
             )
             raise
+        finally:
+            self.live.close()
         self.events.emit(
             "run_end",
             echo=f"final success {summary['final']['success_rate']:.3f}",
@@ -745,7 +756,11 @@ class OPDTrainer:
         self.events.emit(
             "eval", echo=f"{tag}: {result['solved']}/{result['tasks']} solved", **result
         )
-        self.metrics.write({"kind": "eval", **result})
+        self.metrics.write({"kind": "eval", "cycle": self.cycle, **result})
+        if self.live is not None:
+            self.live.scalars(
+                self.global_step, {f"eval/{split}_success_rate": result["success_rate"]}
+            )
         return result
 
     def eval_summary(self, seconds: float | None = None) -> dict[str, Any]:
@@ -872,14 +887,30 @@ class OPDTrainer:
         if cycle == cfg.train.cycles - 1:
             self._write_token_analysis(samples, cycle)
         self._prune_cache()
+        live = cycle_summary(steps, rollout_stats)
         record.update(
             skipped=False,
             steps=len(steps),
             parameter_version=self.parameter_version,
             loss=steps[-1]["loss"] if steps else None,
+            mean_loss=live["mean_loss"],
+            mean_divergence=live["mean_divergence"],
             seconds=round(time.perf_counter() - started, 3),
         )
         self.metrics.write(record)
+        self.last_cycle_summary = live
+        if self.live is not None:
+            self.live.scalars(
+                self.global_step,
+                {
+                    "cycle/mean_loss": live["mean_loss"],
+                    "cycle/mean_divergence": live["mean_divergence"],
+                    "rollout/success_rate": live["rollout_success_rate"],
+                },
+            )
+        self.events.emit(
+            "cycle_end", echo=f"cycle {cycle}: {format_live_line(live)}", cycle=cycle, **live
+        )
 
     def _collect(self, tasks: Sequence[Task], cycle: int) -> list[Trajectory]:
         """Sample one rollout per task from the current student."""
@@ -1126,6 +1157,8 @@ class OPDTrainer:
                     "gpu": gpu.snapshot(self.device),
                 }
                 self.metrics.write(record)
+                if self.live is not None:
+                    self.live.scalars(self.global_step, step_scalars(record))
                 records.append(record)
                 step_in_cycle += 1
         self.student.set_train(False)
@@ -1315,9 +1348,7 @@ class OPDTrainer:
             config_digest=self.config.digest(),
         )
         if name.startswith("cycle-"):
-            for old in self.paths.checkpoints.glob("cycle-*"):
-                if old.name != name and old.is_dir():
-                    shutil.rmtree(old, ignore_errors=True)
+            prune_cycle_checkpoints(self.paths.checkpoints, keep=self.config.checkpoint.keep)
         self.events.emit(
             "checkpoint_saved", name=name, cycle=cycle, global_optimizer_step=self.global_step
         )
