@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -26,6 +27,16 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("miniverl")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _toy_teacher_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Fitted toy teachers are cached in a session temp dir, never in the user's ~/.cache.
+
+    Tests with identical teacher inputs reuse one fit (``toy_teacher_reused``), which is
+    also how users see it; tests of the cache itself point it at their own directory.
+    """
+    os.environ["MINIVERL_CACHE_DIR"] = str(tmp_path_factory.mktemp("miniverl-cache"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -148,6 +148,10 @@ class ToyFitConfig(_Section):
     probe_tasks: int = Field(
         16, ge=1, description="Tasks greedily rolled out at each early-stopping check."
     )
+    reuse: bool = Field(
+        True,
+        description="Reuse a teacher fitted earlier with identical inputs from $MINIVERL_CACHE_DIR/toy-teachers (default ~/.cache/miniverl); false: always refit, store nothing.",
+    )
 
 
 def _default_student() -> ModelSpec:

@@ -554,6 +554,7 @@ def fit_toy_model(
     chunk_size: int = 64,
     stop_when: Callable[[int], bool] | None = None,
     check_every: int = 50,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> ToyFitReport:
     """Train every decoder parameter on ``(token_ids, target_positions)`` examples.
 
@@ -563,6 +564,7 @@ def fit_toy_model(
     ``chunked_selected_position_loss`` in pure cross-entropy form (``provider=None``), so
     the teacher is fitted by the same code path that later trains the student.
     ``stop_when(step)`` is asked every ``check_every`` steps; ``True`` ends the fit early.
+    ``on_step(step, loss)`` is told about every step (a progress bar listens).
     Parameters frozen for LoRA are unfrozen for the fit and frozen again afterwards.
     """
     from miniverl.losses.chunked import chunked_selected_position_loss
@@ -619,6 +621,8 @@ def fit_toy_model(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             history.append(float(result.loss))
+            if on_step is not None:
+                on_step(step, history[-1])
             if stop_when is not None and step % check_every == 0 and stop_when(step):
                 stopped = True
                 break

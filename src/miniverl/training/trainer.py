@@ -574,6 +574,8 @@ class OPDTrainer:
         if self.config.models.backend != "toy" or self.teacher is None:
             return
         from miniverl.models.toy import fit_toy_model
+        from miniverl.training import teacher_reuse as reuse
+        from miniverl.training.teacher_reuse import toy_teacher_digest_inputs
 
         fit = self.config.models.toy_fit
         env_cfg = self.config.environment
@@ -592,14 +594,55 @@ class OPDTrainer:
         probe = random.Random(derive_seed(self.config.run.seed, "toy-teacher-probe")).sample(
             pool, min(len(pool), fit.probe_tasks)
         )
+        eval_tasks = self.splits[self.config.eval.split][: self.config.eval.max_tasks]
+        inputs = toy_teacher_digest_inputs(
+            self.teacher,
+            examples=examples,
+            probe=probe,
+            train=train,
+            eval_tasks=eval_tasks,
+            fit=fit.model_dump(mode="json", exclude={"reuse"}),
+            rollout=self.config.rollout.model_dump(mode="json"),
+            chunk_size=self.chunk_size,
+            seed=self.config.run.seed,
+            device=self.device,
+        )
+        digest = reuse.teacher_digest(inputs)
+        cached = reuse.load_cached_teacher(digest) if fit.reuse else None
+        if cached is not None:
+            self.teacher.load_full_state_dict(cached[0])
+            self._freeze_toy_teacher()
+            self.toy_teacher_report = {
+                **cached[1],
+                "reused": True,
+                "cache_digest": digest,
+                "weights_sha256": self._save_toy_teacher(self.paths.root / TOY_TEACHER_FILE),
+            }
+            write_json(self.paths.manifest, self.build_manifest())
+            self.events.emit(
+                "toy_teacher_reused",
+                echo=f"cached fit {digest[:12]} from {reuse.cache_root()} (saved {cached[1].get('seconds', 0):.0f}s of fitting)",
+                **self.toy_teacher_report,
+            )
+            return
         checks: list[dict[str, float]] = []
+        rng_before = capture_rng_state()
 
-        def solved_enough(step: int) -> bool:
-            rate = self._greedy_success(runner, probe)
-            checks.append({"step": step, "probe_success": rate})
-            return rate >= fit.target_success
+        with self.progress.task("fitting toy teacher", max(1, fit.max_steps)) as advance:
+            last = {"probe": None}
 
-        with self.progress.task("fitting toy teacher", 1):
+            def solved_enough(step: int) -> bool:
+                rate = self._greedy_success(runner, probe)
+                checks.append({"step": step, "probe_success": rate})
+                last["probe"] = rate
+                return rate >= fit.target_success
+
+            def on_step(step: int, loss: float) -> None:
+                probe_text = (
+                    "" if last["probe"] is None else f" | probe accuracy {last['probe']:.0%}"
+                )
+                advance(stats=f"step {step} | loss {loss:.3f}{probe_text}")
+
             report = fit_toy_model(
                 self.teacher,
                 examples,
@@ -610,16 +653,14 @@ class OPDTrainer:
                 chunk_size=max(1, self.chunk_size),
                 stop_when=solved_enough,
                 check_every=fit.check_every,
+                on_step=on_step,
             )
-        for p in self.teacher.trainable_parameters():
-            p.requires_grad_(False)
-        self.teacher.set_train(False)
+        self._freeze_toy_teacher()
         train_success = self._greedy_success(runner, train)
-        eval_success = self._greedy_success(
-            runner, self.splits[self.config.eval.split][: self.config.eval.max_tasks]
-        )
+        eval_success = self._greedy_success(runner, eval_tasks)
+        restore_rng_state(rng_before)
         weights_sha256 = self._save_toy_teacher(self.paths.root / TOY_TEACHER_FILE)
-        self.toy_teacher_report = {
+        fitted = {
             "steps": report.steps_run,
             "final_loss": report.final_loss,
             "stopped_early": report.stopped_early,
@@ -629,6 +670,13 @@ class OPDTrainer:
             "train_success": train_success,
             "heldout_success": eval_success,
             "checks": checks,
+        }
+        if fit.reuse:
+            reuse.store_teacher(digest, self.teacher.full_state_dict(), fitted, inputs)
+        self.toy_teacher_report = {
+            **fitted,
+            "reused": False,
+            "cache_digest": digest,
             "weights_sha256": weights_sha256,
         }
         write_json(self.paths.manifest, self.build_manifest())
@@ -637,6 +685,12 @@ class OPDTrainer:
             echo=f"{report.steps_run} steps, greedy success train {train_success:.2f} / held-out {eval_success:.2f}",
             **self.toy_teacher_report,
         )
+
+    def _freeze_toy_teacher(self) -> None:
+        assert self.teacher is not None
+        for p in self.teacher.trainable_parameters():
+            p.requires_grad_(False)
+        self.teacher.set_train(False)
 
     def _save_toy_teacher(self, path: Path) -> str:
         assert self.teacher is not None
