@@ -18,6 +18,7 @@ from rich.table import Table
 
 from miniverl.cache.store import TeacherCache
 from miniverl.cli.common import console, handles_errors
+from miniverl.utils.versions import all_version_counts, summarize_version_counts
 
 cache_app = typer.Typer(
     help="Inspect, verify and prune a teacher-target cache (torch-free).",
@@ -45,6 +46,9 @@ def _human_bytes(n: int) -> str:
 def stats(
     directory: DirArgument,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    all_versions: Annotated[
+        bool, typer.Option("--all-versions", help="List every policy version, not a summary.")
+    ] = False,
 ) -> None:
     """Entries, positions, K, bytes per position, policy versions and shards, from the index."""
     info = TeacherCache.open(directory).stats()
@@ -78,7 +82,12 @@ def stats(
             else f"{per_position:.1f} (bf16 full logits: {info['full_logits_bf16_bytes_per_position']}, "
             f"{info['compression_ratio']:.1f}x smaller)",
         ),
-        ("versions", ", ".join(f"v{v}: {n}" for v, n in info["versions"].items()) or "none"),
+        (
+            "versions",
+            all_version_counts(info["versions"])
+            if all_versions
+            else summarize_version_counts(info["versions"]),
+        ),
         ("shards", str(info["shards"])),
         ("total bytes", f"{info['total_bytes']} ({_human_bytes(info['total_bytes'])})"),
     ]

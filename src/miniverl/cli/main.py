@@ -197,9 +197,13 @@ def inspect(
     json_out: Annotated[
         bool, typer.Option("--json", help="Machine-readable FileSummary.to_dict().")
     ] = False,
+    all_versions: Annotated[
+        bool, typer.Option("--all-versions", help="List every policy version, not a summary.")
+    ] = False,
 ) -> None:
     """Validate every record of a trajectory file and summarize its token provenance."""
     from miniverl.inspection.summary import summarize_file
+    from miniverl.utils.versions import summarize_versions
 
     if spans and trajectory is None:
         raise fail("--spans needs --trajectory ID", code=2)
@@ -218,7 +222,12 @@ def inspect(
     console.print(
         f"  graded {summary.graded} | solved {summary.solved} ({100 * summary.solve_rate:.1f}%)"
     )
-    console.print(f"  policy versions {summary.policy_versions}")
+    versions = (
+        ", ".join(map(str, summary.policy_versions))
+        if all_versions
+        else summarize_versions(summary.policy_versions)
+    )
+    console.print(f"  policy versions {versions}", markup=False)
     console.print(f"  termination {summary.termination}", markup=False)
     console.print(f"  tools {summary.tools}", markup=False)
     console.print(
@@ -271,14 +280,16 @@ def inspect(
 # -- train / demo / eval ------------------------------------------------------------
 
 
-def _run_trainer(trainer: Any, *, no_report: bool) -> dict[str, Any]:
+def _run_trainer(trainer: Any, *, no_report: bool, recipe: Path | None = None) -> dict[str, Any]:
     """Train, then write the report unless asked not to. Ctrl-C keeps the last checkpoint."""
+    from miniverl.cli.run_support import resume_command
+
     try:
         summary = trainer.train()
     except KeyboardInterrupt:
         raise fail(
             f"interrupted; the last completed checkpoint under {trainer.paths.checkpoints} is resumable",
-            f"miniverl train <recipe> --output {trainer.paths.root} --resume",
+            f"resume with: {resume_command(trainer.paths.root, recipe)}",
             code=130,
         ) from None
     if not no_report:
@@ -293,8 +304,11 @@ def _write_report(run_dir: Path) -> None:
     console.print(f"report: {html}  summary: {md}")
 
 
-def _print_outcome(summary: dict[str, Any], run_dir: Path) -> None:
-    table = Table(title=f"held-out success ({run_dir})")
+def _print_outcome(summary: dict[str, Any], run_dir: Path, *, smoke_test: bool = False) -> None:
+    title = f"held-out success ({run_dir})"
+    if smoke_test:
+        title += "\nSMOKE TEST (demo --fast): tiny budgets, not a result"
+    table = Table(title=title)
     table.add_column("stage")
     table.add_column("solved", justify="right")
     table.add_column("success", justify="right")
@@ -307,6 +321,12 @@ def _print_outcome(summary: dict[str, Any], run_dir: Path) -> None:
                 f"{100 * result['success_rate']:.1f}%",
             )
     console.print(table)
+    if smoke_test:
+        console.print(
+            "demo --fast only checks that the pipeline runs end to end; its success rates "
+            "are meaningless. Run 'miniverl demo' for the real demo result.",
+            markup=False,
+        )
 
 
 @app.command()
@@ -328,14 +348,28 @@ def train(
 ) -> None:
     """Train from a recipe: sft, offline_kd or opd, as run.mode says."""
     import_torch("miniverl train")
+    import shlex
+
+    from miniverl.cli.run_support import save_command, stored_overrides
     from miniverl.config.models import RunConfig
     from miniverl.training.trainer import OPDTrainer
 
-    config = RunConfig.from_yaml(recipe, overrides or [])
+    given = list(overrides or [])
+    config = RunConfig.from_yaml(recipe, given)
+    if resume and not given:
+        root = output or Path(config.run.output_dir or Path("runs") / config.run.name)
+        stored = stored_overrides(root)
+        if stored:
+            given = stored
+            config = RunConfig.from_yaml(recipe, given)
+            console.print(f"resume: reusing the stored overrides {shlex.join(given)}", markup=False)
     trainer = OPDTrainer(
         config, output_dir=output, submitted_recipe=recipe.read_bytes(), resume=resume, quiet=quiet
     )
-    summary = _run_trainer(trainer, no_report=no_report)
+    if not resume:
+        trainer.setup()
+        save_command(trainer.paths.root, command="train", recipe=str(recipe), overrides=given)
+    summary = _run_trainer(trainer, no_report=no_report, recipe=recipe)
     _print_outcome(summary, trainer.paths.root)
 
 
@@ -351,21 +385,33 @@ def demo(
     ] = None,
     no_report: NoReport = False,
     quiet: Quiet = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Replace an earlier demo run in the output directory."),
+    ] = False,
 ) -> None:
     """Embedded toy backend on the CPU, no network: watch a toy student learn to use a tool."""
     import_torch("miniverl demo")
+    from miniverl.cli.run_support import clear_for_overwrite
     from miniverl.config.presets import demo_config, demo_recipe_bytes
+    from miniverl.errors import RunDirectoryError
     from miniverl.training.trainer import OPDTrainer
+    from miniverl.utils.runs import RunPaths
 
+    run_dir = output or Path("runs") / "demo"
+    if overwrite:
+        clear_for_overwrite(run_dir)
+    elif RunPaths(run_dir).manifest.exists():
+        raise RunDirectoryError(
+            f"{run_dir} already holds a demo run",
+            hint=f"pass --overwrite to replace it, or --output DIR to keep it (miniverl demo{' --fast' if fast else ''} --overwrite)",
+        )
     config = demo_config(fast=fast)
     trainer = OPDTrainer(
-        config,
-        output_dir=output or Path("runs") / "demo",
-        submitted_recipe=demo_recipe_bytes(),
-        quiet=quiet,
+        config, output_dir=run_dir, submitted_recipe=demo_recipe_bytes(), quiet=quiet
     )
     summary = _run_trainer(trainer, no_report=no_report)
-    _print_outcome(summary, trainer.paths.root)
+    _print_outcome(summary, trainer.paths.root, smoke_test=fast)
 
 
 @app.command("eval")

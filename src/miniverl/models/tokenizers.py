@@ -381,6 +381,15 @@ def load_pretrained(
     local = Path(source).expanduser()
     if local.is_dir():
         return _from_pretrained(loader, str(local), what=what, **kwargs)
+    if looks_like_local_path(source):
+        raise BackendError(
+            f"{what} folder {source!r} does not exist",
+            hint=(
+                "point the model id at a directory written by save_pretrained, or download "
+                "one first, e.g. hf download <org>/<model> --local-dir "
+                f"{source}"
+            ),
+        )
     snapshot = cached_snapshot(source, revision)
     if snapshot is not None:
         try:
@@ -391,6 +400,16 @@ def load_pretrained(
     elif hub_offline():
         raise _offline_error(what, source, revision, "not in the local Hugging Face cache")
     return _from_pretrained(loader, source, what=what, revision=revision, **kwargs)
+
+
+def looks_like_local_path(source: str) -> bool:
+    """A model id meant as a folder, not a hub id (hub ids are ``name`` or ``org/name``)."""
+    return (
+        source.startswith(("/", "./", "../", "~", "."))
+        or source.count("/") > 1
+        or "\\" in source
+        or source.endswith("/")
+    )
 
 
 def _from_pretrained(loader: Any, location: str, *, what: str, **kwargs: Any) -> Any:
@@ -411,7 +430,7 @@ def _offline_error(what: str, source: str, revision: str | None, why: object) ->
         f"{what} {source!r} (revision {revision or 'default'}) cannot be loaded while the "
         f"Hugging Face hub is offline: {why}",
         hint=(
-            f"download it first (huggingface-cli download {source}) or point the model id at a "
+            f"download it first (hf download {source}) or point the model id at a "
             "local directory written by save_pretrained"
         ),
     )

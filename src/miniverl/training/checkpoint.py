@@ -101,6 +101,18 @@ def read_marker(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The verified completion marker, or :class:`CheckpointError`."""
     path = Path(directory)
     marker_path = path / MARKER_FILE
+    if not path.is_dir():
+        siblings = (
+            sorted(p.name for p in path.parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+            if path.parent.is_dir()
+            else []
+        )
+        raise CheckpointError(
+            f"checkpoint {path} is missing (no such directory)",
+            hint=f"available checkpoints: {', '.join(siblings)}"
+            if siblings
+            else f"{path.parent} holds no checkpoints; the run never saved one",
+        )
     if not marker_path.is_file():
         raise CheckpointError(
             f"{path} has no {MARKER_FILE}: the checkpoint is incomplete and will not be loaded",

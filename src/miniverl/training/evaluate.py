@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from miniverl.config.models import RunConfig
-from miniverl.errors import CheckpointError, RunDirectoryError
+from miniverl.errors import CheckpointError, ConfigError, RunDirectoryError
 from miniverl.training.checkpoint import load_checkpoint
 from miniverl.training.trainer import OPDTrainer, load_resolved_config
 from miniverl.utils.io import write_json
@@ -36,6 +36,15 @@ def evaluate_run(
         yaml.safe_load(paths.config_validated.read_text(encoding="utf-8")),
         source=str(paths.config_validated),
     )
+    chosen = split or config.eval.split
+    if chosen not in ("eval", "test"):
+        raise ConfigError(f"--split must be eval or test, got {chosen!r}")
+    size = getattr(config.environment, f"{chosen}_tasks")
+    if size == 0:
+        raise ConfigError(
+            f"the {chosen!r} split of {paths.root} is empty (environment.{chosen}_tasks: 0), so there is nothing to evaluate",
+            hint=f"evaluate another split, or train a run with environment.{chosen}_tasks > 0",
+        )
     loaded = load_checkpoint(paths.checkpoint(checkpoint))
     if loaded.state["config_digest"] != validated.digest():
         raise CheckpointError(

@@ -1,0 +1,117 @@
+"""Item 7 of issue 16: one test per user-visible behaviour of the smaller CLI fixes."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import tiny_config
+from miniverl.cli.main import app
+from miniverl.training.trainer import OPDTrainer
+from miniverl.trajectory.io import read_trajectories, write_trajectories
+from miniverl.utils.runs import RunPaths
+
+runner = CliRunner()
+
+
+def _invoke(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.mark.slow
+def test_resume_reuses_the_stored_overrides_and_the_hint_is_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(tiny_config().to_yaml())
+    run = tmp_path / "run"
+    original = OPDTrainer._run_cycle
+
+    def interrupted(self: OPDTrainer, cycle: int) -> None:
+        if cycle == 1:
+            raise KeyboardInterrupt
+        original(self, cycle)
+
+    with monkeypatch.context() as m:
+        m.setattr(OPDTrainer, "_run_cycle", interrupted)
+        code, out = _invoke(
+            "train", str(recipe), "train.cycles=3", "loss.divergence=reverse_kl",
+            "--output", str(run), "--quiet", "--no-report",
+        )  # fmt: skip
+    assert code == 130, out
+    hint = f"miniverl train {recipe} --output {run} --resume"
+    assert hint in " ".join(out.split())
+
+    saved = (run / "command.json").read_text()
+    code, out = _invoke(*hint.split()[1:], "--quiet", "--no-report")
+    assert code == 0, out
+    assert "reusing the stored overrides train.cycles=3 loss.divergence=reverse_kl" in out
+    assert RunPaths(run).final_checkpoint.is_dir()
+
+    # Without the stored overrides the same command is refused (the config digest differs).
+    shutil.rmtree(run / "checkpoints" / "final")
+    (run / "command.json").unlink()
+    code, out = _invoke(*hint.split()[1:], "--quiet", "--no-report")
+    assert code == 1 and "different config" in out
+    assert "train.cycles=3" in saved
+
+
+def test_eval_on_an_empty_split_is_an_error(demo_fast_run: Path) -> None:
+    code, out = _invoke("eval", "--run", str(demo_fast_run), "--split", "test", "--quiet")
+    assert code == 1
+    assert "'test' split" in out and "is empty" in out and "0/0" not in out
+
+
+def test_a_missing_checkpoint_is_called_missing(demo_fast_run: Path) -> None:
+    code, out = _invoke("eval", "--run", str(demo_fast_run), "--checkpoint", "cycle-9999")
+    assert code == 1
+    text = " ".join(out.split())
+    assert "cycle-9999 is missing" in text and "incomplete" not in text
+    assert "available checkpoints:" in text and "final" in text
+
+
+def test_inspect_summarizes_hundreds_of_policy_versions(
+    demo_fast_run: Path, tmp_path: Path
+) -> None:
+    base = read_trajectories(RunPaths(demo_fast_run).trajectories)[0]
+    many = [
+        base.model_copy(update={"trajectory_id": f"t{v}", "policy_version": v}) for v in range(300)
+    ]
+    path = tmp_path / "many.jsonl"
+    write_trajectories(path, many)
+    code, out = _invoke("inspect", str(path), "--limit", "0")
+    assert code == 0, out
+    assert "policy versions 300 distinct: 0-299" in out
+    assert "150, 151" not in out
+    code, out = _invoke("inspect", str(path), "--limit", "0", "--all-versions")
+    assert code == 0 and "150, 151" in out
+
+
+@pytest.mark.slow
+def test_second_demo_needs_overwrite_and_fast_says_smoke_test(
+    demo_fast_run: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "demo"
+    shutil.copytree(demo_fast_run, run)
+    code, out = _invoke("demo", "--fast", "--output", str(run), "--quiet")
+    assert code == 1
+    assert "already holds a demo run" in out and "--overwrite" in out
+
+    (run / "sentinel").write_text("old run")
+    code, out = _invoke(
+        "demo", "--fast", "--output", str(run), "--quiet", "--no-report", "--overwrite"
+    )
+    assert code == 0, out
+    assert not (run / "sentinel").exists() and RunPaths(run).final_checkpoint.is_dir()
+    assert "SMOKE TEST (demo --fast)" in out and "meaningless" in out
+
+    stranger = tmp_path / "not-a-run"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("keep me")
+    code, out = _invoke("demo", "--fast", "--output", str(stranger), "--overwrite")
+    assert code == 1 and "not a miniverl run directory" in out
+    assert (stranger / "notes.txt").read_text() == "keep me"
