@@ -100,7 +100,10 @@ def test_report_renders_offline_without_console_errors(demo_fast_run: Path, tmp_
         problems = [line for line in proc.stderr.splitlines() if CONSOLE_PROBLEMS.search(line)]
         assert problems == [], problems
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert "<h2>Benchmark comparison</h2>" in dom.stdout and dom.stdout.count("<svg") >= 5
+    assert "<h2>Benchmark comparison</h2>" in dom.stdout and dom.stdout.count("<svg") >= 6
+    # the success-per-cycle curve renders first in the learning-curves section
+    curves = dom.stdout[dom.stdout.index("<h2>Learning curves</h2>") :]
+    assert "distillation cycle" in curves[: curves.index("</svg>")]
     assert screenshot.is_file() and screenshot.stat().st_size > 20_000
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

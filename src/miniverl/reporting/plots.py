@@ -35,6 +35,8 @@ SPAN_COLORS: dict[str, str] = {
 }
 PHASE_COLORS: dict[str, str] = {"sft": "#8d6cab", "opd": "#2a9d8f", "offline_kd": "#e9c46a"}
 _DEFAULT_COLOR = "#264653"
+MAX_MARKED_POINTS = 120
+"""Series longer than this are drawn as plain lines: thousands of markers bloat the SVG."""
 
 _RC = {
     "svg.fonttype": "none",
@@ -115,7 +117,7 @@ def learning_curves(
                     ax.plot(
                         xs,
                         ys,
-                        marker="o",
+                        marker="o" if len(xs) <= MAX_MARKED_POINTS else None,
                         markersize=3,
                         linewidth=1.2,
                         color=PHASE_COLORS.get(phase, _DEFAULT_COLOR),
@@ -138,6 +140,58 @@ def learning_curves(
         handles, labels = axes[0].get_legend_handles_labels()
         if len(labels) > 1:
             axes[0].legend(handles, labels, fontsize=7, frameon=False)
+    return inline_svg(fig)
+
+
+def success_per_cycle(
+    rollouts: Sequence[tuple[int, float]],
+    held_out: Sequence[tuple[float, float, str]],
+) -> str:
+    """Rollout success per distillation cycle and held-out success where it was measured.
+
+    ``rollouts``: ``(cycle, rate)``; ``held_out``: ``(x, rate, label)`` where stages before
+    the first distillation cycle sit at negative ``x`` and carry their label.
+    """
+    fig = _figure(6.4, 2.8)
+    with matplotlib.rc_context(_RC):
+        ax = fig.subplots()
+        if rollouts:
+            xs, ys = zip(*rollouts, strict=True)
+            ax.plot(
+                xs,
+                [100.0 * y for y in ys],
+                color=PHASE_COLORS["opd"],
+                linewidth=1.0,
+                alpha=0.8,
+                marker="o" if len(xs) <= MAX_MARKED_POINTS else None,
+                markersize=2.5,
+                label="rollout success (training prompts, sampled)",
+            )
+        if held_out:
+            ax.plot(
+                [x for x, _, _ in held_out],
+                [100.0 * y for _, y, _ in held_out],
+                color="#e76f51",
+                linewidth=1.6,
+                marker="s",
+                markersize=4.5,
+                label="held-out success (greedy unless configured)",
+            )
+            for x, y, label in held_out:
+                if label:
+                    ax.annotate(
+                        label, (x, 100.0 * y), textcoords="offset points", xytext=(0, 6),
+                        ha="center", fontsize=7, color="#555555",
+                    )  # fmt: skip
+        ax.set_ylim(-3, 108)
+        ax.set_xlabel("distillation cycle")
+        ax.set_ylabel("success (%)")
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
+        ax.grid(alpha=0.3)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
+        else:
+            ax.legend(fontsize=7, frameon=False, loc="lower right")
     return inline_svg(fig)
 
 
@@ -164,8 +218,14 @@ def success_bars(stages: Sequence[tuple[str, float]]) -> str:
     return inline_svg(fig)
 
 
-def counts_bars(title: str, counts: Mapping[str, Mapping[str, int]]) -> str:
-    """Grouped horizontal bars: one group per category, one bar per source (e.g. eval stage)."""
+def counts_bars(
+    title: str, counts: Mapping[str, Mapping[str, int]], *, normalize: bool = False
+) -> str:
+    """Grouped horizontal bars: one group per category, one bar per source (e.g. eval stage).
+
+    ``normalize``: each source's bars are its share (%) of that source's trajectories, so a
+    24-task evaluation and 3,200 training rollouts can be compared on one axis.
+    """
     categories = sorted({c for per in counts.values() for c in per})
     sources = list(counts)
     fig = _figure(5.6, max(1.6, 0.32 * len(categories) * max(1, len(sources)) + 0.8))
@@ -175,9 +235,15 @@ def counts_bars(title: str, counts: Mapping[str, Mapping[str, int]]) -> str:
         palette = ["#264653", "#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#8d6cab"]
         for i, source in enumerate(sources):
             ys = [j + i * height for j in range(len(categories))]
+            total = sum(counts[source].values()) if normalize else 0
             ax.barh(
                 ys,
-                [counts[source].get(c, 0) for c in categories],
+                [
+                    (100.0 * counts[source].get(c, 0) / total if total else 0.0)
+                    if normalize
+                    else counts[source].get(c, 0)
+                    for c in categories
+                ],
                 height=height,
                 label=source,
                 color=palette[i % len(palette)],
@@ -187,7 +253,7 @@ def counts_bars(title: str, counts: Mapping[str, Mapping[str, int]]) -> str:
         )
         ax.invert_yaxis()
         ax.set_title(title)
-        ax.set_xlabel("trajectories")
+        ax.set_xlabel("share of the source's trajectories (%)" if normalize else "trajectories")
         ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
         ax.grid(axis="x", alpha=0.3)
         if len(sources) > 1:

@@ -48,10 +48,18 @@ SPAN_ORDER = [t.value for t in SpanType]
 MODEL_SPAN_VALUES = frozenset(t.value for t in MODEL_GENERATED_SPAN_TYPES)
 CONTEXT_SPAN_VALUES = frozenset(t.value for t in CONTEXT_SPAN_TYPES)
 MAX_STEP_ROWS = 500
+PAGE_ROWS = 50
+"""HTML tables longer than this are split into collapsed pages of this many rows."""
+COLLAPSE_ROWS = 20
+"""HTML tables longer than this start collapsed."""
+MD_MAX_ROWS = 12
+MD_LONG_TABLE = 30
+"""summary.md shows the first MD_MAX_ROWS rows of tables longer than MD_LONG_TABLE (< 20 KB)."""
+CURVE_TABLE_ROWS = 12
 MAX_CONTEXT_CHARS = 1200
 CURVE_SERIES = (
-    ("loss", "loss"),
-    ("divergence_loss", "divergence"),
+    ("sft_loss", "SFT loss (cross-entropy)"),
+    ("kd_divergence", "distillation divergence"),
     ("sampled_token_nll", "sampled-token NLL"),
     ("grad_norm", "grad norm"),
     ("lr", "learning rate"),
@@ -496,8 +504,102 @@ def _objective(data: RunData) -> Section:
     return section
 
 
-def _curves(data: RunData) -> Section:
+def split_loss_series(steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Step records with ``sft_loss`` (warm-up cross-entropy) and ``kd_divergence`` apart.
+
+    The two live on different scales, so each gets its own panel of the curves figure.
+    """
+    return [
+        {
+            **s,
+            "sft_loss": s.get("loss") if s.get("phase") == "sft" else None,
+            "kd_divergence": s.get("divergence_loss") if s.get("phase") != "sft" else None,
+        }
+        for s in steps
+    ]
+
+
+def _held_out_points(
+    data: RunData, evaluations: Mapping[str, Mapping[str, Any]]
+) -> list[tuple[float, float, str]]:
+    """(x, success, label) of every training-time evaluation on the distillation-cycle axis."""
+    last_cycle = max(
+        (int(c["cycle"]) for c in data.cycles if isinstance(c.get("cycle"), int)), default=0
+    )
+    points = []
+    for tag, r in evaluations.items():
+        rate = r.get("success_rate")
+        training_time = r.get("source") in (data.paths.metrics.name, data.paths.eval_json.name)
+        if not isinstance(rate, int | float) or not training_time:
+            continue
+        if tag == "baseline":
+            points.append((-1.0, float(rate), "baseline"))
+        elif tag == "after_warmup":
+            points.append((-0.5, float(rate), "warm-up"))
+        elif tag == "final":
+            points.append((float(last_cycle), float(rate), "final"))
+        elif tag.startswith("cycle-") and tag[6:].isdigit():
+            points.append((float(int(tag[6:])), float(rate), ""))
+    return sorted(points)
+
+
+def _cycle_table(data: RunData, held_out: Sequence[tuple[float, float, str]]) -> Table | None:
+    """At most CURVE_TABLE_ROWS evenly spaced cycles: the curve's numbers, for summary.md."""
+    cycles = [c for c in data.cycles if isinstance(c.get("cycle"), int)]
+    if not cycles:
+        return None
+    stride = max(1, math.ceil(len(cycles) / CURVE_TABLE_ROWS))
+    picked = cycles[::stride]
+    if picked[-1] is not cycles[-1]:
+        picked.append(cycles[-1])
+    by_cycle = {int(x): rate for x, rate, _ in held_out if x >= 0}
+    rows = []
+    for c in picked:
+        ro = c.get("rollouts") or {}
+        rows.append(
+            [
+                fmt_num(c["cycle"]),
+                f"{fmt_num(ro.get('solved'))}/{fmt_num(ro.get('tasks'))} ({fmt_pct(ro.get('success_rate'))})"
+                if ro
+                else NOT_RECORDED,
+                fmt_pct(by_cycle[int(c["cycle"])]) if int(c["cycle"]) in by_cycle else NOT_RECORDED,
+                fmt_num(c.get("mean_loss", c.get("loss"))),
+                fmt_num(c.get("mean_divergence")),
+            ]
+        )
+    caption = (
+        f"Every cycle ({len(cycles)})"
+        if stride == 1
+        else f"Every {stride}th of {len(cycles)} cycles, and the last (all are in {data.paths.metrics.name})"
+    )
+    return Table(
+        ["cycle", "rollout success", "held-out success", "mean loss", "mean divergence"],
+        rows,
+        caption=caption,
+    )
+
+
+def _curves(data: RunData, evaluations: Mapping[str, Mapping[str, Any]] | None = None) -> Section:
     section = Section("curves")
+    evaluations = evaluations if evaluations is not None else _evaluations(data)
+    held_out = _held_out_points(data, evaluations)
+    rollouts = [
+        (int(c["cycle"]), float(c["rollouts"]["success_rate"]))
+        for c in data.cycles
+        if isinstance(c.get("cycle"), int)
+        and isinstance((c.get("rollouts") or {}).get("success_rate"), int | float)
+    ]
+    if rollouts or held_out:
+        section.figures.append(
+            Figure(
+                plots.success_per_cycle(rollouts, held_out),
+                "Success per distillation cycle: sampled rollouts on training prompts (thin) and held-out "
+                "evaluations (squares; baseline and warm-up sit left of cycle 0; set eval.every for more points).",
+            )
+        )
+        table = _cycle_table(data, held_out)
+        if table is not None:
+            section.tables.append(table)
     if not data.steps:
         section.notes.append(f"No optimizer steps recorded in {data.paths.metrics.name}.")
         return section
@@ -510,7 +612,9 @@ def _curves(data: RunData) -> Section:
     )
     section.figures.append(
         Figure(
-            plots.learning_curves(data.steps, CURVE_SERIES), "Per optimizer step, colored by phase."
+            plots.learning_curves(split_loss_series(data.steps), CURVE_SERIES),
+            "Per optimizer step, colored by phase. The SFT warm-up's cross-entropy and the "
+            "distillation divergence have separate axes: their scales differ.",
         )
     )
     rows = [
@@ -638,15 +742,23 @@ def _failures(data: RunData, evaluations: Mapping[str, Mapping[str, Any]]) -> Se
         if not categories:
             section.tables.append(Table([label], [["none recorded"]]))
             continue
-        rows = [[c, *[str(per_source[s].get(c, 0)) for s in per_source]] for c in categories]
-        section.tables.append(Table([label, *per_source], rows))
+        totals = {s: sum(per_source[s].values()) for s in per_source}
+        rows = [
+            [c, *[_count_share(per_source[s].get(c, 0), totals[s]) for s in per_source]]
+            for c in categories
+        ]
+        section.tables.append(Table([label, *[f"{s} (n={totals[s]})" for s in per_source]], rows))
     section.figures.append(
         Figure(
-            plots.counts_bars("termination reasons", sources["termination"]),
-            "Termination reasons per source.",
+            plots.counts_bars("termination reasons", sources["termination"], normalize=True),
+            "Termination reasons as a share of each source's trajectories (sources differ in size by orders of magnitude).",
         )
     )
     return section
+
+
+def _count_share(count: int, total: int) -> str:
+    return f"{count} ({100.0 * count / total:.1f}%)" if total else str(count)
 
 
 def _training_trajectories(data: RunData) -> Iterable[Trajectory]:
@@ -1357,7 +1469,7 @@ def build_sections(data: RunData) -> list[Section]:
         sections += [
             _identity(data),
             _objective(data),
-            _curves(data),
+            _curves(data, evaluations),
             _success(data, evaluations),
             _failures(data, evaluations),
             _provenance(data),
@@ -1398,6 +1510,8 @@ def render_html(data: RunData, sections: Sequence[Section]) -> str:
         sections=sections,
         svg=Markup,
         numeric=looks_numeric,
+        page_rows=PAGE_ROWS,
+        collapse_rows=COLLAPSE_ROWS,
         span_colors=plots.SPAN_COLORS,
     )
 
@@ -1427,8 +1541,14 @@ def render_markdown(data: RunData, sections: Sequence[Section]) -> str:
                 out += [f"*{table.caption}*", ""]
             out.append("| " + " | ".join(_md_cell(h) for h in table.headers) + " |")
             out.append("|" + "|".join("---" for _ in table.headers) + "|")
-            out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.rows]
+            shown = table.rows if len(table.rows) <= MD_LONG_TABLE else table.rows[:MD_MAX_ROWS]
+            out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in shown]
             out.append("")
+            if len(table.rows) > len(shown):
+                out += [
+                    f"*{len(table.rows) - len(shown)} more rows of this table are in report.html.*",
+                    "",
+                ]
         for name, _ in section.preformatted:
             out += [f"The full text of `{name}` is in report.html and in the run directory.", ""]
     return "\n".join(out).rstrip() + "\n"
