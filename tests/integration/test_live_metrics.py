@@ -150,3 +150,17 @@ def test_missing_tensorboard_is_a_config_error(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ConfigError, match=r"logging\.wandb: true needs the wandb package"):
         LiveSinks(LoggingConfig(wandb=True), Path("unused"), run_name="x")
+
+
+def test_real_wandb_writes_an_offline_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With wandb installed: an offline run directory appears and nothing needs the network."""
+    pytest.importorskip("wandb")
+    from miniverl.config.models import LoggingConfig
+    from miniverl.training.live import LiveSinks
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    sinks = LiveSinks(LoggingConfig(wandb=True), tmp_path, run_name="offline-check")
+    sinks.scalars(1, {"opd/loss": 0.5})
+    sinks.close()
+    assert list((tmp_path / "wandb").glob("offline-run-*"))

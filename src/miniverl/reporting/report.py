@@ -441,10 +441,17 @@ def _identity(data: RunData) -> Section:
                     ["final loss", fmt_num(toy.get("final_loss"))],
                     ["greedy success (train)", fmt_pct(toy.get("train_success"))],
                     ["greedy success (held-out)", fmt_pct(toy.get("heldout_success"))],
-                    ["seconds", fmt_num(toy.get("seconds"), 2)],
+                    ["seconds (of the original fit)", fmt_num(toy.get("seconds"), 2)],
+                    [
+                        "reused from the teacher cache",
+                        NOT_RECORDED
+                        if toy.get("reused") is None
+                        else ("yes" if toy["reused"] else "no (fitted by this run)"),
+                    ],
+                    ["cache digest", str(toy.get("cache_digest") or NOT_RECORDED)],
                     ["weights sha256", str(toy.get("weights_sha256") or NOT_RECORDED)],
                 ],
-                caption="The toy teacher is fitted on oracle traces at run start (toy backend only).",
+                caption="The toy teacher is fitted on oracle traces at run start, or reused from the cache when every input matches (toy backend only).",
             )
         )
     if data.config_text:
