@@ -164,3 +164,13 @@ def test_real_wandb_writes_an_offline_run(tmp_path: Path, monkeypatch: pytest.Mo
     sinks.scalars(1, {"opd/loss": 0.5})
     sinks.close()
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_eval_every_without_held_out_tasks_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"eval\.every needs held-out tasks"):
+        tiny_config(
+            "eval.every=2",
+            "environment.eval_tasks=0",
+            "eval.baseline=false",
+            "eval.after_warmup=false",
+        )
