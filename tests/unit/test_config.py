@@ -190,6 +190,13 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         {"environment": {"eval_tasks": 0}},
         "environment.eval_tasks is 0 but evaluation is enabled; set eval.baseline/after_warmup false or add eval tasks",
     ),
+    "periodic eval without tasks": (
+        {
+            "environment": {"eval_tasks": 0},
+            "eval": {"every": 2, "baseline": False, "after_warmup": False},
+        },
+        "eval.every needs held-out tasks, but the 'eval' split is empty (environment.eval_tasks: 0)",
+    ),
 }
 
 
