@@ -575,6 +575,21 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         "eval.temperature": eval_temperature,
         "eval.baseline": mapped("trainer.val_before_train"),
         "eval.after_warmup": n_a("no warm-up in verl"),
+        "eval.every": dropped(
+            "miniverl's periodic held-out evaluation; verl's is trainer.test_freq (not set by the export)"
+        ),
+        "checkpoint.keep": dropped(
+            "miniverl's cycle-checkpoint retention; verl keeps checkpoints by its own trainer settings"
+        ),
+        "logging.tensorboard": dropped(
+            "miniverl-side scalar mirror; verl logs through trainer.logger"
+        ),
+        "logging.wandb": dropped(
+            "miniverl-side offline wandb mirror; verl logs through trainer.logger"
+        ),
+        "logging.wandb_project": dropped(
+            "miniverl-side offline wandb mirror; verl's is trainer.project_name"
+        ),
     }
     return rules
 
