@@ -70,6 +70,20 @@ class StaleCacheError(MiniverlError):
     )
 
 
+class OffPolicyError(StaleCacheError):
+    """Strict OPD: a rollout was not sampled by the weights the update is about to change.
+
+    Raised when the policy fingerprint recorded with a rollout (or with its teacher
+    targets) differs from the fingerprint of the student's current trainable weights.
+    A subclass of :class:`StaleCacheError`, so callers that handle stale targets handle it.
+    """
+
+    default_hint = (
+        "strict on-policy distillation updates only the weights that sampled the rollout; "
+        "roll out with the current student (or use train.opd_freshness: replay, labelled as such)"
+    )
+
+
 class CacheIntegrityError(MiniverlError):
     """A teacher-cache file is corrupt, truncated, tampered with or malformed."""
 
@@ -121,6 +135,7 @@ __all__ = [
     "ConfigError",
     "GpuMemoryError",
     "MiniverlError",
+    "OffPolicyError",
     "RunDirectoryError",
     "SchemaValidationError",
     "StaleCacheError",

@@ -22,6 +22,7 @@ from miniverl.agent.protocol import (
 from miniverl.agent.transcript import TokenizerLike, TranscriptBuilder
 from miniverl.config.models import RolloutConfig
 from miniverl.environments.base import Task, ToolCall, ToolEnvironment, ToolResult
+from miniverl.models.fingerprint import backend_fingerprint
 from miniverl.schemas.trajectory import (
     SpanType,
     TerminationReason,
@@ -279,6 +280,7 @@ class RolloutRunner:
             "source": "policy",
             "seed": seed,
             "temperature": temp,
+            "policy_fingerprint": backend_fingerprint(self.backend),
             "difficulty": task.difficulty,
             "split": task.split,
             **(extra_metadata or {}),

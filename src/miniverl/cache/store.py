@@ -60,7 +60,7 @@ from miniverl.cache.safetensors_io import (
     read_safetensors_header,
     tensor_infos,
 )
-from miniverl.errors import CacheIntegrityError, ConfigError, StaleCacheError
+from miniverl.errors import CacheIntegrityError, ConfigError, OffPolicyError, StaleCacheError
 from miniverl.schemas.cache import (
     SHARD_NAME_PATTERN,
     CacheEntryRecord,
@@ -502,12 +502,15 @@ class TeacherCache:
         trajectory_id: str | None = None,
         policy_version: int | None = None,
         alignment_digest: str | None = None,
+        policy_fingerprint: str | None = None,
     ) -> CacheEntryRecord:
         """Stage one entry; nothing reaches disk until :meth:`flush`.
 
         ``targets`` is a score result (its ``trajectory_id``, ``policy_version`` and
         ``alignment_digest`` are used unless given, and must agree when given) or a dict of
         tensors named as in :data:`TENSOR_ORDER` (then all three keywords are required).
+        ``policy_fingerprint`` (default: the result's, if it has one) is recorded with the
+        entry so a reader can check which weights the targets were produced for.
         Tensors are checked against the provenance (shapes, K, ids below V) and converted
         to the stored dtypes on the CPU. Staging a key twice keeps the second; flushing a key
         the cache already holds replaces it. Returns the staged record (its ``shard`` and
@@ -536,6 +539,12 @@ class TeacherCache:
                 targets.policy_version,
                 targets.alignment_digest,
             )
+            own_fingerprint = getattr(targets, "policy_fingerprint", None)
+            if policy_fingerprint is not None and own_fingerprint not in (None, policy_fingerprint):
+                raise ValueError(
+                    f"policy_fingerprint={policy_fingerprint!r} disagrees with the score result's {own_fingerprint!r}"
+                )
+            policy_fingerprint = policy_fingerprint or own_fingerprint
         stored = self._normalize_tensors(key, tensors)
         n, k = (int(d) for d in stored["topk_indices"].shape)
         entropy = stored.get("teacher_entropy")
@@ -544,6 +553,7 @@ class TeacherCache:
             trajectory_id=trajectory_id,
             policy_version=policy_version,
             alignment_digest=alignment_digest,
+            policy_fingerprint=policy_fingerprint,
             shard="shard-00000.safetensors",
             num_positions=n,
             top_k=k,
@@ -773,6 +783,7 @@ class TeacherCache:
         *,
         expect_policy_version: int | None,
         expect_alignment_digest: str | None = None,
+        expect_policy_fingerprint: str | None = None,
     ) -> CachedTargets:
         """Entry ``key`` as verified CPU tensors.
 
@@ -780,7 +791,9 @@ class TeacherCache:
         ``expect_policy_version`` (unless ``reuse_across_policy_versions``), or its
         alignment digest from ``expect_alignment_digest`` when given; ``None`` as the
         expected version is refused in strict mode, so strictness cannot be skipped by
-        omission. The entry's SHA-256 is recomputed on every read
+        omission. ``expect_policy_fingerprint``, when given, must equal the fingerprint
+        recorded with the entry (:class:`OffPolicyError` otherwise). The entry's SHA-256 is
+        recomputed on every read
         (:class:`CacheIntegrityError` on a mismatch); unknown keys raise ``KeyError``.
         """
         import torch
@@ -804,6 +817,14 @@ class TeacherCache:
                 f"cached teacher targets for {key!r} were produced for a different alignment "
                 f"(digest {record.alignment_digest[:12]} vs {expect_alignment_digest[:12]})",
                 hint="the selection or teacher render changed since the targets were cached; rescore them",
+            )
+        if (
+            expect_policy_fingerprint is not None
+            and record.policy_fingerprint != expect_policy_fingerprint
+        ):
+            raise OffPolicyError(
+                f"cached teacher targets for {key!r} were produced for policy fingerprint "
+                f"{record.policy_fingerprint}, but {expect_policy_fingerprint} was expected"
             )
         infos = self._entry_infos(record, self._shard_tensors(record.shard))
         digest = hashlib.sha256()

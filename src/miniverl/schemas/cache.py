@@ -45,6 +45,10 @@ class CacheEntryRecord(_Strict):
         ge=0, description="Rollout policy version the targets were produced for."
     )
     alignment_digest: str = Field(pattern=SHA256_PATTERN)
+    policy_fingerprint: str | None = Field(
+        None,
+        description="Fingerprint of the weights that sampled the trajectory (miniverl.models.fingerprint).",
+    )
     shard: str = Field(pattern=SHARD_NAME_PATTERN)
     num_positions: int = Field(ge=0)
     top_k: int = Field(ge=1)

@@ -67,6 +67,8 @@ class TeacherScoreResult:
     - ``top_k``: K of the bucketed shape (V for exact targets of a swapped teacher);
       ``None`` for ``exact_hidden``.
     - ``teacher_positions``: the teacher prediction positions that were scored.
+    - ``policy_fingerprint``: the fingerprint of the weights that sampled the scored
+      trajectory (its ``metadata["policy_fingerprint"]``); strict OPD checks it.
     """
 
     trajectory_id: str
@@ -83,6 +85,7 @@ class TeacherScoreResult:
     tokenizer_fingerprint: str
     teacher_model_id: str
     teacher_positions: list[int] = field(default_factory=list)
+    policy_fingerprint: str | None = None
 
     @property
     def teacher_entropy_mean(self) -> float | None:
@@ -297,6 +300,7 @@ class LocalTeacherScorer:
             tokenizer_fingerprint=self.tokenizer_fingerprint,
             teacher_model_id=self.teacher_model_id,
             teacher_positions=positions,
+            policy_fingerprint=trajectory.metadata.get("policy_fingerprint"),
         )
 
     def _hidden_states(self, token_ids: list[int], positions: list[int]) -> Tensor:

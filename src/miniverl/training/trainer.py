@@ -44,6 +44,7 @@ from miniverl.losses import (
 from miniverl.models.base import CausalLMBackend
 from miniverl.models.batching import build_padded_trajectory_batch, length_buckets
 from miniverl.models.factory import build_tokenizer, resolve_device
+from miniverl.models.fingerprint import backend_fingerprint
 from miniverl.models.runtime import LocalRoleGraph, build_runtime
 from miniverl.schemas.alignment import AlignmentMap
 from miniverl.schemas.trajectory import Trajectory
@@ -67,6 +68,7 @@ from miniverl.training.memory import (
     resolve_strategy,
     run_with_oom_retry,
 )
+from miniverl.training.onpolicy import check_on_policy
 from miniverl.training.optim import (
     Schedule,
     build_optimizer,
@@ -117,6 +119,13 @@ class TrainingSample:
     provider: ChunkTargetProvider | None = None
     cache_key: str | None = None
     teacher_entropy: list[float] = field(default_factory=list)
+    rollout_fingerprint: str | None = None
+    target_fingerprint: str | None = None
+    entropy_is_lower_bound: bool = False
+
+    @property
+    def trajectory_id(self) -> str:
+        return self.trajectory.trajectory_id
 
     @property
     def num_positions(self) -> int:
@@ -136,6 +145,7 @@ class GroupResult:
     positions: int = 0
     entropy_sum: float = 0.0
     entropy_positions: int = 0
+    entropy_lower_bound: bool = False
     high_entropy_sum: float = 0.0
     loss_by_span_type: dict[str, float] = field(default_factory=dict)
 
@@ -167,6 +177,7 @@ class OPDTrainer:
         self.metrics = MetricsLog(self.paths.metrics)
         self.global_step = 0
         self.parameter_version = 0
+        self.policy_fingerprint: str | None = None
         self.task_cursor = 0
         self.cycle = -1
         self._start_cycle = 0
@@ -243,6 +254,7 @@ class OPDTrainer:
         )
         self.resolved_config = self._resolved_config()
         self.role_graph = LocalRoleGraph.for_trainer(self)
+        self._refresh_fingerprint()
         self._is_setup = True
         if write_artifacts and not self.resume:
             self._write_config_files()
@@ -734,6 +746,7 @@ class OPDTrainer:
         self.student.load_trainable_state_dict(
             {k: v.to(self.student.device) for k, v in load_file(str(student_path)).items()}
         )
+        self._refresh_fingerprint()
         teacher_sha = None
         if self.config.models.backend == "toy" and self.teacher is not None:
             teacher_path = self.cold_start / TOY_TEACHER_FILE
@@ -1011,6 +1024,8 @@ class OPDTrainer:
                 result = self.scorer.score(traj, sample.alignment, teacher_trajectory=teacher_view)
                 sample.provider = result.provider
                 sample.teacher_entropy = [float(x) for x in result.teacher_entropy]
+                sample.target_fingerprint = result.policy_fingerprint
+                sample.entropy_is_lower_bound = result.entropy_is_lower_bound
                 if self.cache is not None and result.shape == "bucketed":
                     sample.cache_key = _cache_key(traj.trajectory_id, cycle)
                     self.cache.write(sample.cache_key, result, policy_version=version)
@@ -1036,7 +1051,9 @@ class OPDTrainer:
         alignment = build_alignment_map(
             traj, selection.positions, selection.weights, teacher=teacher_view
         )
-        return TrainingSample(traj, selection, alignment, version), teacher_view
+        sample = TrainingSample(traj, selection, alignment, version)
+        sample.rollout_fingerprint = traj.metadata.get("policy_fingerprint")
+        return sample, teacher_view
 
     def _expected_version(self, rollout_version: int) -> int:
         """Strict OPD: the current parameters; replay and offline KD: the data's version."""
@@ -1053,9 +1070,14 @@ class OPDTrainer:
         for sample in samples:
             if sample.cache_key is not None:
                 cached = self.cache.read(
-                    sample.cache_key, expect_policy_version=expect_policy_version
+                    sample.cache_key,
+                    expect_policy_version=expect_policy_version,
+                    expect_alignment_digest=sample.alignment.digest(),
+                    expect_policy_fingerprint=sample.rollout_fingerprint,
                 )
                 sample.provider = cached.provider(self.spec)
+                sample.target_fingerprint = cached.record.policy_fingerprint
+                sample.entropy_is_lower_bound = cached.entropy_is_lower_bound
                 if cached.teacher_entropy is not None:
                     sample.teacher_entropy = [float(x) for x in cached.teacher_entropy]
 
@@ -1163,6 +1185,9 @@ class OPDTrainer:
         for _ in range(passes):
             for start in range(0, len(rows), group):
                 members = rows[start : start + group]
+                if phase == "opd" and cfg.train.opd_freshness == "strict":
+                    self._refresh_fingerprint()
+                    check_on_policy(members, self.policy_fingerprint)
                 t0 = time.perf_counter()
                 gpu.reset_peak(self.device if self.device.startswith("cuda") else None)
                 result, used_chunk = run_with_oom_retry(
@@ -1188,6 +1213,8 @@ class OPDTrainer:
                     "parameter_version": self.parameter_version,
                     "policy_version": self.parameter_version,
                     "rollout_policy_version": members[0].rollout_policy_version,
+                    "policy_fingerprint": self.policy_fingerprint,
+                    "rollout_policy_fingerprint": members[0].rollout_fingerprint,
                     "committed": committed,
                     "loss": result.loss,
                     "divergence_loss": result.divergence_loss,
@@ -1302,7 +1329,12 @@ class OPDTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
         self.parameter_version += 1
+        self._refresh_fingerprint()
         return True, grad_norm, lr
+
+    def _refresh_fingerprint(self) -> None:
+        """After every commit or weight load: the fingerprint strict OPD checks rollouts against."""
+        self.policy_fingerprint = backend_fingerprint(self.student)
 
     # ---------------------------------------------------------------- analysis
 
@@ -1431,6 +1463,7 @@ class OPDTrainer:
             )
         self._load_toy_teacher(loaded.state.get("toy_teacher"))
         self.student.load_trainable_state_dict(loaded.trainable)
+        self._refresh_fingerprint()
         load_optimizer_state(self.optimizer, loaded.optimizer, loaded.state["optimizer"])
         state = loaded.state
         self.global_step = int(state["global_step"])
