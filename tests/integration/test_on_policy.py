@@ -7,6 +7,7 @@ supervision path (cache on/off, teacher resident/swapped, bucketed/exact targets
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -92,14 +93,14 @@ def test_opd_rollouts_come_from_the_current_student(tmp_path: Path) -> None:
         t for t in read_trajectories(trainer.paths.trajectories) if t.metadata["source"] == "policy"
     ]
     # each OPD step consumed rollouts of the weights committed by the step before it
-    for before, step in zip(steps, steps[1:], strict=False):
+    for before, step in itertools.pairwise(steps):
         if step["phase"] == "opd":
             assert step["rollout_policy_fingerprint"] == before["policy_fingerprint"]
     by_version = {t.policy_version: t.metadata["policy_fingerprint"] for t in policy}
     assert {s["rollout_policy_version"]: s["rollout_policy_fingerprint"] for s in opd} == by_version
     assert len(set(by_version.values())) == len(by_version) == 2
     cache = TeacherCache.open(trainer.paths.teacher_cache)
-    for key in cache.keys():
+    for key in cache:
         record = cache.record(key)
         assert record.policy_fingerprint == by_version[record.policy_version]
     # the last recorded fingerprint is the digest of the weights actually saved

@@ -34,7 +34,9 @@ class FingerprintedSample(Protocol):
     def trajectory_id(self) -> str: ...
 
 
-def check_on_policy(samples: Iterable[FingerprintedSample], current_fingerprint: str | None) -> None:
+def check_on_policy(
+    samples: Iterable[FingerprintedSample], current_fingerprint: str | None
+) -> None:
     """Raise :class:`OffPolicyError` unless every sample was sampled and scored for the current weights."""
     for sample in samples:
         rollout = sample.rollout_fingerprint
