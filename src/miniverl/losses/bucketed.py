@@ -29,6 +29,7 @@ from miniverl.losses.numerics import (
     compute_dtype,
     divergence_terms,
     needs_grad,
+    project_rows_to_zero_sum,
     row_blocks,
     scaled_log_softmax,
 )
@@ -47,9 +48,11 @@ def teacher_topk_targets(
     Returns ``(topk_indices [N, K] long, topk_log_probs [N, K] float32, tail_log_prob [N]
     float32)`` (float64 for float64 input). Ids are ordered by decreasing probability,
     ties broken by lower id first, so equal logits (common in bfloat16) give reproducible
-    targets. The tail is logsumexp(z/τ over the complement) − logsumexp(z/τ): exact even
-    when the top-k mass is 1 − 1e-9, where log1p(−Σ p) would have lost every digit. It is
-    ``-inf`` when K = V.
+    targets. Log-probs come from ``log_softmax`` (max-shifted), not logit − logsumexp:
+    at large logit scales (|z| ~ 1e3) the subtraction of two large numbers rounds a small
+    log-prob to 0 and shifts the bucketed forward KL by ~1e-3. The tail is the logsumexp of
+    the log-probs over the complement: exact even when the top-k mass is 1 − 1e-9, where
+    log1p(−Σ p) would have lost every digit. It is ``-inf`` when K = V.
     """
     _check_logits(teacher_logits, "teacher_logits")
     n, vocab = teacher_logits.shape
@@ -70,7 +73,7 @@ def teacher_topk_targets(
             x = teacher_logits[rows].detach().to(dtype) / temperature
             if bool(torch.isnan(x).any()):
                 raise ValueError("teacher logits contain NaN; top-k targets are undefined")
-            log_norm = torch.logsumexp(x, dim=-1, keepdim=True)
+            log_p = torch.log_softmax(x, dim=-1)
             threshold = torch.topk(x, k, dim=-1).values[:, -1:]
             above = x > threshold
             at = x == threshold
@@ -80,10 +83,8 @@ def teacher_topk_targets(
             order = torch.sort(x.gather(-1, ids), dim=-1, descending=True, stable=True).indices
             ids = ids.gather(-1, order)
             indices[rows] = ids
-            log_probs[rows] = x.gather(-1, ids) - log_norm
-            tail[rows] = (
-                torch.logsumexp(x.masked_fill(chosen, NEG_INF), dim=-1, keepdim=True) - log_norm
-            ).squeeze(-1)
+            log_probs[rows] = log_p.gather(-1, ids)
+            tail[rows] = torch.logsumexp(log_p.masked_fill_(chosen, NEG_INF), dim=-1)
     return indices, log_probs, tail
 
 
@@ -111,6 +112,23 @@ def bucket_entropy(topk_log_probs: Tensor, tail_log_prob: Tensor) -> Tensor:
     return _entropy_from_log_probs(buckets.to(compute_dtype(buckets)))
 
 
+def normalized_buckets(buckets: Tensor) -> Tensor:
+    """Bucket log-probs ``[N, K + 1]`` in float64, shifted so each row's masses sum to 1.
+
+    Stored teacher targets may be float16 or bfloat16 (``cache.dtype``): rounding moves
+    each log-prob by up to ~0.4%, the K + 1 masses then no longer sum to 1, and a
+    divergence against them can be negative (−4e-3 nats with student = teacher). The
+    student's buckets, from a float32 softmax over V, are off by O(V · eps) too. Both
+    sides are therefore renormalised in float64 before the (K + 1)-point divergence, which
+    is then a divergence between two distributions and ≥ 0 (float64 rounding, ~1e-16, is
+    far below the smallest KL two distinct bf16-rounded distributions can have).
+    """
+    wide = buckets.to(torch.float64)
+    if wide.shape[0] == 0:
+        return wide
+    return wide - torch.logsumexp(wide, dim=-1, keepdim=True)
+
+
 def bucketed_divergence(
     student_logits: Tensor,
     topk_indices: Tensor,
@@ -125,6 +143,8 @@ def bucketed_divergence(
     log-probs at temperature τ, as :func:`teacher_topk_targets` returns them. The student
     buckets are log p_S at the teacher's ids and the logsumexp of log p_S over the
     complement. A ``-inf`` tail bucket (K = V) has zero mass on both sides and drops out.
+    Both bucket vectors are renormalised in float64 (:func:`normalized_buckets`), so
+    low-precision stored targets never give a negative divergence.
     ``teacher_entropy`` is the bucket entropy, flagged as a lower bound.
     """
     _check_logits(student_logits, "student_logits")
@@ -147,12 +167,14 @@ def bucketed_divergence(
     tau = spec.temperature
     need_grad = needs_grad(student_logits)
     ids = topk_indices.to(device=device, dtype=torch.long)
-    teacher_buckets = torch.cat(
-        [
-            topk_log_probs.detach().to(device=device, dtype=dtype),
-            tail_log_prob.detach().to(device=device, dtype=dtype).unsqueeze(-1),
-        ],
-        dim=-1,
+    teacher_buckets = normalized_buckets(
+        torch.cat(
+            [
+                topk_log_probs.detach().to(device=device, dtype=dtype),
+                tail_log_prob.detach().to(device=device, dtype=dtype).unsqueeze(-1),
+            ],
+            dim=-1,
+        )
     )
     divergence = torch.empty(n, dtype=dtype, device=device)
     entropy = torch.empty(n, dtype=dtype, device=device)
@@ -166,8 +188,12 @@ def bucketed_divergence(
             student_tail = torch.logsumexp(tail_log_probs, dim=-1, keepdim=True)
             student_buckets = torch.cat([s.gather(-1, block_ids), student_tail], dim=-1)
             value, h, grad = divergence_terms(
-                student_buckets, teacher_buckets[rows], spec, need_grad=need_grad
+                normalized_buckets(student_buckets),
+                teacher_buckets[rows],
+                spec,
+                need_grad=need_grad,
             )
+            grad = grad.to(dtype) if grad is not None else None
             divergence[rows] = value
             entropy[rows] = h
             if jacobian is not None and grad is not None:
@@ -175,8 +201,9 @@ def bucketed_divergence(
                 # when the tail is empty: the clamp keeps −inf − (−inf) from giving NaN).
                 share_of_tail = tail_log_probs.sub_(student_tail.clamp(min=lowest)).exp_()
                 spread = share_of_tail.mul_(grad[:, -1:]).scatter_(-1, block_ids, grad[:, :-1])
-                centred = s.exp_().mul_(grad.sum(-1, keepdim=True))
-                torch.sub(spread, centred, out=jacobian[rows])
+                p_s = s.exp_()
+                torch.sub(spread, p_s * grad.sum(-1, keepdim=True), out=jacobian[rows])
+                project_rows_to_zero_sum(jacobian[rows], p_s)
                 if tau != 1.0:
                     jacobian[rows].div_(tau)
     return DivergenceOutput(
@@ -190,6 +217,7 @@ def bucketed_divergence(
 __all__ = [
     "bucket_entropy",
     "bucketed_divergence",
+    "normalized_buckets",
     "teacher_entropy",
     "teacher_topk_targets",
 ]

@@ -10,7 +10,10 @@ The gradient is computed analytically in the forward pass (see
 
     dD/dz_S = (g − p_S · Σ_v g_v) / τ,
 
-so the autograd graph keeps one ``[N, V]`` tensor (that gradient) per call.
+so the autograd graph keeps one ``[N, V]`` tensor (that gradient) per call. Each row of
+that gradient is projected back onto the zero-sum plane
+(:func:`~miniverl.losses.numerics.project_rows_to_zero_sum`): the exact gradient of a
+function of a softmax sums to 0, and float32 at V = 151,936 otherwise drifts by up to 6e-5.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from miniverl.losses.numerics import (
     compute_dtype,
     divergence_terms,
     needs_grad,
+    project_rows_to_zero_sum,
     row_blocks,
     scaled_log_softmax,
 )
@@ -122,6 +126,8 @@ def exact_divergence_from_log_probs(
             block = _finite_block if finite else _general_block
             block_jacobian = jacobian[rows] if jacobian is not None else None
             divergence[rows], entropy[rows] = block(s, t, spec, block_jacobian)
+            if block_jacobian is not None:
+                project_rows_to_zero_sum(block_jacobian, s.exp_())
             if block_jacobian is not None and tau != 1.0:
                 block_jacobian.div_(tau)
     return DivergenceOutput(
