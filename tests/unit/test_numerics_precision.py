@@ -6,6 +6,7 @@ library's closed forms. Few rows, so the module stays fast at the full Qwen voca
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,7 @@ def _ref_divergence(
     return reverse + spec.entropy_forward_weight * (entropy > spec.entropy_threshold) * forward
 
 
+@functools.cache
 def _qwen_sized_case(seed: int = 0, rows: int = 2, hidden: int = 64):
     """float32 logits z = h W^T at V = 151,936, plus the head W (for hidden-state gradients)."""
     g = torch.Generator().manual_seed(seed)
