@@ -343,6 +343,14 @@ def train(
             "--resume", help="Continue the run in --output from its last complete checkpoint."
         ),
     ] = False,
+    resume_from: Annotated[
+        str | None,
+        typer.Option(
+            "--resume-from",
+            metavar="NAME",
+            help="Continue from checkpoints/NAME explicitly (e.g. an older one when the latest is damaged); newer ones are moved aside, never deleted.",
+        ),
+    ] = None,
     no_report: NoReport = False,
     quiet: Quiet = False,
 ) -> None:
@@ -364,7 +372,12 @@ def train(
             config = RunConfig.from_yaml(recipe, given)
             console.print(f"resume: reusing the stored overrides {shlex.join(given)}", markup=False)
     trainer = OPDTrainer(
-        config, output_dir=output, submitted_recipe=recipe.read_bytes(), resume=resume, quiet=quiet
+        config,
+        output_dir=output,
+        submitted_recipe=recipe.read_bytes(),
+        resume=resume,
+        resume_from=resume_from,
+        quiet=quiet,
     )
     if not resume:
         trainer.setup()

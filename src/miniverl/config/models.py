@@ -620,7 +620,9 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
         and (cfg.eval.baseline or cfg.eval.after_warmup)
     ):
         yield "environment.eval_tasks is 0 but evaluation is enabled; set eval.baseline/after_warmup false or add eval tasks"
-    held_out = cfg.environment.test_tasks if cfg.eval.split == "test" else cfg.environment.eval_tasks
+    held_out = (
+        cfg.environment.test_tasks if cfg.eval.split == "test" else cfg.environment.eval_tasks
+    )
     if cfg.eval.every is not None and held_out == 0:
         yield f"eval.every needs held-out tasks, but the {cfg.eval.split!r} split is empty (environment.{cfg.eval.split}_tasks: 0)"
 

@@ -103,7 +103,9 @@ def read_marker(directory: str | os.PathLike[str]) -> dict[str, Any]:
     marker_path = path / MARKER_FILE
     if not path.is_dir():
         siblings = (
-            sorted(p.name for p in path.parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+            sorted(
+                p.name for p in path.parent.iterdir() if p.is_dir() and not p.name.startswith(".")
+            )
             if path.parent.is_dir()
             else []
         )

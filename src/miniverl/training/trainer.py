@@ -55,12 +55,12 @@ from miniverl.selection.selectors import (
 )
 from miniverl.teachers.local import LocalTeacherScorer
 from miniverl.training.checkpoint import (
-    find_latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
     save_tensors,
 )
 from miniverl.training.checkpoint_retention import prune_cycle_checkpoints
+from miniverl.training.checkpoint_select import select_resume_checkpoint, supersede_newer
 from miniverl.training.live import LiveSinks, cycle_summary, format_live_line, step_scalars
 from miniverl.training.memory import (
     MemoryPlan,
@@ -164,11 +164,13 @@ class OPDTrainer:
         progress: bool | None = None,
         resolved: bool = False,
         cold_start: str | Path | None = None,
+        resume_from: str | None = None,
     ) -> None:
         self.config = config
         self.paths = RunPaths(output_dir or config.run.output_dir or Path("runs") / config.run.name)
         self.submitted_recipe = submitted_recipe
-        self.resume = resume
+        self.resume = resume or resume_from is not None
+        self.resume_from = resume_from
         self.from_resolved = resolved
         self.cold_start = Path(cold_start) if cold_start is not None else None
         self.console = make_console(quiet)
@@ -1441,10 +1443,14 @@ class OPDTrainer:
         return path
 
     def load_from_checkpoint(self, path: str | Path | None = None) -> None:
-        """Resume: skip baseline eval and warm-up, continue at ``state.cycle + 1``."""
-        if path is None and (self.paths.final_checkpoint / "checkpoint.json").is_file():
-            path = self.paths.final_checkpoint
-        path = Path(path) if path is not None else find_latest_checkpoint(self.paths.checkpoints)
+        """Resume: skip baseline eval and warm-up, continue at ``state.cycle + 1``.
+
+        Without ``path``: ``checkpoints/<resume_from>`` when given, else the latest
+        checkpoint, which must verify (:func:`select_resume_checkpoint`).
+        """
+        if path is None:
+            path = select_resume_checkpoint(self.paths.checkpoints, self.resume_from)
+        path = Path(path) if path is not None else None
         if path is None:
             raise CheckpointError(
                 f"no complete checkpoint under {self.paths.checkpoints}",
@@ -1477,8 +1483,19 @@ class OPDTrainer:
         self.offline_pool = list(offline.get("pool") or [])
         self.offline_version = offline.get("version")
         self.offline_cursor = int(offline.get("cursor") or 0)
-        for name, size in (state.get("jsonl_sizes") or {}).items():
-            _truncate(getattr(self.paths, name), int(size))
+        sizes = {
+            getattr(self.paths, n): int(v) for n, v in (state.get("jsonl_sizes") or {}).items()
+        }
+        if self.resume_from is not None:
+            moved = supersede_newer(self.paths.checkpoints, path, sizes)
+            if moved:
+                self.events.emit(
+                    "checkpoints_superseded",
+                    echo=f"--resume-from {path.name}: newer checkpoints and log tails moved to checkpoints/{moved['folder']}",
+                    **moved,
+                )
+        for log, size in sizes.items():
+            _truncate(log, size)
         restore_rng_state(state["rng"])
         self._start_cycle = int(state["cycle"]) + 1
         self._restore_offline_pool()
