@@ -289,7 +289,7 @@ class LossConfig(_Section):
     entropy_threshold: float = Field(
         0.8,
         ge=0,
-        description="entropy_aware: teacher entropy h (nats) above which forward KL is added.",
+        description="entropy_aware: teacher entropy h (nats) above which forward KL is added. Under loss.mode: bucketed the gate thresholds the entropy of the K+1 buckets, a lower bound on the teacher's entropy.",
     )
     entropy_forward_weight: float = Field(
         1.0, ge=0, description="entropy_aware: weight alpha of the forward-KL term."

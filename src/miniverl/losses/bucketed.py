@@ -145,7 +145,7 @@ def bucketed_divergence(
     complement. A ``-inf`` tail bucket (K = V) has zero mass on both sides and drops out.
     Both bucket vectors are renormalised in float64 (:func:`normalized_buckets`), so
     low-precision stored targets never give a negative divergence.
-    ``teacher_entropy`` is the bucket entropy, flagged as a lower bound.
+    ``teacher_entropy`` is the bucket entropy, flagged as a lower bound unless K = V.
     """
     _check_logits(student_logits, "student_logits")
     n, vocab = student_logits.shape
@@ -210,7 +210,7 @@ def bucketed_divergence(
         divergence=attach_row_gradient(student_logits, divergence, jacobian),
         teacher_entropy=entropy,
         high_entropy=entropy > spec.entropy_threshold,
-        entropy_is_lower_bound=True,
+        entropy_is_lower_bound=topk_indices.shape[1] < vocab,
     )
 
 

@@ -51,7 +51,9 @@ class DivergenceSpec:
     - ``name``: ``forward_kl`` KL(p_T ‖ p_S), ``reverse_kl`` KL(p_S ‖ p_T), ``jsd`` the
       generalised JSD with weight ``jsd_beta`` on the teacher, or ``entropy_aware``
       reverse KL plus ``entropy_forward_weight`` · forward KL where H_T >
-      ``entropy_threshold``.
+      ``entropy_threshold``. With bucketed targets H_T is the entropy of the K + 1
+      buckets, a lower bound on the teacher's entropy, so the gate thresholds that
+      estimate and opens at most as often as the full-vocabulary entropy would open it.
     - ``temperature``: τ > 0, applied to student and teacher logits alike.
     - ``jsd_beta``: β in (0, 1); checked only when ``name`` is ``jsd``.
     - ``entropy_threshold``: h in nats (absolute), ≥ 0. Also used to report the fraction

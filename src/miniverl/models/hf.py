@@ -145,7 +145,8 @@ class HFBackend:
             tokenizer_id or model_id, revision=None if tokenizer_id else revision
         )
 
-        kwargs: dict[str, Any] = {"dtype": self.dtype}
+        # safetensors only: a pytorch_model.bin would be unpickled by torch.load
+        kwargs: dict[str, Any] = {"dtype": self.dtype, "use_safetensors": True}
         if self.quantization != "none":
             kwargs["quantization_config"] = _bnb_config(transformers, self.quantization, self.dtype)
             kwargs["device_map"] = {"": self._device}

@@ -1032,6 +1032,16 @@ def _entropy(data: RunData) -> Section:
         return section
     threshold = data.config_value("loss.entropy_threshold")
     threshold = float(threshold) if isinstance(threshold, int | float) else None
+    lower_bound = any(s.get("teacher_entropy_is_lower_bound") for s in step_rows) or any(
+        r.get("teacher_entropy_is_lower_bound") for r in data.token_rows
+    )
+    if lower_bound:
+        section.notes.append(
+            "Lower bound: these teacher entropies come from bucketed targets (the top-k ids plus one "
+            "tail bucket), so each is the entropy of K + 1 buckets, a lower bound on the teacher's "
+            "full-vocabulary entropy. high_entropy_fraction and the entropy_aware gate threshold "
+            "this bucketed estimate."
+        )
     section.notes.append(
         "Teacher entropy is recorded per selected position because high-entropy teacher tokens are where reverse KL is reported to destabilize "
         "(design.txt §3.7)."
@@ -1065,7 +1075,13 @@ def _entropy(data: RunData) -> Section:
             )
         section.tables.append(
             Table(
-                ["span type", "positions", "mean entropy", "median entropy", "mean divergence"],
+                [
+                    "span type",
+                    "positions",
+                    "mean entropy (lower bound)" if lower_bound else "mean entropy",
+                    "median entropy",
+                    "mean divergence",
+                ],
                 rows,
                 caption=f"Last cycle, from {data.paths.token_analysis.name}.",
             )
@@ -1073,7 +1089,13 @@ def _entropy(data: RunData) -> Section:
     if step_rows:
         section.tables.append(
             Table(
-                ["step", "phase", "cycle", "teacher entropy mean", "high entropy fraction"],
+                [
+                    "step",
+                    "phase",
+                    "cycle",
+                    "teacher entropy mean (lower bound)" if lower_bound else "teacher entropy mean",
+                    "high entropy fraction",
+                ],
                 [
                     [
                         fmt_num(s.get("global_optimizer_step")),

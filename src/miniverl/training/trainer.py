@@ -78,6 +78,7 @@ from miniverl.training.optim import (
     set_lr,
 )
 from miniverl.training.progress import ProgressReporter
+from miniverl.training.temperatures import temperature_fields, temperature_mismatch
 from miniverl.trajectory.alignment import build_alignment_map
 from miniverl.trajectory.io import append_trajectories, read_trajectories
 from miniverl.trajectory.masks import model_target_positions
@@ -459,6 +460,9 @@ class OPDTrainer:
             "divergence": cfg.loss.divergence if cfg.run.mode != "sft" else "cross_entropy",
             "jsd_beta": cfg.loss.jsd_beta if cfg.loss.divergence == "jsd" else None,
             "temperature": cfg.loss.temperature,
+            "loss_temperature": cfg.loss.temperature if cfg.run.mode != "sft" else None,
+            "sampling_temperature": cfg.rollout.temperature,
+            "eval_temperature": cfg.eval.temperature,
             "top_k": self.top_k if supervision == "bucketed_topk_plus_tail" else None,
             "supervision_shape": supervision,
             "sampled_token_nll_weight": cfg.loss.sampled_token_nll_weight,
@@ -500,6 +504,10 @@ class OPDTrainer:
         self.live = LiveSinks(
             cfg.logging, self.paths.root, run_name=self.paths.root.name, run_config=cfg.to_dict()
         )
+        if (mismatch := temperature_mismatch(cfg)) is not None:
+            self.events.emit(
+                "temperature_mismatch", echo=mismatch["explanation"], level="warning", **mismatch
+            )
         try:
             if self.resume:
                 self.load_from_checkpoint()
@@ -933,6 +941,8 @@ class OPDTrainer:
             "cycle": cycle,
             "mode": mode,
             "parameter_version_before": self.parameter_version,
+            "policy_fingerprint_before": self.policy_fingerprint,
+            **temperature_fields(cfg, mode),
             "rollouts": rollout_stats,
             "selection": selection,
         }
@@ -961,6 +971,7 @@ class OPDTrainer:
             skipped=False,
             steps=len(steps),
             parameter_version=self.parameter_version,
+            policy_fingerprint=self.policy_fingerprint,
             loss=steps[-1]["loss"] if steps else None,
             mean_loss=live["mean_loss"],
             mean_divergence=live["mean_divergence"],
@@ -1228,6 +1239,10 @@ class OPDTrainer:
                     "teacher_entropy_mean": (result.entropy_sum / result.entropy_positions)
                     if result.entropy_positions
                     else None,
+                    "teacher_entropy_is_lower_bound": result.entropy_lower_bound
+                    if result.entropy_positions
+                    else None,
+                    **temperature_fields(cfg, phase),
                     "high_entropy_fraction": (result.high_entropy_sum / result.entropy_positions)
                     if result.entropy_positions
                     else None,
@@ -1295,6 +1310,7 @@ class OPDTrainer:
                 out.entropy_sum += res.teacher_entropy_mean * res.num_positions
                 out.high_entropy_sum += (res.high_entropy_fraction or 0.0) * res.num_positions
                 out.entropy_positions += res.num_positions
+                out.entropy_lower_bound |= res.teacher_entropy_is_lower_bound
             for key, value in res.loss_by_span_type.items():
                 out.loss_by_span_type[key] = out.loss_by_span_type.get(key, 0.0) + value
         return out
@@ -1376,6 +1392,9 @@ class OPDTrainer:
                         "divergence": divergence[i],
                         "student_log_prob": student_lp[i],
                         "teacher_entropy": sample.teacher_entropy[i]
+                        if i < len(sample.teacher_entropy)
+                        else None,
+                        "teacher_entropy_is_lower_bound": sample.entropy_is_lower_bound
                         if i < len(sample.teacher_entropy)
                         else None,
                     }
