@@ -83,10 +83,21 @@ def test_opd_rollouts_of_weights_changed_since_sampling_are_refused(
         trainer.train()
 
 
-def test_opd_rollouts_come_from_the_current_student(tmp_path: Path) -> None:
-    """Positive side: fingerprints are of the real weights and agree across records."""
-    trainer = OPDTrainer(tiny_config(), output_dir=tmp_path / "run", quiet=True)
+@pytest.fixture(scope="module")
+def opd_run(tmp_path_factory: pytest.TempPathFactory) -> OPDTrainer:
+    """One strict OPD run, sampling at 0.5 and matching at 1.0 (as both shipped recipes do)."""
+    trainer = OPDTrainer(
+        tiny_config("rollout.temperature=0.5"),
+        output_dir=tmp_path_factory.mktemp("opd") / "run",
+        quiet=True,
+    )
     trainer.train()
+    return trainer
+
+
+def test_opd_rollouts_come_from_the_current_student(opd_run: OPDTrainer) -> None:
+    """Positive side: fingerprints are of the real weights and agree across records."""
+    trainer = opd_run
     steps = _records(trainer.paths.metrics, "step")
     opd = [s for s in steps if s["phase"] == "opd"]
     policy = [
@@ -109,3 +120,67 @@ def test_opd_rollouts_come_from_the_current_student(tmp_path: Path) -> None:
     assert tensor_fingerprint(final[n] for n in names) == steps[-1]["policy_fingerprint"]
     assert backend_fingerprint(trainer.student) == steps[-1]["policy_fingerprint"]
     assert backend_fingerprint(trainer.teacher) != steps[-1]["policy_fingerprint"]
+
+
+def test_trainer_checks_the_alignment_digest_on_every_cache_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Targets cached for another alignment (selection or render) are refused on read."""
+    original = TeacherCache.write
+
+    def write_for_another_alignment(self, key, targets, **kwargs):  # type: ignore[no-untyped-def]
+        tensors = targets.cache_tensors(self.provenance.dtype)
+        return original(
+            self, key, tensors, trajectory_id=targets.trajectory_id,
+            policy_version=targets.policy_version, alignment_digest="f" * 64,
+            policy_fingerprint=targets.policy_fingerprint,
+        )  # fmt: skip
+
+    monkeypatch.setattr(TeacherCache, "write", write_for_another_alignment)
+    trainer = OPDTrainer(tiny_config(), output_dir=tmp_path / "run", quiet=True)
+    with pytest.raises(StaleCacheError, match="were produced for a different alignment"):
+        trainer.train()
+
+
+def test_entropy_lower_bound_flag_reaches_metrics_token_analysis_and_report(
+    opd_run: OPDTrainer,
+) -> None:
+    from miniverl.reporting.report import write_report
+
+    steps = _records(opd_run.paths.metrics, "step")
+    assert [s["teacher_entropy_is_lower_bound"] for s in steps if s["phase"] == "opd"] == [
+        True,
+        True,
+    ]
+    assert all(s["teacher_entropy_is_lower_bound"] is None for s in steps if s["phase"] == "sft")
+    tokens = [json.loads(line) for line in opd_run.paths.token_analysis.read_text().splitlines()]
+    assert tokens and all(r["teacher_entropy_is_lower_bound"] is True for r in tokens)
+    html, _md = write_report(opd_run.paths.root)
+    text = Path(html).read_text(encoding="utf-8")
+    assert "teacher entropy mean (lower bound)" in text
+    assert "a lower bound on the teacher&#39;s full-vocabulary entropy" in text or (
+        "a lower bound on the teacher's full-vocabulary entropy" in text
+    )
+
+
+def test_sampling_and_loss_temperatures_are_recorded_and_a_mismatch_is_explained(
+    opd_run: OPDTrainer,
+) -> None:
+    from miniverl.training.temperatures import temperature_mismatch
+
+    manifest = json.loads(opd_run.paths.manifest.read_text())
+    assert manifest["objective"]["sampling_temperature"] == 0.5
+    assert manifest["objective"]["loss_temperature"] == 1.0
+    steps = _records(opd_run.paths.metrics, "step")
+    for s in steps:
+        expected = (None, None) if s["phase"] == "sft" else (0.5, 1.0)
+        assert (s["sampling_temperature"], s["loss_temperature"]) == expected
+    cycles = _records(opd_run.paths.metrics, "cycle")
+    assert cycles and all(c["sampling_temperature"] == 0.5 for c in cycles)
+    events = [json.loads(line) for line in opd_run.paths.events.read_text().splitlines()]
+    warning = [e for e in events if e["event"] == "temperature_mismatch"]
+    assert len(warning) == 1 and warning[0]["level"] == "warning"
+    assert "softmax(z/0.5)" in warning[0]["explanation"]
+    assert "matches softmax(z_S/1) to softmax(z_T/1)" in warning[0]["explanation"]
+    assert temperature_mismatch(tiny_config("rollout.temperature=1.0")) is None
+    assert temperature_mismatch(tiny_config("run.mode=offline_kd")) is None
