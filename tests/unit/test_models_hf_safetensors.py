@@ -23,5 +23,5 @@ def test_hf_model_load_refuses_a_pickle_only_checkpoint(tmp_path: Path) -> None:
     weights = directory / "model.safetensors"
     torch.save(load_file(str(weights)), directory / "pytorch_model.bin")  # test fixture only
     weights.unlink()
-    with pytest.raises(BackendError, match="no file named model.safetensors"):
+    with pytest.raises(BackendError, match=r"no file named model\.safetensors"):
         HFBackend(directory)
