@@ -134,8 +134,13 @@ def smollm2_directory(root: Path) -> Path:
         )
     source = Path(next(iter(spec.submodule_search_locations)))
     target = root / "smollm2-135m"
-    model = transformers.AutoModelForCausalLM.from_pretrained(source, gguf_file=GGUF_FILE)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(source, gguf_file=GGUF_FILE)
     tokenizer = transformers.AutoTokenizer.from_pretrained(source, gguf_file=GGUF_FILE)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights are dequantized float32 by now
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.state_dict())
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
     return target
@@ -171,12 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-rollouts", type=int, default=2)
     parser.add_argument("--real-tokens", type=int, default=48)
     parser.add_argument("--skip-real", action="store_true")
+    parser.add_argument("--skip-toy", action="store_true")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        ratios.append(toy_arm(root, args.toy_cycles))
+        if not args.skip_toy:
+            ratios.append(toy_arm(root, args.toy_cycles))
         if not args.skip_real:
             ratios.append(real_arm(root, args.real_cycles, args.real_rollouts, args.real_tokens))
     return 0 if all(r < TARGET for r in ratios) else 1

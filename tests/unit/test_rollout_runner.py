@@ -72,6 +72,7 @@ def test_final_answer_episode(task: Task) -> None:
         "source": "policy",
         "seed": 5,
         "temperature": 1.0,
+        "policy_fingerprint": None,  # the scripted backend has no trainable parameters
         "difficulty": "easy",
         "split": "train",
     }

@@ -437,6 +437,7 @@ class OPDTrainer:
             "parameter_version": self.parameter_version,
             "policy_version": self.parameter_version,
             "rollout_policy_version": self._last_rollout_version(),
+            "policy_fingerprint": self.policy_fingerprint,
             "measurement_status": {
                 "gpu_memory": "measured" if gpu.cuda_available() else gpu.NOT_RUN_NO_CUDA,
                 "cache": cache_note or ("enabled" if self.cache is not None else "not_used"),
