@@ -363,6 +363,7 @@ def train(
     from miniverl.training.trainer import OPDTrainer
 
     given = list(overrides or [])
+    resume = resume or resume_from is not None
     config = RunConfig.from_yaml(recipe, given)
     if resume and not given:
         root = output or Path(config.run.output_dir or Path("runs") / config.run.name)
