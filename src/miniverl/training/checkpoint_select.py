@@ -1,4 +1,4 @@
-"""Which checkpoint ``--resume`` loads, and what checkpoint rotation may delete.
+"""Which checkpoint ``--resume`` loads, and what an explicit older resume sets aside.
 
 The rules, all of them loud:
 
