@@ -173,8 +173,12 @@ def validate(
     from miniverl.config.models import RunConfig
 
     config = RunConfig.from_yaml(recipe, overrides or [])
+    from miniverl.environments.tasks_file import check_environment
+
+    env_note = check_environment(config.environment)
     if not quiet:
         console.print(config.to_yaml(), markup=False, end="")
+        console.print(f"# {env_note}", markup=False, soft_wrap=True)
     console.print(
         f"[green]valid[/] {recipe} (digest {config.digest()[:16]}, mode {config.run.mode}, objective {config.objective_label()})"
     )

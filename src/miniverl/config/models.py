@@ -21,6 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from miniverl.errors import ConfigError
 
 ENVIRONMENT_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+ENVIRONMENT_REF_PATTERN = (
+    r"^(?:[a-z][a-z0-9_]{0,63}|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
+)
+"""A registered or entry-point name, or ``package.module:ClassName`` (environments/registry.py)."""
 TOY_PRESET_IDS = ("toy-student", "toy-teacher")
 
 Auto = Literal["auto"]
@@ -189,8 +193,13 @@ class ModelsConfig(_Section):
 class EnvironmentConfig(_Section):
     name: str = Field(
         "calculator",
-        pattern=ENVIRONMENT_NAME_PATTERN,
-        description="Registered environment name (lowercase identifier; never a Python import path).",
+        pattern=ENVIRONMENT_REF_PATTERN,
+        max_length=200,
+        description="A registered name (calculator, shop), an entry point in the group miniverl.environments, or package.module:ClassName; resolved by 'miniverl validate' (docs/environments.md).",
+    )
+    tasks: str | None = Field(
+        None,
+        description="A JSONL task file (one task per line: prompt, answer, optional oracle); splits are dealt from it with split_seed instead of sampled. Relative paths are read from the working directory.",
     )
     params: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for the environment constructor."
@@ -720,6 +729,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 
 __all__ = [
     "ENVIRONMENT_NAME_PATTERN",
+    "ENVIRONMENT_REF_PATTERN",
     "CacheConfig",
     "CheckpointConfig",
     "EnvironmentConfig",
