@@ -26,6 +26,7 @@ from rich.text import Text
 from miniverl import __version__
 from miniverl.cli.cache_cmd import cache_app
 from miniverl.cli.common import console, fail, handles_errors
+from miniverl.cli.export_model_cmd import export_model_command
 from miniverl.cli.export_verl_cmd import export_verl
 from miniverl.utils.lazy import import_torch
 
@@ -37,6 +38,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("export-verl")(export_verl)
+app.command("export-model")(export_model_command)
 app.add_typer(
     cache_app, name="cache", help="Inspect, validate and prune a teacher cache (torch-free)."
 )
