@@ -87,7 +87,7 @@ def probe_torch(timeout_s: float = 60.0) -> dict[str, Any]:
     if not is_available("torch"):
         return {
             "status": "absent",
-            "hint": "pip install torch==2.13.0 (CPU) or a CUDA build, then pip install 'miniverl[hf]'",
+            "hint": "install torch first (README, Quick start: the CPU-only build from PyTorch's CPU wheel index, or the default CUDA build), then pip install 'miniverl[hf]'",
         }
     try:
         proc = subprocess.run(

@@ -1,4 +1,4 @@
-"""``RunConfig``: one validated recipe (design.txt §2.1).
+"""``RunConfig``: one validated recipe (docs/design.md §2.1).
 
 Config is validated data, not behaviour. Every section forbids unknown keys, every field
 has a description, and :meth:`RunConfig._validate_combination` rejects contradictory
@@ -270,7 +270,7 @@ class LossConfig(_Section):
         description="bucketed: teacher top-k + tail (cacheable); exact_full_vocab: full teacher distribution rebuilt per chunk.",
     )
     divergence: Literal["forward_kl", "reverse_kl", "jsd", "entropy_aware"] = Field(
-        "forward_kl", description="Token-level divergence, see objectives.md."
+        "forward_kl", description="Token-level divergence, see docs/objectives.md."
     )
     jsd_beta: float = Field(0.5, ge=0, le=1, description="Generalized JSD beta (0 < beta < 1).")
     top_k: int | Auto | None = Field(
@@ -472,7 +472,7 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _validate_combination(self) -> RunConfig:
-        """Reject contradictions of design.txt §2.1 and §4, each with its own message."""
+        """Reject contradictions of docs/design.md §2.1 and §4, each with its own message."""
         problems = list(_combination_problems(self))
         if problems:
             raise ValueError("\n".join(problems))

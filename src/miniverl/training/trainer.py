@@ -1,4 +1,4 @@
-"""``OPDTrainer``: one class for the three modes (design.txt §3, §4).
+"""``OPDTrainer``: one class for the three modes (docs/design.md §3, §4).
 
 The modes differ only in where trajectories come from and where targets come from:
 
@@ -8,7 +8,7 @@ The modes differ only in where trajectories come from and where targets come fro
   states; targets are read back through the cache, whose policy-version check makes
   "on-policy" an enforced property rather than a convention.
 
-Read :meth:`OPDTrainer.train` top to bottom: it is the cycle of design.txt §3 in order.
+Read :meth:`OPDTrainer.train` top to bottom: it is the cycle of docs/design.md §3 in order.
 """
 
 from __future__ import annotations
@@ -369,7 +369,7 @@ class OPDTrainer:
     # ================================================================== manifest
 
     def build_manifest(self) -> dict[str, Any]:
-        """Identity, hardware, objective and provenance of the run (design.txt §5.2)."""
+        """Identity, hardware, objective and provenance of the run (docs/design.md §5.2)."""
         cfg = self.config
         env = collect_environment()
         models = {}
