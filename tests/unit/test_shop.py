@@ -89,3 +89,32 @@ def test_custom_prices_change_answers() -> None:
     prompt, answer, data = env.sample_task(random.Random(1), "easy")
     ((item, qty),) = data["basket"]
     assert item == "tea" and answer == str(10 * qty) and f"{qty} tea" in prompt
+
+
+@pytest.mark.slow
+def test_shop_trains_end_to_end_on_the_toy_backend(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from helpers import tiny_config
+    from miniverl.training.trainer import OPDTrainer
+
+    config = tiny_config(
+        "environment.name=shop",
+        "train.cycles=1",
+        "rollout.max_turns=4",
+        "eval.baseline=false",
+        "eval.after_warmup=false",
+    )
+    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True, progress=False)
+    summary = trainer.train()
+    assert summary["final"]["tasks"] == 2
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["environment"]["tools"] == ["price(item)", "calculator(expression)"]
+    oracle = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
+        if '"source": "oracle"' in line
+    ]
+    assert oracle and all(t["verification"]["solved"] for t in oracle)
+    calls = [turn["tool_call"]["name"] for turn in oracle[0]["turns"] if turn["tool_call"]]
+    assert calls == ["price", "calculator"]
