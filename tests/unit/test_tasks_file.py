@@ -202,3 +202,23 @@ def test_the_trainer_takes_its_splits_from_the_task_file(task_file: Path, tmp_pa
     }
     assert {t.prompt for s in trainer.splits.values() for t in s} <= file_prompts
     assert trainer.resolved_config.environment.tasks == str(task_file.resolve())
+
+
+def test_export_verl_deals_the_same_splits_from_a_task_file(task_file: Path) -> None:
+    from helpers import REPO_ROOT
+    from miniverl.config.models import RunConfig
+    from miniverl.evaluation import verl_export as vx
+
+    cfg = RunConfig.from_yaml(
+        REPO_ROOT / "tests" / "data" / "verl_export" / "tiny_hf_opd.yaml",
+        [
+            f"environment.tasks={task_file}",
+            "environment.train_tasks=6",
+            "environment.eval_tasks=3",
+            "environment.test_tasks=0",
+        ],
+    )
+    plan = vx.plan_export(cfg)
+    assert plan.splits == build_splits(CalculatorEnvironment(), cfg.environment)
+    (fate,) = [f for f in plan.fates if f.key == "environment.tasks"]
+    assert fate.status == vx.MAPPED and "task file" in fate.verl
