@@ -125,4 +125,7 @@ def test_the_readme_quick_start_and_ci_run_the_same_test_command() -> None:
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     command = 'pip install torch==2.13.0 -e ".[hf,dev,verl-export]" && ruff check . && python -m pytest'
     assert command in readme and command in ci
-    assert 'pip install torch==2.13.0 ".[torch]" && miniverl demo' in readme
+    assert (
+        "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu\n"
+        'pip install ".[torch]" && miniverl demo'
+    ) in readme

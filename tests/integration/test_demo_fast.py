@@ -1,4 +1,4 @@
-"""``miniverl demo --fast`` produces every artifact of design.txt §5 with valid contents."""
+"""``miniverl demo --fast`` produces every artifact of docs/design.md §5 with valid contents."""
 
 from __future__ import annotations
 

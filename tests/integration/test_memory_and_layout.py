@@ -1,4 +1,4 @@
-"""Memory strategies, the OOM retry, and layout-invariance of the update (objectives.md)."""
+"""Memory strategies, the OOM retry, and layout-invariance of the update (docs/objectives.md)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ L = (1/G) Σ_r Σ_i ŵ_{r,i} (D_{r,i} + c · NLL_{r,i}) with explicit sums over 
 and back-propagates with plain autograd. The chunked loss must reproduce the loss and the
 gradient of every parameter (backbone and LM head) within 1e-6 relative for chunk sizes
 1, 3, 7 and N and for every split of the group into micro-batches, with micro-batch b
-passing weight_normalizer = B_b and loss_scale = B_b / G (objectives.md). One trajectory
+passing weight_normalizer = B_b and loss_scale = B_b / G (docs/objectives.md). One trajectory
 has all-zero weights.
 """
 

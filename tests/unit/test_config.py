@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel
 
 from miniverl.config.models import (
-    ENVIRONMENT_NAME_PATTERN,
+    ENVIRONMENT_REF_PATTERN,
     RunConfig,
     TrainConfig,
     apply_overrides,
@@ -338,16 +338,18 @@ def test_positive_or_auto(field: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["os.path", "../x", "Calculator", "1calc", "calc-ulator", "", "a" * 65, "os/path"]
+    "name",
+    ["os.path", "../x", "Calculator", "1calc", "calc-ulator", "", "a" * 65, "os/path",
+     "a.b:", ":C", "a/b:C", "a:B.c", "a b:C", "calculator\n"],
 )
 def test_environment_name_regex(name: str) -> None:
     assert _problems({"environment": {"name": name}}) == [
-        f"environment.name: String should match pattern '{ENVIRONMENT_NAME_PATTERN}'"
+        f"environment.name: String should match pattern '{ENVIRONMENT_REF_PATTERN}'"
     ]
 
 
-def test_environment_name_pattern_accepts_identifiers() -> None:
-    for name in ("calculator", "my_env2", "a" * 64):
+def test_environment_name_pattern_accepts_names_and_module_class() -> None:
+    for name in ("calculator", "my_env2", "a" * 64, "pkg.mod:Env", "mod:Env", "_m._n:_E"):
         assert RunConfig.from_mapping({"environment": {"name": name}}).environment.name == name
 
 

@@ -1,4 +1,4 @@
-"""The layer rules of design.txt §2, checked on the import graph of ``src/miniverl``.
+"""The layer rules of docs/design.md §2, checked on the import graph of ``src/miniverl``.
 
 Every ``import`` / ``from ... import`` in every module is parsed with ``ast`` (module
 level, function level and ``TYPE_CHECKING`` blocks alike), resolved to an absolute
@@ -40,7 +40,7 @@ TORCH_FREE_MODULES_PREFIXES = (
     "miniverl.models.base",
     "miniverl.models.tokenizers",
 )
-# design.txt §2.2: models/toy.py imports the objective inside fit_toy_model, function-locally.
+# docs/design.md §2.2: models/toy.py imports the objective inside fit_toy_model, function-locally.
 LOCAL_IMPORT_EXCEPTIONS = {
     ("miniverl.models.toy", "fit_toy_model"): {"losses", "trajectory", "selection"}
 }
@@ -213,7 +213,7 @@ def test_objective_layer_does_not_import_execution_or_above() -> None:
 def test_execution_layer_does_not_import_supervision_or_above() -> None:
     forbidden = {"teachers", "cache", "training"} | SURFACES
     assert _violations({"agent", "models"}, forbidden=forbidden) == []
-    # models reaches the objective layer only inside fit_toy_model (design.txt §2.2).
+    # models reaches the objective layer only inside fit_toy_model (docs/design.md §2.2).
     assert _violations({"models"}, forbidden={"losses", "trajectory", "selection"}) == []
 
 

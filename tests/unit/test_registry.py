@@ -1,15 +1,13 @@
-"""The explicit environment registry: a dict and ``register()``, no import-by-name."""
+"""Environment resolution: registered names, entry points and ``module:Class``."""
 
 from __future__ import annotations
-
-import ast
-import inspect
 
 import pytest
 
 from miniverl.environments import registry
 from miniverl.environments.calculator import CalculatorEnvironment
 from miniverl.environments.registry import available_environments, make_environment, register
+from miniverl.environments.shop import ShopEnvironment
 from miniverl.errors import ToolEnvironmentError
 
 
@@ -28,23 +26,34 @@ def test_calculator_is_registered() -> None:
 
 
 @pytest.mark.parametrize(
-    "name",
+    ("name", "detail"),
     [
-        "nope",
-        "miniverl.environments.calculator.CalculatorEnvironment",
-        "os.path",
-        "../calculator",
-        "Calculator",
+        ("nope", ""),
+        (
+            "miniverl.environments.calculator.CalculatorEnvironment",
+            " (not a name or package.module:ClassName)",
+        ),
+        ("os.path", " (not a name or package.module:ClassName)"),
+        ("../calculator", " (not a name or package.module:ClassName)"),
+        ("Calculator", " (not a name or package.module:ClassName)"),
+        ("calculator\n", " (not a name or package.module:ClassName)"),
+        (
+            "no_such_module_xyz:Env",
+            " (cannot import module 'no_such_module_xyz': No module named 'no_such_module_xyz')",
+        ),
+        (
+            "miniverl.environments.calculator:Nope",
+            " (module 'miniverl.environments.calculator' has no attribute 'Nope')",
+        ),
     ],
 )
-def test_unknown_names_are_not_imported(name: str) -> None:
+def test_unknown_names_list_the_available_ones(name: str, detail: str) -> None:
     with pytest.raises(ToolEnvironmentError) as info:
         make_environment(name)
-    assert (
-        str(info.value)
-        == f"unknown environment {name!r}; registered: {', '.join(available_environments())}"
+    assert str(info.value) == (
+        f"unknown environment {name!r}{detail}; available: {', '.join(available_environments())}"
     )
-    assert "doctor" in info.value.hint
+    assert "miniverl.environments" in info.value.hint and "doctor" in info.value.hint
 
 
 def test_bad_params() -> None:
@@ -84,15 +93,35 @@ def test_register_rejects_non_identifiers(clean_registry: dict, name: str) -> No
     assert name not in clean_registry
 
 
-def test_registry_module_has_no_dynamic_imports() -> None:
-    tree = ast.parse(inspect.getsource(registry))
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
-        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
-    }
-    assert not imported & {"importlib", "importlib.metadata", "pkg_resources", "importlib.util"}
-    calls = {
-        n.func.id
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-    }
-    assert not calls & {"__import__", "eval", "exec", "getattr", "import_module"}
+def test_module_class_form_builds_the_class() -> None:
+    env = make_environment("miniverl.environments.shop:ShopEnvironment", prices={"tea": 2})
+    assert type(env) is ShopEnvironment and env.prices == {"tea": 2} and env.name == "shop"
+
+
+@pytest.mark.parametrize(
+    ("name", "what"),
+    [
+        ("os.path:join", "posixpath.join"),
+        ("miniverl.environments.base:ToolCall", "miniverl.environments.base.ToolCall"),
+        ("miniverl.environments.shop:DEFAULT_PRICES", "dict"),
+    ],
+)
+def test_module_class_form_needs_a_tool_environment(name: str, what: str) -> None:
+    with pytest.raises(ToolEnvironmentError) as info:
+        make_environment(name)
+    assert str(info.value) == (
+        f"environment {name!r} resolves to {what}, which is not a ToolEnvironment subclass"
+    )
+
+
+def test_only_the_named_resolution_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A registered name never imports anything; ``module:Class`` imports only that module."""
+    imported: list[str] = []
+    real = registry.importlib.import_module
+    monkeypatch.setattr(
+        registry.importlib, "import_module", lambda n: imported.append(n) or real(n)
+    )
+    make_environment("calculator")
+    assert imported == []
+    make_environment("miniverl.environments.shop:ShopEnvironment")
+    assert imported == ["miniverl.environments.shop"]

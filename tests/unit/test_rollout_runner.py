@@ -369,7 +369,7 @@ def test_oracle_rollout(difficulty: str, calls: int) -> None:
         assert traj.turns[-1].is_final
 
 
-# -- design.txt §9: the runnable example -----------------------------------------------------------
+# -- docs/design.md §9: the runnable example -----------------------------------------------------------
 
 DESIGN_EXAMPLE = """
 from miniverl.agent.loop import RolloutRunner

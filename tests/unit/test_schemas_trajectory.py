@@ -1,4 +1,4 @@
-"""Every validation of trajectory-schema.txt, on the model and through the file reader."""
+"""Every validation of docs/trajectory-schema.md, on the model and through the file reader."""
 
 from __future__ import annotations
 

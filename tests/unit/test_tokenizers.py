@@ -42,7 +42,7 @@ def test_satisfies_protocol_and_fixed_ids() -> None:
     assert TOK.vocab_size == TOY_VOCAB_SIZE
     assert 200 < TOK.vocab_size < 500
     assert (TOK.pad_token_id, TOK.eos_token_id) == (0, 9)
-    # ids of the worked example in trajectory-schema.txt
+    # ids of the worked example in docs/trajectory-schema.md
     expected = {"<|im_start|>": 1, "<|im_end|>": 2, "<tool_call>": 3, "</tool_call>": 4}
     expected |= {"<final>": 7, "</final>": 8, "assistant": 11, "\n": 89, "{": 182}
     for piece, token_id in expected.items():

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from miniverl.cli import common
 from miniverl.cli import main as cli
-from miniverl.config.models import RunConfig
+from miniverl.config.models import ENVIRONMENT_REF_PATTERN, RunConfig
 
 
 @pytest.fixture(autouse=True)
@@ -127,4 +127,7 @@ def test_error_text_is_printed_verbatim(tmp_path: Path) -> None:
     recipe.write_text("environment:\n  name: os.path\n", encoding="utf-8")
     result = _invoke("validate", str(recipe))
     assert result.exit_code == 1
-    assert "environment.name: String should match pattern '^[a-z][a-z0-9_]{0,63}$'" in result.stderr
+    assert (
+        f"environment.name: String should match pattern '{ENVIRONMENT_REF_PATTERN}'"
+        in result.stderr
+    )

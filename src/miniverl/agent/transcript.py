@@ -1,7 +1,7 @@
 """Segment-wise transcript building and the tokenizer contract.
 
 ``TokenizerLike`` lives here, next to the code that defines what a tokenizer must do
-(design.txt §2.2); ``miniverl.models`` imports it.
+(docs/design.md §2.2); ``miniverl.models`` imports it.
 """
 
 from __future__ import annotations

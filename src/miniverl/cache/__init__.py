@@ -1,4 +1,4 @@
-"""The teacher-target cache: safetensors shards plus a JSON index (design.txt §3.6).
+"""The teacher-target cache: safetensors shards plus a JSON index (docs/design.md §3.6).
 
 Importing this package does not import torch: ``miniverl cache stats|validate|prune`` run
 from a base install. torch and safetensors are imported inside the methods that build

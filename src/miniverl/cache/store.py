@@ -1,4 +1,4 @@
-"""``TeacherCache``: teacher targets on disk, with a policy-version contract (design.txt §3.6, §3.8).
+"""``TeacherCache``: teacher targets on disk, with a policy-version contract (docs/design.md §3.6, §3.8).
 
 Layout of a cache directory::
 

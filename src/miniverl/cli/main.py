@@ -26,6 +26,7 @@ from rich.text import Text
 from miniverl import __version__
 from miniverl.cli.cache_cmd import cache_app
 from miniverl.cli.common import console, fail, handles_errors
+from miniverl.cli.export_model_cmd import export_model_command
 from miniverl.cli.export_verl_cmd import export_verl
 from miniverl.utils.lazy import import_torch
 
@@ -37,6 +38,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("export-verl")(export_verl)
+app.command("export-model")(export_model_command)
 app.add_typer(
     cache_app, name="cache", help="Inspect, validate and prune a teacher cache (torch-free)."
 )
@@ -85,7 +87,7 @@ def probe_torch(timeout_s: float = 60.0) -> dict[str, Any]:
     if not is_available("torch"):
         return {
             "status": "absent",
-            "hint": "pip install torch==2.13.0 (CPU) or a CUDA build, then pip install 'miniverl[hf]'",
+            "hint": "install torch first (README, Quick start: the CPU-only build from PyTorch's CPU wheel index, or the default CUDA build), then pip install 'miniverl[hf]'",
         }
     try:
         proc = subprocess.run(
@@ -173,8 +175,12 @@ def validate(
     from miniverl.config.models import RunConfig
 
     config = RunConfig.from_yaml(recipe, overrides or [])
+    from miniverl.environments.tasks_file import check_environment
+
+    env_note = check_environment(config.environment)
     if not quiet:
         console.print(config.to_yaml(), markup=False, end="")
+        console.print(f"# {env_note}", markup=False, soft_wrap=True)
     console.print(
         f"[green]valid[/] {recipe} (digest {config.digest()[:16]}, mode {config.run.mode}, objective {config.objective_label()})"
     )

@@ -1,4 +1,4 @@
-"""``RunConfig``: one validated recipe (design.txt §2.1).
+"""``RunConfig``: one validated recipe (docs/design.md §2.1).
 
 Config is validated data, not behaviour. Every section forbids unknown keys, every field
 has a description, and :meth:`RunConfig._validate_combination` rejects contradictory
@@ -21,6 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from miniverl.errors import ConfigError
 
 ENVIRONMENT_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+ENVIRONMENT_REF_PATTERN = (
+    r"^(?:[a-z][a-z0-9_]{0,63}|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
+)
+"""A registered or entry-point name, or ``package.module:ClassName`` (environments/registry.py)."""
 TOY_PRESET_IDS = ("toy-student", "toy-teacher")
 
 Auto = Literal["auto"]
@@ -189,8 +193,13 @@ class ModelsConfig(_Section):
 class EnvironmentConfig(_Section):
     name: str = Field(
         "calculator",
-        pattern=ENVIRONMENT_NAME_PATTERN,
-        description="Registered environment name (lowercase identifier; never a Python import path).",
+        pattern=ENVIRONMENT_REF_PATTERN,
+        max_length=200,
+        description="A registered name (calculator, shop), an entry point in the group miniverl.environments, or package.module:ClassName; resolved by 'miniverl validate' (docs/environments.md).",
+    )
+    tasks: str | None = Field(
+        None,
+        description="A JSONL task file (one task per line: prompt, answer, optional oracle); splits are dealt from it with split_seed instead of sampled. Relative paths are read from the working directory.",
     )
     params: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for the environment constructor."
@@ -261,7 +270,7 @@ class LossConfig(_Section):
         description="bucketed: teacher top-k + tail (cacheable); exact_full_vocab: full teacher distribution rebuilt per chunk.",
     )
     divergence: Literal["forward_kl", "reverse_kl", "jsd", "entropy_aware"] = Field(
-        "forward_kl", description="Token-level divergence, see objectives.md."
+        "forward_kl", description="Token-level divergence, see docs/objectives.md."
     )
     jsd_beta: float = Field(0.5, ge=0, le=1, description="Generalized JSD beta (0 < beta < 1).")
     top_k: int | Auto | None = Field(
@@ -463,7 +472,7 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _validate_combination(self) -> RunConfig:
-        """Reject contradictions of design.txt §2.1 and §4, each with its own message."""
+        """Reject contradictions of docs/design.md §2.1 and §4, each with its own message."""
         problems = list(_combination_problems(self))
         if problems:
             raise ValueError("\n".join(problems))
@@ -722,6 +731,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 
 __all__ = [
     "ENVIRONMENT_NAME_PATTERN",
+    "ENVIRONMENT_REF_PATTERN",
     "CacheConfig",
     "CheckpointConfig",
     "EnvironmentConfig",

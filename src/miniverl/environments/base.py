@@ -91,6 +91,9 @@ class ToolEnvironment(abc.ABC):
     name: str = ""
     task_prefix: str = ""
     """Task ids are ``<task_prefix or name>-<split>-<i>``."""
+    supports_task_files: bool = False
+    """True when ``verify`` needs only ``task.answer`` and ``oracle_solution`` honours
+    :func:`oracle_from_task`, so tasks may come from an ``environment.tasks`` JSONL file."""
 
     @abc.abstractmethod
     def tool_specs(self) -> list[ToolSpec]: ...
@@ -128,6 +131,21 @@ class ToolEnvironment(abc.ABC):
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "tools": [s.signature() for s in self.tool_specs()]}
+
+
+def oracle_from_task(task: Task) -> OracleSolution | None:
+    """The oracle a task file gave this task (``task.data["oracle"]``), or None.
+
+    Task files are validated by :mod:`miniverl.environments.tasks_file`, so the shape is
+    known here: ``{"tool_calls": [{"name": str, "arguments": {...}}, ...], "final_answer": str}``.
+    """
+    oracle = task.data.get("oracle")
+    if not oracle:
+        return None
+    calls = tuple(
+        ToolCall(str(c["name"]), dict(c.get("arguments") or {})) for c in oracle["tool_calls"]
+    )
+    return OracleSolution(tool_calls=calls, final_answer=str(oracle["final_answer"]))
 
 
 def _draw_distinct(

@@ -25,6 +25,7 @@ from miniverl.environments.base import (
     ToolEnvironment,
     ToolResult,
     ToolSpec,
+    oracle_from_task,
 )
 from miniverl.errors import ToolEnvironmentError
 from miniverl.schemas.trajectory import VerificationRecord
@@ -157,6 +158,36 @@ def normalize_answer(text: str) -> Decimal | None:
     return value if value.is_finite() else None
 
 
+def verify_number(expected: str, answer: str) -> VerificationRecord:
+    """Exact numeric verification: ``answer`` parses (commas ignored) and equals ``expected``."""
+    if not answer.strip():
+        return VerificationRecord(
+            solved=False,
+            reward=0.0,
+            predicted=answer,
+            expected=expected,
+            failure_category="empty_answer",
+        )
+    value = normalize_answer(answer)
+    if value is None:
+        return VerificationRecord(
+            solved=False,
+            reward=0.0,
+            predicted=answer,
+            expected=expected,
+            failure_category="unparseable_answer",
+            detail="the final answer is not a number",
+        )
+    solved = value == Decimal(expected)
+    return VerificationRecord(
+        solved=solved,
+        reward=1.0 if solved else 0.0,
+        predicted=answer.strip(),
+        expected=expected,
+        failure_category="solved" if solved else "wrong_answer",
+    )
+
+
 _OPS = ("+", "-", "*")
 
 _SYSTEM_PROMPTS = {
@@ -187,6 +218,7 @@ class CalculatorEnvironment(ToolEnvironment):
 
     name = "calculator"
     task_prefix = "calc"
+    supports_task_files = True
 
     def __init__(self, prompt_style: str = "compact") -> None:
         if prompt_style not in _SYSTEM_PROMPTS:
@@ -272,42 +304,23 @@ class CalculatorEnvironment(ToolEnvironment):
         return ToolResult(ok=True, result=format_number(value), env_state_id=state)
 
     def verify(self, task: Task, answer: str) -> VerificationRecord:
-        expected = task.answer
-        if not answer.strip():
-            return VerificationRecord(
-                solved=False,
-                reward=0.0,
-                predicted=answer,
-                expected=expected,
-                failure_category="empty_answer",
-            )
-        value = normalize_answer(answer)
-        if value is None:
-            return VerificationRecord(
-                solved=False,
-                reward=0.0,
-                predicted=answer,
-                expected=expected,
-                failure_category="unparseable_answer",
-                detail="the final answer is not a number",
-            )
-        solved = value == Decimal(expected)
-        return VerificationRecord(
-            solved=solved,
-            reward=1.0 if solved else 0.0,
-            predicted=answer.strip(),
-            expected=expected,
-            failure_category="solved" if solved else "wrong_answer",
-        )
+        return verify_number(task.answer, answer)
 
     def oracle_solution(self, task: Task) -> OracleSolution:
+        from_file = oracle_from_task(task)
+        if from_file is not None:
+            return from_file
         expressions = task.data.get("expressions")
         if not expressions:
-            raise ToolEnvironmentError(f"task {task.task_id} has no oracle expressions")
+            raise ToolEnvironmentError(
+                f"task {task.task_id} has no oracle expressions (and no 'oracle' in its task file)"
+            )
         calls = tuple(ToolCall("calculator", {"expression": e}) for e in expressions)
         return OracleSolution(tool_calls=calls, final_answer=task.answer)
 
     def privileged_context(self, task: Task) -> str:
         expressions = task.data.get("expressions") or []
+        if not expressions:
+            return super().privileged_context(task)
         steps = " then ".join(f"calculator({e!r})" for e in expressions)
         return f"Reference solution (hidden from the student): call {steps}; the answer is {task.answer}."

@@ -1,4 +1,4 @@
-"""``miniverl benchmark``: arms that differ only in their objective (design.txt §4.1).
+"""``miniverl benchmark``: arms that differ only in their objective (docs/design.md §4.1).
 
 A single end-to-end number cannot say whether on-policy distillation helped, because the
 SFT cold start usually does most of the work. The harness therefore runs, per seed, ONE

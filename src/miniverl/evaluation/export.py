@@ -1,4 +1,4 @@
-"""``miniverl export``: a shareable ``result.json`` with no identifying data (design.txt §6).
+"""``miniverl export``: a shareable ``result.json`` with no identifying data (docs/design.md §6).
 
 A run directory is safe to keep but not necessarily to publish: a manifest written on
 someone's workstation can name local model paths, and a hand-edited or older

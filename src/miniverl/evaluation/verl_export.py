@@ -28,8 +28,9 @@ import yaml
 
 from miniverl import __version__
 from miniverl.config.models import RunConfig
-from miniverl.environments.base import Task, ToolSpec, make_splits
+from miniverl.environments.base import Task, ToolSpec
 from miniverl.environments.registry import make_environment
+from miniverl.environments.tasks_file import build_splits
 from miniverl.errors import BackendError, ConfigError
 from miniverl.evaluation.verl_tool import TOOL_CLASS_NAME
 
@@ -445,6 +446,14 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
             MAPPED,
             "tools.yaml config.environment_params + extra_info.environment_params_json",
         ),
+        "environment.tasks": lambda v, _: KeyFate(
+            "",
+            v,
+            MAPPED,
+            "data/*.parquet rows (dealt from the task file, as miniverl deals them)"
+            if v
+            else "(none: tasks are sampled)",
+        ),
         "environment.difficulty": lambda v, _: KeyFate(
             "", v, MAPPED, "data/*.parquet rows (make_splits)"
         ),
@@ -649,16 +658,7 @@ def plan_export(cfg: RunConfig, *, max_prompt_tokens: int | None = None) -> Expo
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise ConfigError(f"--max-prompt-tokens must be >= 1, got {max_prompt_tokens}")
     env = make_environment(cfg.environment.name, **cfg.environment.params)
-    splits = make_splits(
-        env,
-        {
-            "train": cfg.environment.train_tasks,
-            "eval": cfg.environment.eval_tasks,
-            "test": cfg.environment.test_tasks,
-        },
-        cfg.environment.split_seed,
-        cfg.environment.difficulty,
-    )
+    splits = build_splits(env, cfg.environment)
     system = env.system_prompt()
     all_prompts = [prompt_messages(system, t) for tasks in splits.values() for t in tasks]
     schemas = [tool_schema(spec) for spec in env.tool_specs()]

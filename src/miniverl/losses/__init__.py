@@ -1,7 +1,7 @@
 """The objective layer: divergences, bucketed targets, reduction and the chunked loss.
 
-Pure functions over tensors (design.txt §2.1): no model, no config object, no device
-policy. The mathematics is specified in objectives.md; this package imports nothing from
+Pure functions over tensors (docs/design.md §2.1): no model, no config object, no device
+policy. The mathematics is specified in docs/objectives.md; this package imports nothing from
 miniverl except :mod:`miniverl.errors`.
 """
 

@@ -1,4 +1,4 @@
-"""Top-k + tail ("bucketed") supervision (objectives.md, "Supervision shapes").
+"""Top-k + tail ("bucketed") supervision (docs/objectives.md, "Supervision shapes").
 
 The teacher is compressed per entry to K + 1 buckets: its K most probable ids and one tail
 bucket holding the rest of the mass. The student is projected onto the same buckets and

@@ -1,4 +1,4 @@
-"""The chunked selected-position loss with a two-stage backward (objectives.md, design §3.7).
+"""The chunked selected-position loss with a two-stage backward (docs/objectives.md, docs/design.md §3.7).
 
 Only the hidden states of selected prediction positions reach the loss (``[N, H]``). They
 are projected to logits a chunk of rows at a time; each chunk's loss is back-propagated

@@ -1,4 +1,4 @@
-"""Full-vocabulary divergences and the sampled-token NLL (objectives.md).
+"""Full-vocabulary divergences and the sampled-token NLL (docs/objectives.md).
 
 Every function takes logits ``[N, V]`` and returns one value per row ``[N]`` in nats,
 summed over the vocabulary. Computation is in float32 for float16/bfloat16/float32 input

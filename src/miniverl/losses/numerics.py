@@ -1,4 +1,4 @@
-"""Shared numerics of the objective layer (objectives.md).
+"""Shared numerics of the objective layer (docs/objectives.md).
 
 One routine, :func:`divergence_terms`, holds the mathematics of every divergence. It works
 on any pair of normalised log-probability tensors ``[R, M]``: the full vocabulary

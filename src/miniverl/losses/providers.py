@@ -1,4 +1,4 @@
-"""Chunk target providers: where the chunked loss gets its teacher targets (design.txt §2.1).
+"""Chunk target providers: where the chunked loss gets its teacher targets (docs/design.md §2.1).
 
 The loss asks a provider for the divergence on rows ``[start, end)`` given the student
 logits of those rows; it neither knows nor cares whether the targets are rebuilt from a

@@ -1,4 +1,4 @@
-"""Per-trajectory weight normalisation (objectives.md, "Weighting and reduction").
+"""Per-trajectory weight normalisation (docs/objectives.md, "Weighting and reduction").
 
 For trajectory r with raw selector weights w_{r,i}:
 

@@ -1,4 +1,4 @@
-"""The backend contract every model implementation satisfies (design.txt §2.1).
+"""The backend contract every model implementation satisfies (docs/design.md §2.1).
 
 The load-bearing rule: ``hidden_states_at`` returns ``[len(positions), H]`` and
 ``project`` maps ``[N, H] -> [N, V]``. Nothing ever builds ``[batch, seq_len, V]``

@@ -1,4 +1,4 @@
-"""Model runtimes and the local role graph (design.txt §2.3).
+"""Model runtimes and the local role graph (docs/design.md §2.3).
 
 ``dual_model`` keeps independently owned student and teacher backends.
 ``shared_backbone`` loads one Hugging Face base and gives the actor (student), teacher

@@ -89,7 +89,7 @@ _SPECIAL_TOKENS: tuple[str, ...] = (
 )
 
 # Ids 10..88. The order fixes every id from here on (and so the fingerprint); it matches the
-# worked example of trajectory-schema.txt ("assistant" is 11, "system" 69, "\n" 89).
+# worked example of docs/trajectory-schema.md ("assistant" is 11, "system" 69, "\n" 89).
 _WORD_PIECES: tuple[str, ...] = (
     "user", "assistant", "calculator", "expression", "arguments", "name", "result",
     "Compute", "compute", "and", "report", "the", "value", "tool", "call", "final",

@@ -1,4 +1,4 @@
-"""``report.html`` and ``summary.md`` for a run or benchmark directory (design.txt §5).
+"""``report.html`` and ``summary.md`` for a run or benchmark directory (docs/design.md §5).
 
 Torch-free by construction: the report reads only the JSON/JSONL/YAML artifacts a run
 leaves behind, so ``miniverl report`` works from a bare install on a laptop that never
@@ -711,7 +711,7 @@ def _success(data: RunData, evaluations: Mapping[str, Mapping[str, Any]]) -> Sec
         )
     if "after_warmup" in evaluations and "final" in evaluations:
         section.notes.append(
-            "The SFT warm-up runs before distillation and often does most of the work (design.txt §4.1): "
+            "The SFT warm-up runs before distillation and often does most of the work (docs/design.md §4.1): "
             "compare after_warmup with final, and use 'miniverl benchmark' to separate the two effects. "
             "A single end-to-end number is not evidence that distillation helped."
         )
@@ -1044,7 +1044,7 @@ def _entropy(data: RunData) -> Section:
         )
     section.notes.append(
         "Teacher entropy is recorded per selected position because high-entropy teacher tokens are where reverse KL is reported to destabilize "
-        "(design.txt §3.7)."
+        "(docs/design.md §3.7)."
         + (
             f" high_entropy_fraction counts positions above loss.entropy_threshold = {threshold:g} nats."
             if threshold is not None

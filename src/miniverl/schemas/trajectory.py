@@ -3,7 +3,7 @@
 Every token belongs to exactly one span, and the span type alone decides whether a
 token may ever enter a loss. The masks are stored explicitly *and* re-derived from the
 spans by the validator, so a file that claims tool output is trainable fails to load
-(trajectory-schema.txt, "What is validated").
+(docs/trajectory-schema.md, "What is validated").
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def expected_masks(spans: list[Span], length: int) -> tuple[list[bool], list[boo
 
 
 class Trajectory(_Strict):
-    """One rollout. See trajectory-schema.txt for every field's meaning."""
+    """One rollout. See docs/trajectory-schema.md for every field's meaning."""
 
     schema_version: int = TRAJECTORY_SCHEMA_VERSION
     trajectory_id: str = Field(min_length=1)

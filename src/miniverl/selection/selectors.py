@@ -1,4 +1,4 @@
-"""Position selectors (design.txt §3.3).
+"""Position selectors (docs/design.md §3.3).
 
 Selection reduces LM-head projection work, cache size and the number of student loss
 positions. It does **not** reduce teacher compute: the teacher still runs a full forward

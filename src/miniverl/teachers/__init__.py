@@ -1,4 +1,4 @@
-"""Teacher scoring: the supervision side of the supervision seam (design.txt §2.1, §3.5).
+"""Teacher scoring: the supervision side of the supervision seam (docs/design.md §2.1, §3.5).
 
 Imports torch (it scores with a live model); the torch-free surfaces import
 :mod:`miniverl.cache` only.

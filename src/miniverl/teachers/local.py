@@ -4,7 +4,7 @@ The teacher runs once per trajectory over its own render (the student's transcri
 privileged render with an oracle block in ``teacher.mode: privileged_context``) and only
 the hidden states at the alignment's teacher prediction positions are kept (``[N, H]``,
 ``hidden_states_at(..., with_grad=False)``). From them it produces one of two supervision
-shapes (design.txt §3.5):
+shapes (docs/design.md §3.5):
 
 - ``exact_hidden`` (``loss.mode: exact_full_vocab`` with a resident teacher): ``[N, H]`` is
   kept and an :class:`~miniverl.losses.ExactTargetProvider` rebuilds ``[chunk, V]`` teacher
@@ -128,7 +128,7 @@ class TeacherScoreResult:
 
 
 class LocalTeacherScorer:
-    """Score trajectories with a local teacher backend (design.txt §3.5).
+    """Score trajectories with a local teacher backend (docs/design.md §3.5).
 
     - ``spec``: the divergence; its temperature is applied to the teacher distribution.
     - ``loss_mode``: ``bucketed`` (top-k + tail) or ``exact_full_vocab``.

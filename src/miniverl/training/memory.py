@@ -1,4 +1,4 @@
-"""Memory strategies and the out-of-memory retry (design.txt §3.9).
+"""Memory strategies and the out-of-memory retry (docs/design.md §3.9).
 
 ``resolve_strategy`` turns ``memory.strategy`` into a :class:`MemoryPlan` with a written
 reason, recorded in ``config.resolved.yaml`` and the manifest, so ``auto`` never silently

@@ -1,4 +1,4 @@
-"""``OPDTrainer``: one class for the three modes (design.txt §3, §4).
+"""``OPDTrainer``: one class for the three modes (docs/design.md §3, §4).
 
 The modes differ only in where trajectories come from and where targets come from:
 
@@ -8,7 +8,7 @@ The modes differ only in where trajectories come from and where targets come fro
   states; targets are read back through the cache, whose policy-version check makes
   "on-policy" an enforced property rather than a convention.
 
-Read :meth:`OPDTrainer.train` top to bottom: it is the cycle of design.txt §3 in order.
+Read :meth:`OPDTrainer.train` top to bottom: it is the cycle of docs/design.md §3 in order.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from miniverl import __version__
 from miniverl.agent.loop import RolloutRunner
 from miniverl.cache.store import TeacherCache
 from miniverl.config.models import RunConfig
-from miniverl.environments.base import Task, make_splits, sample_extra_tasks
+from miniverl.environments.base import Task, sample_extra_tasks
 from miniverl.environments.registry import make_environment
+from miniverl.environments.tasks_file import build_splits, task_file_digest
 from miniverl.errors import CheckpointError, GpuMemoryError, RunDirectoryError
 from miniverl.losses import (
     ChunkTargetProvider,
@@ -212,14 +213,7 @@ class OPDTrainer:
         self.cpu_threads = self._resolve_cpu_threads()
         self.tokenizer = build_tokenizer(cfg)
         self.environment = make_environment(cfg.environment.name, **cfg.environment.params)
-        counts = {
-            "train": cfg.environment.train_tasks,
-            "eval": cfg.environment.eval_tasks,
-            "test": cfg.environment.test_tasks,
-        }
-        self.splits = make_splits(
-            self.environment, counts, cfg.environment.split_seed, cfg.environment.difficulty
-        )
+        self.splits = build_splits(self.environment, cfg.environment)
         self.tasks_by_id = {t.task_id: t for split in self.splits.values() for t in split}
         self.task_order = self._build_task_order()
 
@@ -360,6 +354,8 @@ class OPDTrainer:
         data["run"]["cpu_threads"] = self.cpu_threads
         data["memory"]["strategy"] = self.memory_plan.strategy
         data["loss"]["chunk_size"] = self.chunk_size
+        if self.config.environment.tasks is not None:
+            data["environment"]["tasks"] = str(Path(self.config.environment.tasks).resolve())
         if self.config.loss.mode == "bucketed":
             data["loss"]["top_k"] = self.top_k
         tr = data["train"]
@@ -388,7 +384,7 @@ class OPDTrainer:
     # ================================================================== manifest
 
     def build_manifest(self) -> dict[str, Any]:
-        """Identity, hardware, objective and provenance of the run (design.txt §5.2)."""
+        """Identity, hardware, objective and provenance of the run (docs/design.md §5.2)."""
         cfg = self.config
         env = collect_environment()
         models = {}
@@ -423,6 +419,7 @@ class OPDTrainer:
                 **self.environment.describe(),
                 "difficulty": cfg.environment.difficulty,
                 "split_sizes": {k: len(v) for k, v in self.splits.items()},
+                "tasks_sha256": task_file_digest(cfg.environment.tasks),
             },
             "models": models,
             "tokenizer": {

@@ -1,4 +1,4 @@
-"""Machine and package description for ``environment.json`` (design.txt §5.2).
+"""Machine and package description for ``environment.json`` (docs/design.md §5.2).
 
 An allow-list, not a deny-list: hostname, username, home directory, absolute paths
 outside the run and every environment variable except the five that can change numerics

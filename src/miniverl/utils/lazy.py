@@ -47,7 +47,7 @@ def require(module: str, purpose: str = "") -> ModuleType:
         why = f" (needed for {purpose})" if purpose else ""
         raise BackendError(
             f"{module} is not installed{why}",
-            hint=f"pip install 'miniverl[{extra}]'  (torch: pip install torch==2.13.0 for the CPU build)",
+            hint=f"pip install 'miniverl[{extra}]'  (install torch first: README, Quick start)",
         ) from exc
 
 

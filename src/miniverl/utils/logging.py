@@ -20,7 +20,7 @@ def utc_now() -> str:
 
 
 class EventLog:
-    """Appends one JSON object per lifecycle event (design.txt §5.3) and echoes it.
+    """Appends one JSON object per lifecycle event (docs/design.md §5.3) and echoes it.
 
     ``console`` may be ``None`` for quiet runs; events are written either way.
     """

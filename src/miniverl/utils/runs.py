@@ -1,4 +1,4 @@
-"""Every run-directory path, defined once (design.txt §5).
+"""Every run-directory path, defined once (docs/design.md §5).
 
 Nothing else in miniverl spells a run-directory file name; it asks :class:`RunPaths`.
 """
