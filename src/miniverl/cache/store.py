@@ -344,7 +344,7 @@ def _load_committed(directory: Path) -> tuple[CacheIndex, _JournalState] | None:
     journal = directory / JOURNAL_NAME
     if journal.exists() or journal.is_symlink():
         data = _read_bounded(journal, MAX_JOURNAL_BYTES, "a journal")
-        for line_end, record in _journal_records(data, state.base):
+        for line_end, record in _journal_records(data, state.base, journal):
             _apply_journal_record(index, record, journal)
             state.valid_bytes, state.records = line_end, state.records + 1
         if state.records:
@@ -371,30 +371,43 @@ def _journal_line(record: dict[str, Any]) -> bytes:
     return (_canonical({"record": record, "sha256": digest}) + "\n").encode("utf-8")
 
 
-def _journal_records(data: bytes, base: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(end offset, record)`` of each committed line, stopping at the first invalid one.
+def _journal_records(data: bytes, base: str, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(end offset, record)`` of each committed line.
 
-    A line is committed when it ends with a newline, parses, matches its checksum and
-    extends ``base`` (the SHA-256 of the current ``index.json``): a torn final append or a
-    journal left behind by an interrupted :meth:`TeacherCache.compact` is not.
+    A line is committed once its final newline is on disk (it is written last), so a
+    final fragment without one is a torn append and is ignored. A journal whose first line
+    extends another index was left behind by an interrupted :meth:`TeacherCache.compact`
+    and is ignored whole. Anything else (a complete line that does not parse, fails its
+    checksum or switches base) is corruption, and raises :class:`CacheIntegrityError`.
     """
-    offset = 0
+    offset = line_number = 0
     while True:
         end = data.find(b"\n", offset)
         if end < 0:
             return
+        line_number += 1
         try:
             line = json.loads(
                 data[offset:end].decode("utf-8"), object_pairs_hook=_no_duplicate_keys
             )
             record = line["record"]
             intact = (
-                hashlib.sha256(_canonical(record).encode("utf-8")).hexdigest() == line["sha256"]
+                isinstance(record, dict)
+                and hashlib.sha256(_canonical(record).encode("utf-8")).hexdigest() == line["sha256"]
             )
         except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError):
-            return
-        if not intact or not isinstance(record, dict) or record.get("base") != base:
-            return
+            intact = False
+        if not intact:
+            raise CacheIntegrityError(
+                f"{path}: line {line_number} is corrupted (not JSON or failed its checksum)",
+                hint="restore the cache from a copy or delete it; the trainer rebuilds targets",
+            )
+        if record.get("base") != base:
+            if line_number == 1:
+                return
+            raise CacheIntegrityError(
+                f"{path}: line {line_number} extends a different index.json than line 1"
+            )
         offset = end + 1
         yield offset, record
 
