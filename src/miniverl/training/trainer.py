@@ -1056,17 +1056,25 @@ class OPDTrainer:
         swap = not self.memory_plan.teacher_resident
         if swap:
             self._student_off_device()
-        for traj in trajectories:
-            sample, teacher_view = self._select_and_align(traj, version)
-            if sample.num_positions:
-                assert self.scorer is not None
-                result = self.scorer.score(traj, sample.alignment, teacher_trajectory=teacher_view)
+        aligned = [self._select_and_align(traj, version) for traj in trajectories]
+        to_score = [(sample, view) for sample, view in aligned if sample.num_positions]
+        assert self.scorer is not None or not to_score
+        size = self.config.teacher.batch_size
+        for start in range(0, len(to_score), size):
+            group = to_score[start : start + size]
+            results = split_on_oom(
+                lambda items: self.scorer.score_batch(items),  # type: ignore[union-attr]
+                [(s.trajectory, s.alignment, view) for s, view in group],
+                what="teacher scoring",
+                events=self.events,
+            )
+            for (sample, _), result in zip(group, results, strict=True):
                 sample.provider = result.provider
                 sample.teacher_entropy = [float(x) for x in result.teacher_entropy]
                 if self.cache is not None and result.shape == "bucketed":
-                    sample.cache_key = _cache_key(traj.trajectory_id, cycle)
+                    sample.cache_key = _cache_key(sample.trajectory.trajectory_id, cycle)
                     self.cache.write(sample.cache_key, result, policy_version=version)
-            samples.append(sample)
+        samples.extend(sample for sample, _ in aligned)
         if self.cache is not None:
             self.cache.flush()
         if swap:
