@@ -564,6 +564,7 @@ class TeacherCache:
                     )
             self._provenance = self._index.provenance
         self._staged: dict[str, _Staged] = {}
+        self._shard_counter: int | None = None
         self._headers: dict[str, tuple[tuple[int, int], dict[str, TensorInfo]]] = {}
 
     @classmethod
@@ -759,6 +760,14 @@ class TeacherCache:
             ]
         return max(numbers, default=-1) + 1
 
+    def _claim_shard_number(self) -> int:
+        """The next unused shard number; the directory is scanned once per writer, not per flush."""
+        if self._shard_counter is None:
+            self._shard_counter = self._next_shard_number(self._index)
+        number = self._shard_counter
+        self._shard_counter += 1
+        return number
+
     def flush(self) -> list[str]:
         """Write staged entries into new shards, then commit them; return the new shard names.
 
@@ -775,14 +784,12 @@ class TeacherCache:
             return []
         from safetensors.torch import save
 
-        number = self._next_shard_number(self._index)
         staged = list(self._staged.values())
         shards: list[CacheShardRecord] = []
         entries: list[CacheEntryRecord] = []
         for start in range(0, len(staged), self.max_entries_per_shard):
             group = staged[start : start + self.max_entries_per_shard]
-            name = f"shard-{number:05d}.safetensors"
-            number += 1
+            name = f"shard-{self._claim_shard_number():05d}.safetensors"
             payload = {
                 tensor_name(item.record.key, tname): tensor
                 for item in group
@@ -1155,7 +1162,6 @@ class TeacherCache:
         for key in removed:
             del new.entries[key]
         bytes_before = sum(s.size_bytes for s in index.shards.values())
-        number = self._next_shard_number(index)
         deleted: list[str] = []
         compacted: dict[str, str] = {}
         for name, shard in sorted(index.shards.items()):
@@ -1168,8 +1174,7 @@ class TeacherCache:
             deleted.append(name)
             if not live:
                 continue
-            target = f"shard-{number:05d}.safetensors"
-            number += 1
+            target = f"shard-{self._claim_shard_number():05d}.safetensors"
             data = self._compact(shard, [index.entries[k] for k in live])
             atomic_write_bytes(self._shard_path(target), data)
             compacted[name] = target
