@@ -252,6 +252,7 @@ def bench_flush(cycles: int, positions: int, root: Path) -> None:
     for journal in (True, False):
         cache = TeacherCache(root / f"journal-{journal}", provenance, journal=journal)
         times: dict[int, list[float]] = {}
+        cpu_times: dict[int, list[float]] = {}
         for cycle in range(1, cycles + 1):
             for row in range(8):
                 key = f"traj-{cycle}-{row}"
@@ -262,11 +263,12 @@ def bench_flush(cycles: int, positions: int, root: Path) -> None:
                     policy_version=cycle,
                     alignment_digest=hashlib.sha256(key.encode()).hexdigest(),
                 )
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             cache.flush()
             elapsed = (time.perf_counter() - start) * 1000
             bucket = min(m for m in marks if m >= cycle)
             times.setdefault(bucket, []).append(elapsed)
+            cpu_times.setdefault(bucket, []).append((time.process_time() - cpu) * 1000)
         start = time.perf_counter()
         cache.close()
         close_ms = (time.perf_counter() - start) * 1000
