@@ -246,7 +246,8 @@ def bench_flush(cycles: int, positions: int, root: Path) -> None:
     }
     marks = sorted({1, *range(cycles // 4, cycles + 1, max(1, cycles // 4))})
     print(
-        f"\nCache commit (flush of 8 entries x {positions} positions, K={k}) by cycle, milliseconds"
+        f"\nCache commit (flush of 8 entries x {positions} positions, K={k}): median ms per flush"
+        " by cycle range; wall includes the fsyncs, cpu is process time; close = final compaction"
     )
     results: dict[str, dict[int, float]] = {}
     for journal in (True, False):
