@@ -171,7 +171,9 @@ def bench_hf_decode(new_tokens: int, reps: int) -> None:
 # ---------------------------------------------------------------------------------- opd
 
 
-def bench_opd_arm(cycles: int | None, sft_cycles: int | None, root: Path) -> None:
+def bench_opd_arm(
+    cycles: int | None, sft_cycles: int | None, fit_steps: int | None, root: Path
+) -> None:
     from miniverl.evaluation.benchmark import arm_config, cold_start_config
     from miniverl.training.trainer import OPDTrainer
 
@@ -181,11 +183,14 @@ def bench_opd_arm(cycles: int | None, sft_cycles: int | None, root: Path) -> Non
         shorten.append(f"train.cycles={cycles}")
     if sft_cycles is not None:
         shorten.append(f"train.sft_warmup_cycles={sft_cycles}")
+    if fit_steps is not None:
+        shorten.append(f"models.toy_fit.max_steps={fit_steps}")
     base = base.with_overrides(shorten) if shorten else base
     seed = base.run.seed
     print(
         f"\nOPD arm of {RECIPE.name}: {base.train.cycles} OPD cycles x {base.train.rollouts_per_cycle} rollouts"
-        f" from one shared cold start ({base.train.sft_warmup_cycles} SFT cycles){' [shortened]' if shorten else ''}"
+        f" from one shared cold start ({base.train.sft_warmup_cycles} SFT cycles)"
+        f"{' [shortened: ' + ', '.join(shorten) + ']' if shorten else ''}"
     )
     t0 = time.perf_counter()
     cold = OPDTrainer(
@@ -300,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sft-cycles", type=int, default=None, help="shorten the cold start's SFT warm-up"
     )
+    parser.add_argument(
+        "--fit-steps", type=int, default=None, help="shorten the cold start's toy-teacher fit"
+    )
     parser.add_argument("--flush-cycles", type=int, default=400)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (recorded)")
     args = parser.parse_args(argv)
@@ -317,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         if "flush" in parts:
             bench_flush(40 if args.quick else args.flush_cycles, 60, root / "flush")
         if "opd" in parts:
-            bench_opd_arm(args.cycles, args.sft_cycles, root / "opd")
+            bench_opd_arm(args.cycles, args.sft_cycles, args.fit_steps, root / "opd")
     return 0
 
 
