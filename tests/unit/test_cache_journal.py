@@ -176,6 +176,7 @@ def _seeded(seed: int) -> torch.Tensor:
     return torch.topk(torch.log_softmax(torch.randn(5, 50, generator=g), dim=-1), 4, dim=-1).values
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_kill_at_every_commit_step_leaves_a_valid_cache(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != FAILPOINT_ENV}
