@@ -434,6 +434,7 @@ class OPDTrainer:
                 "eval_batch_size": cfg.eval.batch_size,
                 "teacher_batch_size": cfg.teacher.batch_size,
                 "trajectory_batch_size": self.trajectory_batch_size,
+                "trajectory_batch_planned": self.resolved_config.train.trajectory_batch_size,
                 "trajectory_batch_reason": self.trajectory_batch_reason,
                 "cpu_threads": self.cpu_threads,
             },
