@@ -321,7 +321,8 @@ def test_empty_entries_and_empty_caches(tmp_path: Path) -> None:
 def test_a_crash_before_the_index_rename_leaves_the_previous_cache_valid(
     tmp_path: Path, monkeypatch
 ) -> None:
-    cache = TeacherCache(tmp_path, provenance(), max_entries_per_shard=2)
+    """The whole-index commit (``journal=False``, and every compaction) is crash safe too."""
+    cache = TeacherCache(tmp_path, provenance(), max_entries_per_shard=2, journal=False)
     old = {key: put(cache, key) for key in ("a", "b", "c")}
     cache.flush()
     index_before = (tmp_path / INDEX_NAME).read_bytes()

@@ -8,7 +8,10 @@ decodes prefixes of the sampled ids instead of re-tokenizing text.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from miniverl.agent.protocol import (
@@ -39,6 +42,11 @@ if TYPE_CHECKING:
     from miniverl.models.base import CausalLMBackend, GenerationResult
 
 PRIVILEGED_SEGMENT_KEY = "priv"
+
+BatchSplitter = Callable[
+    [Callable[[list[Any]], list["GenerationResult"]], list[Any]], list["GenerationResult"]
+]
+"""``split(decode, requests) -> results``: how a batched round is run (e.g. halved on OOM)."""
 
 
 class RolloutRunner:
@@ -137,10 +145,15 @@ class RolloutRunner:
         )
 
     def _execute(
-        self, builder: TranscriptBuilder, call: ToolCall, record: ToolCallRecord, turn: int
+        self,
+        builder: TranscriptBuilder,
+        call: ToolCall,
+        record: ToolCallRecord,
+        turn: int,
+        environment: ToolEnvironment | None = None,
     ) -> ToolResult:
         """Run one tool call, record the turn and append the observation as context."""
-        result = self.environment.step(call)
+        result = (environment or self.environment).step(call)
         builder.add_turn(
             Turn(
                 turn_id=turn,
@@ -157,18 +170,6 @@ class RolloutRunner:
         self._add_observation(builder, result, turn, record.call_id)
         return result
 
-    def _generate(
-        self, builder: TranscriptBuilder, seed: int, turn: int, temperature: float, budget: int
-    ) -> GenerationResult:
-        return self.backend.generate(
-            list(builder.token_ids),
-            max_new_tokens=budget,
-            temperature=temperature,
-            top_p=self.config.top_p,
-            seed=derive_seed(seed, "turn", turn),
-            stop_sequences=stop_sequences(),
-        )
-
     # -- episodes -----------------------------------------------------------------
 
     def rollout(
@@ -182,116 +183,129 @@ class RolloutRunner:
         extra_metadata: dict[str, Any] | None = None,
     ) -> Trajectory:
         """Sample one episode from the policy; exactly one termination reason per exit."""
-        cfg = self.config
-        temp = cfg.temperature if temperature is None else temperature
+        episode = self._start_episode(
+            task,
+            seed,
+            self.environment,
+            policy_version=policy_version,
+            temperature=temperature,
+            trajectory_id=trajectory_id,
+            extra_metadata=extra_metadata,
+        )
+        while (request := episode.next_request()) is not None:
+            prompt, budget, turn_seed = request
+            episode.consume(
+                self.backend.generate(
+                    prompt,
+                    max_new_tokens=budget,
+                    temperature=episode.temperature,
+                    top_p=self.config.top_p,
+                    seed=turn_seed,
+                    stop_sequences=stop_sequences(),
+                )
+            )
+        return episode.finish(backend_fingerprint(self.backend))
+
+    def rollout_batch(
+        self,
+        requests: Sequence[EpisodeRequest],
+        *,
+        batch_size: int | None = None,
+        policy_version: int = 0,
+        temperature: float | None = None,
+        split: BatchSplitter | None = None,
+    ) -> list[Trajectory]:
+        """Turn-synchronous episodes: each round, every live episode decodes its turn together.
+
+        Episodes are cut into groups of ``batch_size`` (``None``: one group). Within a
+        group, every round collects each live episode's prompt (its whole transcript so
+        far), decodes all of them in one left-padded batch (``backend.generate_batch``), and
+        hands each episode its own result; tools run per episode on a private shallow copy
+        of the environment. Each episode samples from the seeds it would use alone, so the
+        trajectories equal :meth:`rollout`'s, episode for episode (up to float rounding of
+        the batched kernels). ``batch_size == 1`` or a backend without ``generate_batch``
+        runs :meth:`rollout` one episode at a time. ``split(decode, requests)`` may wrap
+        each round's decode, e.g. to halve a round that runs out of memory (decoding is a
+        pure function of ``(prompt, budget, seed)``, so a split round gives the same ids).
+        """
+        size = len(requests) if batch_size is None else int(batch_size)
+        if size < 1:
+            raise ValueError("batch_size must be >= 1")
+        batched = size > 1 and hasattr(self.backend, "generate_batch")
+        out: list[Trajectory] = []
+        for start in range(0, len(requests), size):
+            group = requests[start : start + size]
+            if not batched:
+                out.extend(
+                    self.rollout(
+                        r.task,
+                        r.seed,
+                        policy_version=policy_version,
+                        temperature=temperature,
+                        trajectory_id=r.trajectory_id,
+                        extra_metadata=r.extra_metadata,
+                    )
+                    for r in group
+                )
+                continue
+            episodes = [
+                self._start_episode(
+                    r.task,
+                    r.seed,
+                    copy.copy(self.environment),
+                    policy_version=policy_version,
+                    temperature=temperature,
+                    trajectory_id=r.trajectory_id,
+                    extra_metadata=r.extra_metadata,
+                )
+                for r in group
+            ]
+            temp = episodes[0].temperature if episodes else 0.0
+            while True:
+                live = [(e, e.next_request()) for e in episodes]
+                live = [(e, req) for e, req in live if req is not None]
+                if not live:
+                    break
+
+                def decode(
+                    batch: list[tuple[list[int], int, int]], temp: float = temp
+                ) -> list[GenerationResult]:
+                    return self.backend.generate_batch(  # type: ignore[attr-defined,no-any-return]
+                        [prompt for prompt, _, _ in batch],
+                        max_new_tokens=[budget for _, budget, _ in batch],
+                        seeds=[seed for _, _, seed in batch],
+                        temperature=temp,
+                        top_p=self.config.top_p,
+                        stop_sequences=stop_sequences(),
+                    )
+
+                turn_requests = [req for _, req in live]
+                results = decode(turn_requests) if split is None else split(decode, turn_requests)
+                for (episode, _), generation in zip(live, results, strict=True):
+                    episode.consume(generation)
+            fingerprint = backend_fingerprint(self.backend)
+            out.extend(e.finish(fingerprint) for e in episodes)
+        return out
+
+    def _start_episode(
+        self,
+        task: Task,
+        seed: int,
+        environment: ToolEnvironment,
+        *,
+        policy_version: int,
+        temperature: float | None,
+        trajectory_id: str | None,
+        extra_metadata: dict[str, Any] | None,
+    ) -> _Episode:
         builder = self._new_builder(
             task,
             trajectory_id=trajectory_id or f"{task.task_id}:v{policy_version}:s{seed}",
             policy_version=policy_version,
         )
-        self.environment.reset(task)
-        reason = TerminationReason.MAX_TURNS
-        verification: VerificationRecord | None = None
-        generated = invalid = parse_errors = 0
-        signatures: Counter[str] = Counter()
-
-        for turn in range(cfg.max_turns):
-            budget = min(cfg.max_new_tokens_per_turn, cfg.max_total_tokens - len(builder))
-            if budget <= 0:
-                reason = TerminationReason.MAX_TOKENS
-                break
-            generation = self._generate(builder, seed, turn, temp, budget)
-            ids = list(generation.token_ids)
-            generated += len(ids)
-            if not ids:
-                builder.add_turn(Turn(turn_id=turn))
-                reason = TerminationReason.EOS_WITHOUT_FINAL
-                break
-            parsed = parse_assistant_text(generation.text)
-            call_id = f"c{turn}"
-
-            if parsed.kind == "final":
-                self._add_model_spans(
-                    builder,
-                    ids,
-                    generation.text,
-                    parsed.block_start,
-                    SpanType.ASSISTANT_FINAL,
-                    turn,
-                )
-                builder.add_turn(Turn(turn_id=turn, is_final=True))
-                verification = self.environment.verify(task, parsed.final_answer or "")
-                reason = TerminationReason.FINAL_ANSWER
-                break
-
-            if parsed.kind == "tool_call" and parsed.tool_call is not None:
-                call = parsed.tool_call
-                self._add_model_spans(
-                    builder,
-                    ids,
-                    generation.text,
-                    parsed.block_start,
-                    SpanType.ASSISTANT_TOOL_CALL,
-                    turn,
-                    tool_name=call.name,
-                    tool_call_id=call_id,
-                )
-                record = ToolCallRecord(
-                    call_id=call_id,
-                    name=call.name,
-                    arguments=call.arguments,
-                    raw_text=generation.text,
-                )
-                signatures[call.signature()] += 1
-                if signatures[call.signature()] - 1 > cfg.max_repeated_calls:
-                    builder.add_turn(Turn(turn_id=turn, tool_call=record))
-                    reason = TerminationReason.REPEATED_CALL_LIMIT
-                    break
-                if not self._execute(builder, call, record, turn).ok:
-                    invalid += 1
-                continue
-
-            self._add_model_spans(
-                builder, ids, generation.text, None, SpanType.ASSISTANT_TEXT, turn
-            )
-            builder.add_turn(
-                Turn(
-                    turn_id=turn,
-                    tool_call=ToolCallRecord(
-                        call_id=call_id,
-                        name="<unparsed>",
-                        raw_text=generation.text,
-                        valid=False,
-                        parse_error=parsed.error,
-                    ),
-                )
-            )
-            invalid += 1
-            parse_errors += 1
-            if generation.finish_reason == "eos":
-                reason = TerminationReason.EOS_WITHOUT_FINAL
-                break
-            if parse_errors >= max(1, cfg.max_parse_errors):
-                reason = TerminationReason.PARSE_ERROR_LIMIT
-                break
-            self._add_observation(builder, ToolResult(ok=False, error=parsed.error), turn, call_id)
-
-        metadata = {
-            "source": "policy",
-            "seed": seed,
-            "temperature": temp,
-            "policy_fingerprint": backend_fingerprint(self.backend),
-            "difficulty": task.difficulty,
-            "split": task.split,
-            **(extra_metadata or {}),
-        }
-        return builder.build(
-            termination_reason=reason,
-            verification=verification,
-            generated_token_count=generated,
-            invalid_tool_calls=invalid,
-            metadata=metadata,
-        )
+        environment.reset(task)
+        temp = self.config.temperature if temperature is None else temperature
+        return _Episode(self, environment, task, seed, temp, builder, extra_metadata)
 
     def oracle_rollout(
         self, task: Task, *, trajectory_id: str | None = None, policy_version: int = 0
@@ -386,4 +400,150 @@ class RolloutRunner:
                 "source": "privileged_teacher_render",
                 "student_trajectory_id": trajectory.trajectory_id,
             },
+        )
+
+
+@dataclass(frozen=True)
+class EpisodeRequest:
+    """One episode to run in :meth:`RolloutRunner.rollout_batch`."""
+
+    task: Task
+    seed: int
+    trajectory_id: str | None = None
+    extra_metadata: dict[str, Any] | None = None
+
+
+class _Episode:
+    """One episode as a state machine: ask for a generation, consume it, repeat.
+
+    :meth:`RolloutRunner.rollout` and :meth:`RolloutRunner.rollout_batch` drive the same
+    object, so termination reasons, spans and masks cannot differ between the two paths.
+    """
+
+    def __init__(
+        self,
+        runner: RolloutRunner,
+        environment: ToolEnvironment,
+        task: Task,
+        seed: int,
+        temperature: float,
+        builder: TranscriptBuilder,
+        extra_metadata: dict[str, Any] | None,
+    ) -> None:
+        self.runner, self.environment, self.task = runner, environment, task
+        self.seed, self.temperature, self.builder = seed, temperature, builder
+        self.extra_metadata = extra_metadata
+        self.turn = 0
+        self.done = False
+        self.reason = TerminationReason.MAX_TURNS
+        self.verification: VerificationRecord | None = None
+        self.generated = self.invalid = self.parse_errors = 0
+        self.signatures: Counter[str] = Counter()
+
+    def next_request(self) -> tuple[list[int], int, int] | None:
+        """``(prompt ids, token budget, seed)`` of the next turn, or None once terminated."""
+        cfg = self.runner.config
+        if self.done:
+            return None
+        if self.turn >= cfg.max_turns:
+            self.done = True
+            return None
+        budget = min(cfg.max_new_tokens_per_turn, cfg.max_total_tokens - len(self.builder))
+        if budget <= 0:
+            self.reason = TerminationReason.MAX_TOKENS
+            self.done = True
+            return None
+        return list(self.builder.token_ids), budget, derive_seed(self.seed, "turn", self.turn)
+
+    def consume(self, generation: GenerationResult) -> None:
+        """Append one turn's sampled ids and run its tool call, or record why it ended."""
+        runner, builder, turn = self.runner, self.builder, self.turn
+        cfg = runner.config
+        self.turn += 1
+        ids = list(generation.token_ids)
+        self.generated += len(ids)
+        if not ids:
+            builder.add_turn(Turn(turn_id=turn))
+            self._end(TerminationReason.EOS_WITHOUT_FINAL)
+            return
+        parsed = parse_assistant_text(generation.text)
+        call_id = f"c{turn}"
+
+        if parsed.kind == "final":
+            runner._add_model_spans(
+                builder, ids, generation.text, parsed.block_start, SpanType.ASSISTANT_FINAL, turn
+            )
+            builder.add_turn(Turn(turn_id=turn, is_final=True))
+            self.verification = self.environment.verify(self.task, parsed.final_answer or "")
+            self._end(TerminationReason.FINAL_ANSWER)
+            return
+
+        if parsed.kind == "tool_call" and parsed.tool_call is not None:
+            call = parsed.tool_call
+            runner._add_model_spans(
+                builder,
+                ids,
+                generation.text,
+                parsed.block_start,
+                SpanType.ASSISTANT_TOOL_CALL,
+                turn,
+                tool_name=call.name,
+                tool_call_id=call_id,
+            )
+            record = ToolCallRecord(
+                call_id=call_id, name=call.name, arguments=call.arguments, raw_text=generation.text
+            )
+            self.signatures[call.signature()] += 1
+            if self.signatures[call.signature()] - 1 > cfg.max_repeated_calls:
+                builder.add_turn(Turn(turn_id=turn, tool_call=record))
+                self._end(TerminationReason.REPEATED_CALL_LIMIT)
+                return
+            if not runner._execute(builder, call, record, turn, self.environment).ok:
+                self.invalid += 1
+            return
+
+        runner._add_model_spans(builder, ids, generation.text, None, SpanType.ASSISTANT_TEXT, turn)
+        builder.add_turn(
+            Turn(
+                turn_id=turn,
+                tool_call=ToolCallRecord(
+                    call_id=call_id,
+                    name="<unparsed>",
+                    raw_text=generation.text,
+                    valid=False,
+                    parse_error=parsed.error,
+                ),
+            )
+        )
+        self.invalid += 1
+        self.parse_errors += 1
+        if generation.finish_reason == "eos":
+            self._end(TerminationReason.EOS_WITHOUT_FINAL)
+            return
+        if self.parse_errors >= max(1, cfg.max_parse_errors):
+            self._end(TerminationReason.PARSE_ERROR_LIMIT)
+            return
+        runner._add_observation(builder, ToolResult(ok=False, error=parsed.error), turn, call_id)
+
+    def _end(self, reason: TerminationReason) -> None:
+        self.reason, self.done = reason, True
+
+    def finish(self, policy_fingerprint: str | None) -> Trajectory:
+        """The trajectory, stamped with the fingerprint of the weights that sampled it."""
+        task = self.task
+        metadata = {
+            "source": "policy",
+            "seed": self.seed,
+            "temperature": self.temperature,
+            "policy_fingerprint": policy_fingerprint,
+            "difficulty": task.difficulty,
+            "split": task.split,
+            **(self.extra_metadata or {}),
+        }
+        return self.builder.build(
+            termination_reason=self.reason,
+            verification=self.verification,
+            generated_token_count=self.generated,
+            invalid_tool_calls=self.invalid,
+            metadata=metadata,
         )

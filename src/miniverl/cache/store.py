@@ -16,11 +16,20 @@ Why it is shaped like this:
 - **On-policy is enforced here.** :meth:`TeacherCache.read` compares the entry's policy
   version with the caller's and raises :class:`StaleCacheError` on a difference, unless
   ``reuse_across_policy_versions`` (offline_kd only; config validation enforces that).
-- **Crash safety without a journal.** :meth:`TeacherCache.flush` only ever writes *new*
-  shard files, each to a temporary name renamed into place, and renames ``index.json`` last.
-  Until that final rename the previous index still describes only files that were never
-  touched, so an interrupted flush leaves the previous cache valid; the new shards are
-  orphans that :meth:`TeacherCache.prune` deletes. One writer per directory is assumed.
+- **Commits cost what they add.** :meth:`TeacherCache.flush` only ever writes *new* shard
+  files, each to a temporary name renamed into place, and then commits them by appending
+  one checksummed line to ``index.journal`` (the entries and shards it adds, and the index
+  it extends, by SHA-256). Readers replay the journal over ``index.json`` and stop at the
+  first line that is torn, fails its checksum or extends another index, so a flush costs
+  the bytes of its own entries, not of the whole cache. :meth:`TeacherCache.compact`
+  (called by :meth:`close` and :meth:`prune`) folds the journal into a new ``index.json``
+  (temporary name, rename) and then deletes the journal; a crash between the two leaves a
+  journal whose lines name the old index, which readers ignore. ``journal=False`` keeps the
+  old commit (rewrite ``index.json`` every flush) for benchmarks. Until a commit point the
+  previous state describes only files that were never touched, so an interrupted flush
+  leaves the previous cache valid; the new shards are orphans that :meth:`TeacherCache.prune`
+  deletes. One writer per directory is assumed. Every step has a ``cache.*`` failpoint
+  (:mod:`miniverl.utils.failpoints`) so tests can kill a writer between any two of them.
 - **Inert data.** Shards are safetensors and the index is JSON; nothing on the load path can
   run code. Shard names must match ``^shard-\\d{5}\\.safetensors$`` and resolve to a regular
   file directly inside the directory, so an edited index cannot point outside it.
@@ -68,7 +77,8 @@ from miniverl.schemas.cache import (
     CacheProvenance,
     CacheShardRecord,
 )
-from miniverl.utils.io import atomic_write_bytes, sha256_file, to_json_text
+from miniverl.utils.failpoints import failpoint
+from miniverl.utils.io import atomic_path, atomic_write_bytes, sha256_file, to_json_text
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +87,9 @@ if TYPE_CHECKING:
     from miniverl.losses.providers import BucketedTargetProvider
 
 INDEX_NAME = "index.json"
+JOURNAL_NAME = "index.journal"
+MAX_JOURNAL_BYTES = 1 << 30
+"""A journal this large is refused unread, like an oversized index."""
 MAX_KEY_LENGTH = 512
 MAX_INDEX_BYTES = 1 << 30
 """An index this large would describe millions of entries; anything bigger is rejected unread."""
@@ -305,22 +318,138 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+@dataclass
+class _JournalState:
+    """What the next append needs: the index the journal extends and its valid prefix."""
+
+    base: str
+    valid_bytes: int = 0
+    records: int = 0
+
+
 def _load_index(directory: Path) -> CacheIndex | None:
     """The parsed, schema-checked and cross-checked index, or ``None`` when there is none."""
+    loaded = _load_committed(directory)
+    return None if loaded is None else loaded[0]
+
+
+def _load_committed(directory: Path) -> tuple[CacheIndex, _JournalState] | None:
+    """``index.json`` with every valid journal line replayed over it, and the journal state."""
     path = directory / INDEX_NAME
     if not path.exists():
         return None
+    raw = _read_bounded(path, MAX_INDEX_BYTES, "an index")
+    index = _parse_index(raw, path)
+    state = _JournalState(base=hashlib.sha256(raw).hexdigest())
+    journal = directory / JOURNAL_NAME
+    if journal.exists() or journal.is_symlink():
+        data = _read_bounded(journal, MAX_JOURNAL_BYTES, "a journal")
+        for line_end, record in _journal_records(data, state.base, journal):
+            _apply_journal_record(index, record, journal)
+            state.valid_bytes, state.records = line_end, state.records + 1
+        if state.records:
+            _check_index_consistency(index, journal)
+    return index, state
+
+
+def _read_bounded(path: Path, limit: int, what: str) -> bytes:
     if path.is_symlink() or not path.is_file():
         raise CacheIntegrityError(f"{path} is not a regular file")
     size = path.stat().st_size
-    if size > MAX_INDEX_BYTES:
-        raise CacheIntegrityError(
-            f"{path} is {size} bytes, over the {MAX_INDEX_BYTES}-byte limit for an index"
-        )
+    if size > limit:
+        raise CacheIntegrityError(f"{path} is {size} bytes, over the {limit}-byte limit for {what}")
+    return path.read_bytes()
+
+
+def _canonical(payload: Any) -> str:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _journal_line(record: dict[str, Any]) -> bytes:
+    """One committed flush: ``{"record": ..., "sha256": sha256(canonical record)}`` + newline."""
+    digest = hashlib.sha256(_canonical(record).encode("utf-8")).hexdigest()
+    return (_canonical({"record": record, "sha256": digest}) + "\n").encode("utf-8")
+
+
+def _journal_records(data: bytes, base: str, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(end offset, record)`` of each committed line.
+
+    A line is committed once its final newline is on disk (it is written last), so a
+    final fragment without one is a torn append and is ignored. A journal whose first line
+    extends another index was left behind by an interrupted :meth:`TeacherCache.compact`
+    and is ignored whole. Anything else (a complete line that does not parse, fails its
+    checksum or switches base) is corruption, and raises :class:`CacheIntegrityError`.
+    """
+    offset = line_number = 0
+    while True:
+        end = data.find(b"\n", offset)
+        if end < 0:
+            return
+        line_number += 1
+        try:
+            line = json.loads(
+                data[offset:end].decode("utf-8"), object_pairs_hook=_no_duplicate_keys
+            )
+            record = line["record"]
+            intact = (
+                isinstance(record, dict)
+                and hashlib.sha256(_canonical(record).encode("utf-8")).hexdigest() == line["sha256"]
+            )
+        except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError):
+            intact = False
+        if not intact:
+            raise CacheIntegrityError(
+                f"{path}: line {line_number} is corrupted (not JSON or failed its checksum)",
+                hint="restore the cache from a copy or delete it; the trainer rebuilds targets",
+            )
+        if record.get("base") != base:
+            if line_number == 1:
+                return
+            raise CacheIntegrityError(
+                f"{path}: line {line_number} extends a different index.json than line 1"
+            )
+        offset = end + 1
+        yield offset, record
+
+
+def _apply_journal_record(index: CacheIndex, record: dict[str, Any], path: Path) -> None:
+    """Add one flush's shards and entries to ``index`` (the same code commits and replays)."""
     try:
-        payload = json.loads(
-            path.read_bytes().decode("utf-8"), object_pairs_hook=_no_duplicate_keys
-        )
+        shards = [CacheShardRecord.model_validate(s) for s in record["shards"]]
+        entries = [CacheEntryRecord.model_validate(e) for e in record["entries"]]
+        dropped = [str(name) for name in record["dropped_shards"]]
+        updated_at = str(record["updated_at"])
+    except (ValidationError, KeyError, TypeError) as exc:
+        detail = _format_validation_error(exc) if isinstance(exc, ValidationError) else repr(exc)
+        raise CacheIntegrityError(
+            f"{path}: a committed journal line is invalid: {detail}"
+        ) from None
+    new_shards = {shard.name for shard in shards}
+    for entry in entries:
+        if entry.shard not in new_shards:
+            raise CacheIntegrityError(
+                f"{path}: journal entry {entry.key!r} points at {entry.shard!r}, not a shard it adds"
+            )
+        previous = index.entries.get(entry.key)
+        if previous is not None and previous.shard in index.shards:
+            owner = index.shards[previous.shard].entries
+            if entry.key in owner:
+                owner.remove(entry.key)
+        index.entries[entry.key] = entry
+    for shard in shards:
+        if shard.name in index.shards:
+            raise CacheIntegrityError(f"{path}: journal re-adds existing shard {shard.name!r}")
+        index.shards[shard.name] = shard
+    for name in dropped:
+        if index.shards.get(name) is not None and index.shards[name].entries:
+            raise CacheIntegrityError(f"{path}: journal drops non-empty shard {name!r}")
+        index.shards.pop(name, None)
+    index.updated_at = updated_at
+
+
+def _parse_index(raw: bytes, path: Path) -> CacheIndex:
+    try:
+        payload = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise CacheIntegrityError(f"{path} is not valid UTF-8 JSON ({exc})") from None
     try:
@@ -402,6 +531,7 @@ class TeacherCache:
         strict_policy_version: bool = True,
         reuse_across_policy_versions: bool = False,
         max_entries_per_shard: int = 256,
+        journal: bool = True,
     ) -> None:
         if max_entries_per_shard < 1:
             raise ConfigError(
@@ -413,7 +543,9 @@ class TeacherCache:
         self.strict_policy_version = strict_policy_version
         self.reuse_across_policy_versions = reuse_across_policy_versions
         self.max_entries_per_shard = max_entries_per_shard
-        self._index = _load_index(self.directory) if self.directory.is_dir() else None
+        self.journal = journal
+        loaded = _load_committed(self.directory) if self.directory.is_dir() else None
+        self._index, self._journal = (None, None) if loaded is None else loaded
         if self._index is None:
             if provenance is None:
                 raise CacheIntegrityError(
@@ -432,6 +564,7 @@ class TeacherCache:
                     )
             self._provenance = self._index.provenance
         self._staged: dict[str, _Staged] = {}
+        self._shard_counter: int | None = None
         self._headers: dict[str, tuple[tuple[int, int], dict[str, TensorInfo]]] = {}
 
     @classmethod
@@ -443,6 +576,7 @@ class TeacherCache:
         strict_policy_version: bool = True,
         reuse_across_policy_versions: bool = False,
         max_entries_per_shard: int = 256,
+        journal: bool = True,
     ) -> TeacherCache:
         """Open an existing cache; :class:`CacheIntegrityError` when ``index.json`` is missing."""
         if not (Path(directory) / INDEX_NAME).exists():
@@ -456,6 +590,7 @@ class TeacherCache:
             strict_policy_version=strict_policy_version,
             reuse_across_policy_versions=reuse_across_policy_versions,
             max_entries_per_shard=max_entries_per_shard,
+            journal=journal,
         )
 
     # -- introspection ----------------------------------------------------------------
@@ -635,13 +770,23 @@ class TeacherCache:
             ]
         return max(numbers, default=-1) + 1
 
-    def flush(self) -> list[str]:
-        """Write staged entries into new shards, then the index; return the new shard names.
+    def _claim_shard_number(self) -> int:
+        """The next unused shard number; the directory is scanned once per writer, not per flush."""
+        if self._shard_counter is None:
+            self._shard_counter = self._next_shard_number(self._index)
+        number = self._shard_counter
+        self._shard_counter += 1
+        return number
 
-        Order: every new shard (temporary name, fsync, rename), then ``index.json`` the same
-        way, then the directory is fsynced and shards left without entries (all their
-        entries replaced) are deleted. An exception anywhere before the index rename leaves
-        the previous index and its shards untouched and keeps the entries staged.
+    def flush(self) -> list[str]:
+        """Write staged entries into new shards, then commit them; return the new shard names.
+
+        Order: every new shard (temporary name, fsync, rename), then the commit point: one
+        appended, fsynced ``index.journal`` line (or, with ``journal=False`` or for a cache
+        that has no ``index.json`` yet, a whole new ``index.json`` renamed into place), then
+        shards left without entries (all their entries replaced) are deleted. An exception
+        anywhere before the commit point leaves the previous cache untouched and keeps the
+        entries staged. The cost is proportional to the staged entries in journal mode.
         """
         if not self._staged:
             if self._index is None:
@@ -649,17 +794,12 @@ class TeacherCache:
             return []
         from safetensors.torch import save
 
-        index = (
-            self._index.model_copy(deep=True) if self._index is not None else self._empty_index()
-        )
-        number = self._next_shard_number(self._index)
         staged = list(self._staged.values())
-        new_shards: list[str] = []
-        emptied: set[str] = set()
+        shards: list[CacheShardRecord] = []
+        entries: list[CacheEntryRecord] = []
         for start in range(0, len(staged), self.max_entries_per_shard):
             group = staged[start : start + self.max_entries_per_shard]
-            name = f"shard-{number:05d}.safetensors"
-            number += 1
+            name = f"shard-{self._claim_shard_number():05d}.safetensors"
             payload = {
                 tensor_name(item.record.key, tname): tensor
                 for item in group
@@ -674,48 +814,116 @@ class TeacherCache:
                 for tname in item.record.tensors:
                     info = infos[tensor_name(item.record.key, tname)]
                     digest.update(view[info.begin : info.end])
-                key = item.record.key
-                previous = index.entries.get(key)
-                if previous is not None:
-                    index.shards[previous.shard].entries.remove(key)
-                    if not index.shards[previous.shard].entries:
-                        emptied.add(previous.shard)
-                index.entries[key] = item.record.model_copy(
-                    update={"shard": name, "sha256": digest.hexdigest()}
+                entries.append(
+                    item.record.model_copy(update={"shard": name, "sha256": digest.hexdigest()})
                 )
             self.directory.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(self._shard_path(name), data)
-            index.shards[name] = CacheShardRecord(
-                name=name,
-                sha256=hashlib.sha256(data).hexdigest(),
-                size_bytes=len(data),
-                entries=[item.record.key for item in group],
+            with atomic_path(self._shard_path(name)) as tmp:
+                tmp.write_bytes(data)
+                failpoint("cache.shard_before_rename")
+            failpoint("cache.shard_renamed")
+            shards.append(
+                CacheShardRecord(
+                    name=name,
+                    sha256=hashlib.sha256(data).hexdigest(),
+                    size_bytes=len(data),
+                    entries=[item.record.key for item in group],
+                )
             )
-            new_shards.append(name)
-        for name in emptied:
-            if not index.shards[name].entries:
-                del index.shards[name]
-        index.updated_at = _now()
-        self._commit_index(index)
+        emptied = self._emptied_by(entries)
+        record = {
+            "base": "",
+            "updated_at": _now(),
+            "shards": [shard.model_dump(mode="json") for shard in shards],
+            "entries": [entry.model_dump(mode="json") for entry in entries],
+            "dropped_shards": sorted(emptied),
+        }
+        if self.journal and self._index is not None and self._journal is not None:
+            self._append_journal(record)
+        else:
+            index = (
+                self._index.model_copy(deep=True)
+                if self._index is not None
+                else self._empty_index()
+            )
+            _apply_journal_record(index, record, self.directory / INDEX_NAME)
+            self._commit_index(index)
         self._staged.clear()
-        self._delete_shards(sorted(emptied - set(index.shards)))
-        return new_shards
+        failpoint("cache.before_shard_delete")
+        self._delete_shards(sorted(emptied))
+        return [shard.name for shard in shards]
+
+    def _emptied_by(self, entries: list[CacheEntryRecord]) -> set[str]:
+        """Committed shards whose every entry ``entries`` replaces."""
+        if self._index is None:
+            return set()
+        replaced: dict[str, int] = {}
+        for entry in entries:
+            previous = self._index.entries.get(entry.key)
+            if previous is not None:
+                replaced[previous.shard] = replaced.get(previous.shard, 0) + 1
+        return {
+            name
+            for name, count in replaced.items()
+            if count == len(self._index.shards[name].entries)
+        }
+
+    def _append_journal(self, record: dict[str, Any]) -> None:
+        """The journal commit point: one fsynced line, then the in-memory index follows it."""
+        assert self._index is not None and self._journal is not None
+        record["base"] = self._journal.base
+        line = _journal_line(record)
+        path = self.directory / JOURNAL_NAME
+        failpoint("cache.journal_before_append")
+        with open(path, "ab") as handle:
+            if handle.tell() != self._journal.valid_bytes:
+                handle.truncate(self._journal.valid_bytes)
+            half = len(line) // 2
+            handle.write(line[:half])
+            handle.flush()
+            failpoint("cache.journal_torn")
+            handle.write(line[half:])
+            handle.flush()
+            os.fsync(handle.fileno())
+            end = handle.tell()
+        if self._journal.records == 0:
+            _fsync_directory(self.directory)
+        failpoint("cache.journal_appended")
+        _apply_journal_record(self._index, record, path)
+        self._journal.valid_bytes, self._journal.records = end, self._journal.records + 1
+
+    def compact(self) -> None:
+        """Fold the journal into a new ``index.json`` and delete it (a no-op without one)."""
+        if self._index is not None and self._journal is not None and self._journal.records:
+            self._commit_index(self._index)
+
+    def close(self) -> None:
+        """Compact; the cache stays usable (a later flush starts a new journal)."""
+        self.compact()
 
     def _empty_index(self) -> CacheIndex:
         now = _now()
         return CacheIndex(created_at=now, updated_at=now, provenance=self._provenance)
 
     def _commit_index(self, index: CacheIndex) -> None:
-        """Validate, write atomically and adopt ``index``: the single commit point."""
+        """Validate, write atomically and adopt ``index``, then drop the folded-in journal.
+
+        The rename of ``index.json`` is the commit point: from then on the journal's lines
+        name an index that no longer exists, so a crash before its deletion is harmless.
+        """
         checked = CacheIndex.model_validate(index.model_dump())
         _check_index_consistency(checked, self.directory / INDEX_NAME)
         self.directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(
-            self.directory / INDEX_NAME,
-            to_json_text(checked.model_dump(mode="json")).encode("utf-8"),
-        )
+        raw = to_json_text(checked.model_dump(mode="json")).encode("utf-8")
+        with atomic_path(self.directory / INDEX_NAME) as tmp:
+            tmp.write_bytes(raw)
+            failpoint("cache.index_before_rename")
+        failpoint("cache.index_renamed")
+        with contextlib.suppress(FileNotFoundError):
+            (self.directory / JOURNAL_NAME).unlink()
         _fsync_directory(self.directory)
         self._index = checked
+        self._journal = _JournalState(base=hashlib.sha256(raw).hexdigest())
 
     def _delete_shards(self, names: Iterable[str]) -> None:
         for name in names:
@@ -975,7 +1183,6 @@ class TeacherCache:
         for key in removed:
             del new.entries[key]
         bytes_before = sum(s.size_bytes for s in index.shards.values())
-        number = self._next_shard_number(index)
         deleted: list[str] = []
         compacted: dict[str, str] = {}
         for name, shard in sorted(index.shards.items()):
@@ -988,8 +1195,7 @@ class TeacherCache:
             deleted.append(name)
             if not live:
                 continue
-            target = f"shard-{number:05d}.safetensors"
-            number += 1
+            target = f"shard-{self._claim_shard_number():05d}.safetensors"
             data = self._compact(shard, [index.entries[k] for k in live])
             atomic_write_bytes(self._shard_path(target), data)
             compacted[name] = target

@@ -237,6 +237,11 @@ class RolloutConfig(_Section):
         ge=0,
         description="Stop when an identical call signature repeats more than this many times.",
     )
+    batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Episodes decoded together, turn by turn (None: all rollouts of the cycle; 1: one at a time).",
+    )
 
 
 class SelectionConfig(_Section):
@@ -261,6 +266,9 @@ class TeacherConfig(_Section):
     mode: Literal["standard", "privileged_context"] = Field(
         "standard",
         description="standard: the teacher reads the student's transcript; privileged_context: plus an oracle system block.",
+    )
+    batch_size: int = Field(
+        8, ge=1, description="Trajectories per padded teacher forward when scoring a cycle."
     )
 
 
@@ -318,6 +326,10 @@ class CacheConfig(_Section):
         "float32", description="Storage dtype of cached log-probabilities."
     )
     max_entries_per_shard: int = Field(256, ge=1, description="Entries per shard file.")
+    journal: bool = Field(
+        True,
+        description="Commit each flush as one index.journal line (cost of the new entries); false: rewrite index.json every flush.",
+    )
     keep_versions: int | None = Field(
         None,
         ge=1,
@@ -362,8 +374,8 @@ class TrainConfig(_Section):
         description="Trajectories per optimizer group. auto: rollouts_per_cycle (one update per cycle).",
     )
     trajectory_batch_size: int | Auto = Field(
-        1,
-        description="Most trajectories in one padded forward. Mathematically neutral. auto: gradient_accumulation_steps.",
+        "auto",
+        description="Most trajectories in one padded forward. Mathematically neutral. auto: the optimizer group, capped by the memory plan.",
     )
     sft_warmup_cycles: int = Field(
         2, ge=0, description="Oracle-trace cross-entropy cycles before KD/OPD."
@@ -414,6 +426,9 @@ class EvalConfig(_Section):
         None,
         ge=1,
         description="Also evaluate held-out success every N cycles (tag cycle-NNNN in metrics.jsonl). None: baseline, warm-up and final only.",
+    )
+    batch_size: int = Field(
+        32, ge=1, description="Held-out episodes decoded together (1: one at a time)."
     )
 
 

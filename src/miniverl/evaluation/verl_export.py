@@ -487,6 +487,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
             "verl's ToolAgentLoop does not stop on unparseable turns; it ends the episode when a turn has no tool call"
         ),
         "rollout.max_repeated_calls": dropped("verl has no repeated-call stop"),
+        "rollout.batch_size": dropped("decode batching; verl's rollout engine batches by itself"),
         "selection.selector": only_default(
             "selection.selector",
             "all_model_tokens",
@@ -510,6 +511,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
             "standard",
             "— verl's teacher scores the student's exact context; privileged context cannot be expressed",
         ),
+        "teacher.batch_size": dropped("scoring batch size; verl's teacher pool batches by itself"),
         "loss.mode": refuse_unless(
             lambda v: v == "bucketed",
             "loss.mode: exact_full_vocab — verl 0.9.1 has no full-vocabulary distillation loss; use loss.mode: bucketed (exported as top-k)",
@@ -599,6 +601,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         "logging.wandb_project": dropped(
             "miniverl-side offline wandb mirror; verl's is trainer.project_name"
         ),
+        "eval.batch_size": dropped("decode batching; verl's rollout engine batches by itself"),
     }
     return rules
 

@@ -100,7 +100,13 @@ class PaddedTrajectoryBatch:
 
 @runtime_checkable
 class CausalLMBackend(Protocol):
-    """A causal LM that can sample, expose gathered hidden states and project them."""
+    """A causal LM that can sample, expose gathered hidden states and project them.
+
+    Optional: ``generate_batch(prompts, *, max_new_tokens, seeds, temperature, top_p,
+    stop_sequences) -> list[GenerationResult]``, whose row ``r`` equals ``generate`` of
+    ``prompts[r]`` with ``seeds[r]`` (both built-in backends have it; ``RolloutRunner``
+    falls back to one episode at a time without it).
+    """
 
     tokenizer: TokenizerLike
     capabilities: BackendCapabilities

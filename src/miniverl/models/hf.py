@@ -35,6 +35,7 @@ from miniverl.models.sampling import (
     gather_positions,
     load_trainable_state,
     position_tensor,
+    run_batched_generation,
     run_generation,
     trainable_state,
 )
@@ -336,6 +337,7 @@ class HFBackend:
         attention_mask: torch.Tensor | None,
         past_key_values: Any = None,
         use_cache: bool = False,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Any]:
         """Decoder backbone only: ``[B, T]`` ids -> final-norm hidden ``[B, T, H]`` and the cache.
 
@@ -346,6 +348,7 @@ class HFBackend:
             input_ids=input_ids,
             attention_mask=attention_mask,
             use_cache=use_cache,
+            **({} if position_ids is None else {"position_ids": position_ids}),
             **{self._cache_kwarg: past_key_values},
         )
         cache = getattr(out, self._cache_kwarg) if use_cache else None
@@ -380,6 +383,45 @@ class HFBackend:
                 eos_token_id=self.tokenizer.eos_token_id,
                 device=self._device,
             )
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: Sequence[int],
+        seeds: Sequence[int],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_sequences: tuple[str, ...] = (),
+    ) -> list[GenerationResult]:
+        """Left-padded batched decoding; row ``r`` equals ``generate`` of ``prompts[r]``.
+
+        The 2-D ``attention_mask`` marks real cache slots and ``position_ids`` count real
+        tokens only, which is what Llama/Qwen-style rotary models need under left padding
+        (the same convention as ``model.generate()``).
+        """
+        with eval_mode(self.model):
+            return run_batched_generation(
+                self._batch_step,
+                prompts,
+                tokenizer=self.tokenizer,
+                max_new_tokens=max_new_tokens,
+                seeds=seeds,
+                temperature=temperature,
+                top_p=top_p,
+                stop_sequences=stop_sequences,
+                eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id,
+                device=self._device,
+            )
+
+    def _batch_step(
+        self, input_ids: torch.Tensor, key_mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> tuple[torch.Tensor, Any]:
+        hidden, cache = self._backbone_forward(
+            input_ids, key_mask, past_key_values=cache, use_cache=True, position_ids=positions
+        )
+        return self._lm_head(hidden[:, -1]).float(), cache
 
     def hidden_states_at(
         self, token_ids: Sequence[int], positions: Sequence[int], *, with_grad: bool = False
@@ -548,6 +590,26 @@ class HFRoleView:
                 temperature=temperature,
                 top_p=top_p,
                 seed=seed,
+                stop_sequences=stop_sequences,
+            )
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: Sequence[int],
+        seeds: Sequence[int],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_sequences: tuple[str, ...] = (),
+    ) -> list[GenerationResult]:
+        with self._adapters_off():
+            return self.owner.generate_batch(
+                prompts,
+                max_new_tokens=max_new_tokens,
+                seeds=seeds,
+                temperature=temperature,
+                top_p=top_p,
                 stop_sequences=stop_sequences,
             )
 

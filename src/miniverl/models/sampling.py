@@ -97,6 +97,121 @@ def run_generation(
     )
 
 
+BatchStepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Any]]
+"""``step(input_ids [B, t], key_mask [B, past + t], position_ids [B, t], cache) -> (logits [B, V], cache)``.
+
+``key_mask`` says which cache slots (past and new) hold real tokens: 1 real, 0 padding or
+a finished row's filler. Slots are in time order, so causality is by slot index; a row's
+real positions are ``position_ids``, independent of how much padding sits before them.
+Only the last new position of each row is projected."""
+
+
+def run_batched_generation(
+    step: BatchStepFn,
+    prompts: Sequence[Sequence[int]],
+    *,
+    tokenizer: TokenizerLike,
+    max_new_tokens: Sequence[int],
+    seeds: Sequence[int],
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    stop_sequences: Sequence[str] = (),
+    eos_token_id: int | None = None,
+    pad_token_id: int = 0,
+    device: str | torch.device = "cpu",
+) -> list[GenerationResult]:
+    """:func:`run_generation` for ``B`` prompts at once; row ``r`` equals the unbatched call.
+
+    - Prompts are **left-padded** to one width, so every row's last prompt token is the last
+      column and one ``[B, 1]`` step per sampled token serves every row. ``key_mask`` hides
+      the padding and ``position_ids`` count only real tokens, so each row sees exactly the
+      keys and rotary positions it would see alone.
+    - Every row draws from its **own** ``torch.Generator`` seeded with ``seeds[r]`` and
+      consumes one draw per sampled id, exactly like :func:`run_generation`: the ids of a
+      row do not depend on which other rows share its batch (up to float rounding of the
+      batched kernels, which can flip exact near-ties).
+    - A row that ends (EOS, stop string, its own ``max_new_tokens[r]``) keeps its slot but
+      feeds a masked filler token from then on; the loop ends when every row has ended.
+    """
+    if len(prompts) != len(max_new_tokens) or len(prompts) != len(seeds):
+        raise BackendError(
+            f"batched generation got {len(prompts)} prompts, {len(max_new_tokens)} budgets "
+            f"and {len(seeds)} seeds",
+            hint="pass one budget and one seed per prompt",
+        )
+    if not prompts:
+        return []
+    for budget in max_new_tokens:
+        _check_sampling_args(budget, temperature, top_p)
+    if any(len(p) == 0 for p in prompts):
+        raise BackendError(
+            "generation needs a non-empty prompt",
+            hint="pass at least the chat header tokens as prompt_ids",
+        )
+    stops = tuple(s for s in stop_sequences if s)
+    rows = len(prompts)
+    generators = []
+    for seed in seeds:
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+        generators.append(generator)
+    sampled: list[list[int]] = [[] for _ in range(rows)]
+    finish: list[FinishReason] = ["max_new_tokens"] * rows
+    matched: list[str | None] = [None] * rows
+    active = [budget > 0 for budget in max_new_tokens]
+
+    if any(active):
+        width = max(len(p) for p in prompts)
+        ids = torch.full((rows, width), int(pad_token_id), dtype=torch.long)
+        mask = torch.zeros((rows, width), dtype=torch.long)
+        for r, prompt in enumerate(prompts):
+            ids[r, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+            mask[r, width - len(prompt) :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp_(min=0)
+        next_position = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        key_mask = mask.to(device)
+        logits, cache = step(ids.to(device), key_mask, positions.to(device), None)
+        while True:
+            column = torch.full((rows, 1), int(pad_token_id), dtype=torch.long)
+            alive = torch.zeros((rows, 1), dtype=torch.long)
+            for r in range(rows):
+                if not active[r]:
+                    continue
+                token = sample_next_token(
+                    logits[r], temperature=temperature, top_p=top_p, generator=generators[r]
+                )
+                sampled[r].append(token)
+                if eos_token_id is not None and token == eos_token_id:
+                    finish[r], active[r] = "eos", False
+                elif stops and (hit := first_stop_sequence(tokenizer.decode(sampled[r]), stops)):
+                    finish[r], matched[r], active[r] = "stop_sequence", hit, False
+                elif len(sampled[r]) >= max_new_tokens[r]:
+                    active[r] = False
+                else:
+                    column[r, 0] = token
+                    alive[r, 0] = 1
+            if not any(active):
+                break
+            key_mask = torch.cat([key_mask, alive.to(device)], dim=1)
+            step_positions = next_position.unsqueeze(1).clone()
+            next_position += alive[:, 0]
+            logits, cache = step(column.to(device), key_mask, step_positions.to(device), cache)
+
+    results = []
+    for r in range(rows):
+        text_ids = sampled[r][:-1] if finish[r] == "eos" else sampled[r]
+        results.append(
+            GenerationResult(
+                token_ids=sampled[r],
+                text=tokenizer.decode(text_ids),
+                finish_reason=finish[r],
+                stop_sequence=matched[r],
+                num_prompt_tokens=len(prompts[r]),
+            )
+        )
+    return results
+
+
 def sample_next_token(
     logits: torch.Tensor,
     *,
@@ -277,6 +392,7 @@ def gather_positions(hidden: torch.Tensor, flat_index: torch.Tensor) -> torch.Te
 
 
 __all__ = [
+    "BatchStepFn",
     "StepFn",
     "check_right_padded",
     "eval_mode",
@@ -286,6 +402,7 @@ __all__ = [
     "load_trainable_state",
     "position_tensor",
     "recompute_step",
+    "run_batched_generation",
     "run_generation",
     "sample_next_token",
     "trainable_state",

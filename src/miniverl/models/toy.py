@@ -38,6 +38,7 @@ from miniverl.models.sampling import (
     load_parameters,
     load_trainable_state,
     position_tensor,
+    run_batched_generation,
     run_generation,
     trainable_state,
 )
@@ -128,7 +129,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * self.weight).to(x.dtype)
 
@@ -191,13 +192,23 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, offset: int) -> torch.Tensor:
-        """Rotate ``x: [B, heads, t, head_dim]`` as positions ``offset .. offset + t - 1``."""
-        end = offset + x.shape[-2]
+    def forward(
+        self, x: torch.Tensor, offset: int, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Rotate ``x: [B, heads, t, head_dim]`` as positions ``offset .. offset + t - 1``.
+
+        ``positions`` (``[B, t]`` long) overrides that with each row's own positions, which
+        is how a left-padded batch keeps every row's real tokens at positions ``0, 1, ...``.
+        """
+        end = offset + x.shape[-2] if positions is None else int(positions.max()) + 1
         if end > self.cos.shape[0]:
             self._build(max(end, 2 * self.cos.shape[0]))
-        cos = self.cos[offset:end].to(x.dtype)
-        sin = self.sin[offset:end].to(x.dtype)
+        if positions is None:
+            cos = self.cos[offset:end].to(x.dtype)
+            sin = self.sin[offset:end].to(x.dtype)
+        else:
+            cos = self.cos[positions].unsqueeze(1).to(x.dtype)
+            sin = self.sin[positions].unsqueeze(1).to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
@@ -216,21 +227,29 @@ class Attention(nn.Module):
         self.o_proj = ToyLinear.for_config(cfg, h, h)
 
     def forward(
-        self, x: torch.Tensor, rotary: Rotary, past: tuple[torch.Tensor, torch.Tensor] | None
+        self,
+        x: torch.Tensor,
+        rotary: Rotary,
+        past: tuple[torch.Tensor, torch.Tensor] | None,
+        positions: torch.Tensor | None = None,
+        allowed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """``allowed``: ``[B, 1, t, t_past + t]`` bool attention mask of a padded batch."""
         b, t, h = x.shape
 
         def heads(proj: ToyLinear) -> torch.Tensor:
             return proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
 
         offset = 0 if past is None else past[0].shape[2]
-        q = rotary(heads(self.q_proj), offset)
-        k = rotary(heads(self.k_proj), offset)
+        q = rotary(heads(self.q_proj), offset, positions)
+        k = rotary(heads(self.k_proj), offset, positions)
         v = heads(self.v_proj)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
-        if t == 1:
+        if allowed is not None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        elif t == 1:
             y = F.scaled_dot_product_attention(q, k, v)
         elif offset == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -265,9 +284,14 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg)
 
     def forward(
-        self, x: torch.Tensor, rotary: Rotary, past: tuple[torch.Tensor, torch.Tensor] | None
+        self,
+        x: torch.Tensor,
+        rotary: Rotary,
+        past: tuple[torch.Tensor, torch.Tensor] | None,
+        positions: torch.Tensor | None = None,
+        allowed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        attn_out, kv = self.attn(self.attn_norm(x), rotary, past)
+        attn_out, kv = self.attn(self.attn_norm(x), rotary, past, positions, allowed)
         x = x + attn_out
         return x + self.mlp(self.mlp_norm(x)), kv
 
@@ -313,16 +337,34 @@ class ToyDecoder(nn.Module):
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     def forward(
-        self, input_ids: torch.Tensor, cache: KVCache | None = None
+        self,
+        input_ids: torch.Tensor,
+        cache: KVCache | None = None,
+        *,
+        key_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KVCache]:
         """``input_ids: [B, t]`` after ``cache`` (length ``t_past``) -> ``([B, t, H], cache)``.
 
         Positions are ``t_past .. t_past + t - 1``; the returned cache covers all of them.
+        A padded batch instead passes ``key_mask`` (``[B, t_past + t]``, 1 = real slot) and
+        ``positions`` (``[B, t]``): a query sees the real slots up to its own, and always
+        itself, so a pad query attends to something finite and never produces NaN.
         """
+        allowed = None
+        if key_mask is not None:
+            t = input_ids.shape[1]
+            total = key_mask.shape[1]
+            causal = torch.ones(t, total, dtype=torch.bool, device=input_ids.device).tril(
+                diagonal=total - t
+            )
+            self_slot = torch.zeros_like(causal)
+            self_slot[:, total - t :] = torch.eye(t, dtype=torch.bool, device=input_ids.device)
+            allowed = ((key_mask.bool()[:, None, :] & causal) | self_slot).unsqueeze(1)
         x = self.embed(input_ids)
         new_cache: KVCache = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, self.rotary, None if cache is None else cache[i])
+            x, kv = layer(x, self.rotary, None if cache is None else cache[i], positions, allowed)
             new_cache.append(kv)
         return self.norm(x), new_cache
 
@@ -446,6 +488,43 @@ class ToyBackend:
                 eos_token_id=self.tokenizer.eos_token_id,
                 device=self._device,
             )
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: Sequence[int],
+        seeds: Sequence[int],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_sequences: tuple[str, ...] = (),
+    ) -> list[GenerationResult]:
+        """Row ``r`` is ``generate(prompts[r], max_new_tokens=max_new_tokens[r], seed=seeds[r])``."""
+        module = self.module
+        with eval_mode(module):
+            return run_batched_generation(
+                self._batch_step,
+                prompts,
+                tokenizer=self.tokenizer,
+                max_new_tokens=max_new_tokens,
+                seeds=seeds,
+                temperature=temperature,
+                top_p=top_p,
+                stop_sequences=stop_sequences,
+                eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id,
+                device=self._device,
+            )
+
+    def _batch_step(
+        self,
+        input_ids: torch.Tensor,
+        key_mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache | None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        hidden, cache = self.module(input_ids, cache, key_mask=key_mask, positions=positions)
+        return self.module.project(hidden[:, -1]), cache
 
     def _step(self, input_ids: torch.Tensor, cache: KVCache | None) -> tuple[torch.Tensor, KVCache]:
         """New positions against the cache; only the last one is projected (``[1, V]``)."""

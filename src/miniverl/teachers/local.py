@@ -24,6 +24,7 @@ K = V), otherwise the entropy of the K + 1 buckets, a lower bound flagged as suc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -41,6 +42,7 @@ from miniverl.losses import (
     teacher_entropy,
     teacher_topk_targets,
 )
+from miniverl.models.batching import build_padded_trajectory_batch
 from miniverl.schemas.cache import CacheProvenance
 from miniverl.trajectory.alignment import check_fingerprints
 
@@ -252,6 +254,55 @@ class LocalTeacherScorer:
         :class:`AlignmentError` when a teacher prediction position is not followed by its
         target token in the teacher render.
         """
+        render, positions = self._checked_render(trajectory, alignment, teacher_trajectory)
+        hidden = self._hidden_states(render.token_ids, positions)
+        return self._result(trajectory, alignment, positions, hidden)
+
+    def score_batch(
+        self, items: Sequence[tuple[Trajectory, AlignmentMap, Trajectory | None]]
+    ) -> list[TeacherScoreResult]:
+        """:meth:`score` of each ``(trajectory, alignment, teacher_trajectory)``, one forward.
+
+        Every render with positions goes into one right-padded, mask-isolated teacher
+        forward (``hidden_states_at_batch``); the rest (projection, top-k, entropy) is per
+        trajectory exactly as in :meth:`score`. The checks run first for every item, so a
+        bad item fails the batch before any teacher compute.
+        """
+        checked = [self._checked_render(t, a, v) for t, a, v in items]
+        rows = [k for k, (_, positions) in enumerate(checked) if positions]
+        hidden: dict[int, Tensor] = {}
+        if rows:
+            batch = build_padded_trajectory_batch(
+                [checked[k][0].token_ids for k in rows],
+                [checked[k][1] for k in rows],
+                pad_token_id=self.teacher.tokenizer.pad_token_id,
+                device=self.teacher.device,
+            )
+            gathered = self.teacher.hidden_states_at_batch(batch, with_grad=False).detach()
+            if gathered.dim() != 2 or gathered.shape[0] != batch.num_positions:
+                raise BackendError(
+                    f"teacher hidden_states_at_batch returned {tuple(gathered.shape)} for "
+                    f"{batch.num_positions} positions; the backend contract is [N, H]"
+                )
+            for k, part in zip(rows, torch.split(gathered, batch.row_sizes), strict=True):
+                hidden[k] = part
+        return [
+            self._result(
+                trajectory,
+                alignment,
+                checked[k][1],
+                hidden.get(k, torch.empty((0, self.hidden_size), device=self.teacher.device)),
+            )
+            for k, (trajectory, alignment, _) in enumerate(items)
+        ]
+
+    def _checked_render(
+        self,
+        trajectory: Trajectory,
+        alignment: AlignmentMap,
+        teacher_trajectory: Trajectory | None,
+    ) -> tuple[Trajectory, list[int]]:
+        """The render the teacher reads and its prediction positions, after every check."""
         check_fingerprints(trajectory.tokenizer_fingerprint, self.tokenizer_fingerprint)
         if self.student_fingerprint is not None:
             check_fingerprints(self.student_fingerprint, self.tokenizer_fingerprint)
@@ -272,7 +323,15 @@ class LocalTeacherScorer:
             render = teacher_trajectory
         positions = list(alignment.teacher_prediction_positions)
         _check_targets(render, positions, alignment.target_token_ids)
-        hidden = self._hidden_states(render.token_ids, positions)
+        return render, positions
+
+    def _result(
+        self,
+        trajectory: Trajectory,
+        alignment: AlignmentMap,
+        positions: list[int],
+        hidden: Tensor,
+    ) -> TeacherScoreResult:
         if self.shape == "exact_hidden":
             provider: ChunkTargetProvider = ExactTargetProvider(
                 hidden, self.teacher.project, self.spec

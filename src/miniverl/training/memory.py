@@ -168,3 +168,78 @@ def _empty_cuda_cache() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+TRAJECTORY_ACTIVATION_FACTOR = 24
+"""Rough live activation floats per token, layer and hidden unit of a backward pass (with the
+attention/MLP intermediates); only used to cap ``train.trajectory_batch_size: auto``."""
+
+
+def resolve_trajectory_batch_size(
+    requested: int | str,
+    *,
+    group_size: int,
+    device: str,
+    max_total_tokens: int,
+    hidden_size: int,
+    num_layers: int,
+    free_gib: float | None = None,
+) -> tuple[int, str]:
+    """``auto`` -> ``(rows, reason)``: the whole optimizer group where it fits the memory plan.
+
+    On CPU there is no accelerator budget, so ``auto`` is the group. On CUDA the rows are
+    capped so that ``rows x max_total_tokens x layers x hidden x 24`` float32 activations use
+    at most half the free VRAM (a rough, conservative estimate; a batch that still does not
+    fit is split at run time by :func:`split_on_oom`). The reason is recorded.
+    """
+    if requested != "auto":
+        return int(requested), f"requested: {requested}"
+    if not device.startswith("cuda"):
+        return group_size, f"auto -> {group_size}: the optimizer group (device {device})"
+    free = free_gib if free_gib is not None else free_vram_gib(device)
+    if free is None:
+        return group_size, f"auto -> {group_size}: free VRAM could not be measured"
+    per_row = 4 * max_total_tokens * num_layers * hidden_size * TRAJECTORY_ACTIVATION_FACTOR
+    rows = max(1, min(group_size, int(free * (1 << 30) / 2 // max(1, per_row))))
+    return rows, (
+        f"auto -> {rows}: {free:.2f} GiB free, ~{per_row / (1 << 20):.1f} MiB of activations "
+        f"per trajectory, half the free memory kept"
+    )
+
+
+def split_on_oom(
+    fn: Callable[[list[Any]], list[T]],
+    items: list[Any],
+    *,
+    what: str,
+    events: EventLog | None = None,
+) -> list[T]:
+    """``fn(items)``; on out-of-memory split the batch in halves and run each, recursively.
+
+    ``fn`` must be a pure function of its batch (one result per item, in order), which is
+    what lets a split batch give the same results. Every split is recorded as an
+    ``oom_batch_split`` event; a single item that does not fit raises :class:`GpuMemoryError`.
+    """
+    try:
+        return fn(items)
+    except Exception as exc:
+        if not is_oom_error(exc):
+            raise
+        if len(items) <= 1:
+            raise GpuMemoryError(
+                f"out of accelerator memory on a single {what}",
+                hint="turn one of these knobs: " + "; ".join(OOM_KNOBS),
+            ) from exc
+    _empty_cuda_cache()
+    half = len(items) // 2
+    if events is not None:
+        events.emit(
+            "oom_batch_split",
+            echo=f"{what} batch {len(items)} -> {half} + {len(items) - half}",
+            what=what,
+            batch_size=len(items),
+            split_into=[half, len(items) - half],
+        )
+    return split_on_oom(fn, items[:half], what=what, events=events) + split_on_oom(
+        fn, items[half:], what=what, events=events
+    )

@@ -28,7 +28,7 @@ import yaml
 from safetensors.torch import load_file
 
 from miniverl import __version__
-from miniverl.agent.loop import RolloutRunner
+from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.cache.store import TeacherCache
 from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task, sample_extra_tasks
@@ -67,7 +67,9 @@ from miniverl.training.memory import (
     MemoryPlan,
     resolve_chunk_size,
     resolve_strategy,
+    resolve_trajectory_batch_size,
     run_with_oom_retry,
+    split_on_oom,
 )
 from miniverl.training.onpolicy import check_on_policy
 from miniverl.training.optim import (
@@ -230,6 +232,15 @@ class OPDTrainer:
             cfg, device=self.device, model_bytes=self._model_bytes()
         )
         self._place_teacher()
+        caps = self.student.capabilities
+        self.trajectory_batch_size, self.trajectory_batch_reason = resolve_trajectory_batch_size(
+            cfg.train.trajectory_batch_size,
+            group_size=cfg.train.group_size(),
+            device=self.device,
+            max_total_tokens=cfg.rollout.max_total_tokens,
+            hidden_size=caps.hidden_size,
+            num_layers=caps.num_layers,
+        )
         self.spec = DivergenceSpec(
             name=cfg.loss.divergence,
             temperature=cfg.loss.temperature,
@@ -340,6 +351,7 @@ class OPDTrainer:
                 strict_policy_version=cfg.cache.strict_policy_version,
                 reuse_across_policy_versions=cfg.cache.reuse_across_policy_versions,
                 max_entries_per_shard=cfg.cache.max_entries_per_shard,
+                journal=cfg.cache.journal,
             )
 
     def _planned_steps(self) -> int:
@@ -360,8 +372,7 @@ class OPDTrainer:
             data["loss"]["top_k"] = self.top_k
         tr = data["train"]
         tr["gradient_accumulation_steps"] = self.config.train.group_size()
-        tbs = self.config.train.trajectory_batch_size
-        tr["trajectory_batch_size"] = tr["gradient_accumulation_steps"] if tbs == "auto" else tbs
+        tr["trajectory_batch_size"] = self.trajectory_batch_size
         return RunConfig.from_mapping(data, source="<resolved>")
 
     def _write_config_files(self) -> None:
@@ -378,6 +389,7 @@ class OPDTrainer:
         )
         header = (
             f"# every 'auto' replaced by its decision\n# memory plan: {self.memory_plan.reason}\n"
+            f"# trajectory batch: {self.trajectory_batch_reason}\n"
         )
         atomic_write_text(self.paths.config_resolved, header + self.resolved_config.to_yaml())
 
@@ -429,6 +441,15 @@ class OPDTrainer:
             "objective": self.objective_block(),
             "memory_plan": self.memory_plan.to_dict(),
             "projection_chunk_size": self.chunk_size,
+            "batching": {
+                "rollout_batch_size": cfg.rollout.batch_size or cfg.train.rollouts_per_cycle,
+                "eval_batch_size": cfg.eval.batch_size,
+                "teacher_batch_size": cfg.teacher.batch_size,
+                "trajectory_batch_size": self.trajectory_batch_size,
+                "trajectory_batch_planned": self.resolved_config.train.trajectory_batch_size,
+                "trajectory_batch_reason": self.trajectory_batch_reason,
+                "cpu_threads": self.cpu_threads,
+            },
             "role_graph": self.role_graph.to_dict(),
             "global_optimizer_step": self.global_step,
             "parameter_version": self.parameter_version,
@@ -533,6 +554,8 @@ class OPDTrainer:
                         self.save_checkpoint(f"cycle-{cycle:04d}", cycle=cycle)
                     advance(stats=format_live_line(self.last_cycle_summary, held_out))
             self.evaluate("final", temperature=0.0)
+            if self.cache is not None:
+                self.cache.close()
             self.save_checkpoint("final", cycle=cfg.train.cycles - 1)
             summary = self.eval_summary(seconds=time.perf_counter() - started)
             write_json(self.paths.eval_json, summary)
@@ -581,13 +604,25 @@ class OPDTrainer:
     def _greedy_success(self, runner: RolloutRunner, tasks: Sequence[Task]) -> float:
         if not tasks:
             return 0.0
-        solved = 0
-        for i, task in enumerate(tasks):
-            traj = runner.rollout(
-                task, derive_seed(self.config.run.seed, "probe", i), temperature=0.0
-            )
-            solved += int(traj.solved)
-        return solved / len(tasks)
+        requests = [
+            EpisodeRequest(task, derive_seed(self.config.run.seed, "probe", i))
+            for i, task in enumerate(tasks)
+        ]
+        trajectories = runner.rollout_batch(
+            requests,
+            batch_size=self.config.eval.batch_size,
+            temperature=0.0,
+            split=self._oom_splitter("probe rollout"),
+        )
+        return sum(int(t.solved) for t in trajectories) / len(tasks)
+
+    def _oom_splitter(self, what: str) -> Any:
+        """A ``rollout_batch`` splitter that halves a decode round on out-of-memory (recorded)."""
+
+        def split(decode: Any, requests: list[Any]) -> Any:
+            return split_on_oom(decode, requests, what=what, events=self.events)
+
+        return split
 
     def _prepare_toy_teacher(self) -> None:
         """Toy backend only: fit the toy teacher on oracle traces until it solves its tasks."""
@@ -804,19 +839,29 @@ class OPDTrainer:
         tasks = self.splits[split][: cfg.eval.max_tasks]
         temp = cfg.eval.temperature if temperature is None else temperature
         self.student.set_train(False)
-        trajectories = []
+        trajectories: list[Trajectory] = []
+        size = cfg.eval.batch_size
         with self.progress.task(f"eval {tag}", len(tasks)) as advance:
-            for i, task in enumerate(tasks):
-                traj = self.runner.rollout(
-                    task,
-                    derive_seed(cfg.run.seed, "eval", i),
+            for start in range(0, len(tasks), size):
+                requests = [
+                    EpisodeRequest(
+                        task,
+                        derive_seed(cfg.run.seed, "eval", i),
+                        trajectory_id=f"{task.task_id}:eval-{tag}:v{self.parameter_version}",
+                        extra_metadata={"eval_tag": tag},
+                    )
+                    for i, task in enumerate(tasks[start : start + size], start=start)
+                ]
+                batch = self.runner.rollout_batch(
+                    requests,
+                    batch_size=size,
                     policy_version=self.parameter_version,
                     temperature=temp,
-                    trajectory_id=f"{task.task_id}:eval-{tag}:v{self.parameter_version}",
-                    extra_metadata={"eval_tag": tag},
+                    split=self._oom_splitter("eval rollout"),
                 )
-                trajectories.append(traj)
-                advance()
+                trajectories.extend(batch)
+                for _ in batch:
+                    advance()
         if write:
             append_trajectories(self.paths.eval_trajectories, trajectories)
         result = summarize_rollouts(trajectories)
@@ -995,19 +1040,27 @@ class OPDTrainer:
         cfg = self.config
         self.student.set_train(False)
         self._rollout_version = self.parameter_version
-        trajectories = []
+        requests = [
+            EpisodeRequest(
+                task,
+                cfg.run.seed + self.global_step * 1013 + offset,
+                extra_metadata={"cycle": cycle},
+            )
+            for offset, task in enumerate(tasks)
+        ]
+        size = cfg.rollout.batch_size or len(requests)
+        trajectories: list[Trajectory] = []
         with self.progress.task(f"rollouts cycle {cycle}", len(tasks)) as advance:
-            for offset, task in enumerate(tasks):
-                seed = cfg.run.seed + self.global_step * 1013 + offset
-                trajectories.append(
-                    self.runner.rollout(
-                        task,
-                        seed,
-                        policy_version=self.parameter_version,
-                        extra_metadata={"cycle": cycle},
-                    )
+            for start in range(0, len(requests), size):
+                batch = self.runner.rollout_batch(
+                    requests[start : start + size],
+                    batch_size=size,
+                    policy_version=self.parameter_version,
+                    split=self._oom_splitter("rollout"),
                 )
-                advance()
+                trajectories.extend(batch)
+                for _ in batch:
+                    advance()
         append_trajectories(self.paths.trajectories, trajectories)
         stats = summarize_rollouts(trajectories)
         self.events.emit(
@@ -1028,19 +1081,27 @@ class OPDTrainer:
         swap = not self.memory_plan.teacher_resident
         if swap:
             self._student_off_device()
-        for traj in trajectories:
-            sample, teacher_view = self._select_and_align(traj, version)
-            if sample.num_positions:
-                assert self.scorer is not None
-                result = self.scorer.score(traj, sample.alignment, teacher_trajectory=teacher_view)
+        aligned = [self._select_and_align(traj, version) for traj in trajectories]
+        to_score = [(sample, view) for sample, view in aligned if sample.num_positions]
+        assert self.scorer is not None or not to_score
+        size = self.config.teacher.batch_size
+        for start in range(0, len(to_score), size):
+            group = to_score[start : start + size]
+            results = split_on_oom(
+                lambda items: self.scorer.score_batch(items),  # type: ignore[union-attr]
+                [(s.trajectory, s.alignment, view) for s, view in group],
+                what="teacher scoring",
+                events=self.events,
+            )
+            for (sample, _), result in zip(group, results, strict=True):
                 sample.provider = result.provider
                 sample.teacher_entropy = [float(x) for x in result.teacher_entropy]
                 sample.target_fingerprint = result.policy_fingerprint
                 sample.entropy_is_lower_bound = result.entropy_is_lower_bound
                 if self.cache is not None and result.shape == "bucketed":
-                    sample.cache_key = _cache_key(traj.trajectory_id, cycle)
+                    sample.cache_key = _cache_key(sample.trajectory.trajectory_id, cycle)
                     self.cache.write(sample.cache_key, result, policy_version=version)
-            samples.append(sample)
+        samples.extend(sample for sample, _ in aligned)
         if self.cache is not None:
             self.cache.flush()
         if swap:
@@ -1115,15 +1176,19 @@ class OPDTrainer:
             tasks = self.splits["train"]
             runner = self._teacher_runner()
             self._rollout_version = self.parameter_version
-            trajectories = [
-                runner.rollout(
-                    t,
-                    derive_seed(cfg.run.seed, "offline", i),
-                    policy_version=self.parameter_version,
-                    extra_metadata={"offline_kd_pool": True},
-                )
-                for i, t in enumerate(tasks)
-            ]
+            trajectories = runner.rollout_batch(
+                [
+                    EpisodeRequest(
+                        t,
+                        derive_seed(cfg.run.seed, "offline", i),
+                        extra_metadata={"offline_kd_pool": True},
+                    )
+                    for i, t in enumerate(tasks)
+                ],
+                batch_size=cfg.rollout.batch_size or cfg.train.rollouts_per_cycle,
+                policy_version=self.parameter_version,
+                split=self._oom_splitter("offline rollout"),
+            )
             append_trajectories(self.paths.trajectories, trajectories)
             self.offline_version = self.parameter_version
             samples = self._build_samples(
@@ -1201,16 +1266,7 @@ class OPDTrainer:
                     check_on_policy(members, self.policy_fingerprint)
                 t0 = time.perf_counter()
                 gpu.reset_peak(self.device if self.device.startswith("cuda") else None)
-                result, used_chunk = run_with_oom_retry(
-                    lambda chunk, members=members: self._compute_group_gradients(
-                        members, chunk, phase
-                    ),
-                    chunk_size=self.chunk_size,
-                    min_chunk_size=cfg.memory.min_chunk_size,
-                    retries=cfg.memory.oom_retries,
-                    events=self.events,
-                    on_retry=lambda: self.optimizer.zero_grad(set_to_none=True),
-                )
+                result, used_chunk = self._group_gradients_fitting_memory(members, phase)
                 self.chunk_size = used_chunk
                 committed, grad_norm, lr = self._commit_update()
                 seconds = time.perf_counter() - t0
@@ -1260,13 +1316,46 @@ class OPDTrainer:
         self.student.set_train(False)
         return records
 
+    def _group_gradients_fitting_memory(
+        self, members: Sequence[TrainingSample], phase: str
+    ) -> tuple[GroupResult, int]:
+        """The OOM retry halves the loss chunk; once it cannot, halve the trajectory batch.
+
+        Both are exactly neutral for the loss and gradients; every change is recorded as an
+        event and the smaller trajectory batch is kept for the rest of the run.
+        """
+        cfg = self.config
+        while True:
+            try:
+                return run_with_oom_retry(
+                    lambda chunk: self._compute_group_gradients(members, chunk, phase),
+                    chunk_size=self.chunk_size,
+                    min_chunk_size=cfg.memory.min_chunk_size,
+                    retries=cfg.memory.oom_retries,
+                    events=self.events,
+                    on_retry=lambda: self.optimizer.zero_grad(set_to_none=True),
+                )
+            except GpuMemoryError:
+                if self.trajectory_batch_size <= 1:
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                smaller = self.trajectory_batch_size // 2
+                self.events.emit(
+                    "oom_batch_split",
+                    echo=f"trajectory batch {self.trajectory_batch_size} -> {smaller}",
+                    what="trajectory batch",
+                    batch_size=self.trajectory_batch_size,
+                    split_into=[smaller, self.trajectory_batch_size - smaller],
+                )
+                self.trajectory_batch_size = smaller
+
     def _compute_group_gradients(
         self, group: Sequence[TrainingSample], chunk_size: int, phase: str
     ) -> GroupResult:
         """Accumulate the gradient of L = (1/G) sum_r L_r over length-bucketed micro-batches."""
         cfg = self.config
         self.optimizer.zero_grad(set_to_none=True)
-        batch_rows = self.resolved_config.train.trajectory_batch_size
+        batch_rows = self.trajectory_batch_size
         ce_weight = 1.0 if phase == "sft" else cfg.loss.sampled_token_nll_weight
         out = GroupResult()
         for bucket in length_buckets([s.trajectory.length for s in group], int(batch_rows)):
