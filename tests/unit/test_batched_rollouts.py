@@ -136,6 +136,9 @@ def test_batch_size_one_is_the_sequential_path(student: ToyBackend) -> None:
         def generate(self, *args, **kwargs):
             return self.inner.generate(*args, **kwargs)
 
+        def trainable_parameters(self):
+            return self.inner.trainable_parameters()
+
         def generate_batch(self, *args, **kwargs):
             raise AssertionError("batch_size=1 must not batch")
 
