@@ -22,6 +22,7 @@ from miniverl.agent.protocol import (
 from miniverl.agent.transcript import TokenizerLike, TranscriptBuilder
 from miniverl.config.models import RolloutConfig
 from miniverl.environments.base import Task, ToolCall, ToolEnvironment, ToolResult
+from miniverl.errors import ConfigError
 from miniverl.models.fingerprint import backend_fingerprint
 from miniverl.schemas.trajectory import (
     SpanType,
@@ -58,6 +59,13 @@ class RolloutRunner:
         self.environment = environment
         self.config = config or RolloutConfig()
         self.tokenizer: TokenizerLike = tokenizer or backend.tokenizer
+        needed = environment.max_turn_budget()
+        if needed is not None and self.config.max_turns < needed:
+            raise ConfigError(
+                f"rollout.max_turns={self.config.max_turns} is below the {needed} turns "
+                f"environment {environment.name!r} allows its longest tasks",
+                hint=f"set rollout.max_turns: {needed}",
+            )
         caps = getattr(backend, "capabilities", None)
         self.model_id = model_id or (caps.model_id if caps is not None else "unknown")
         self.model_revision = (
@@ -195,7 +203,8 @@ class RolloutRunner:
         generated = invalid = parse_errors = 0
         signatures: Counter[str] = Counter()
 
-        for turn in range(cfg.max_turns):
+        turn_limit = self.environment.turn_budget(task)
+        for turn in range(cfg.max_turns if turn_limit is None else min(cfg.max_turns, turn_limit)):
             budget = min(cfg.max_new_tokens_per_turn, cfg.max_total_tokens - len(builder))
             if budget <= 0:
                 reason = TerminationReason.MAX_TOKENS
