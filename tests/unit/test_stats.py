@@ -13,6 +13,7 @@ from fractions import Fraction
 
 import pytest
 
+from helpers import run_python
 from miniverl.errors import SchemaValidationError
 from miniverl.evaluation import stats
 from miniverl.evaluation.stats import (
@@ -284,3 +285,20 @@ def test_contrast_refuses_unpaired_tables() -> None:
         compare_arms("a", "b", {1: [1.0, 0.0]}, {1: [1.0]})
     assert str(info.value) == "seed 1: the arms have 2 and 1 task outcomes"
     assert "same non-empty task list" in (info.value.hint or "")
+
+
+def test_the_module_needs_neither_torch_nor_numpy() -> None:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'numpy'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from miniverl.evaluation.stats import compare_arms\n"
+        "r = compare_arms('a', 'b', {1: [1.0], 2: [0.0], 3: [1.0]}, {1: [0.0], 2: [0.0], 3: [0.0]}, resamples=50)\n"
+        "print(r.interval is not None, sorted(m for m in ('torch', 'numpy') if m in sys.modules))\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True []"
