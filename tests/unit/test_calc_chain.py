@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from helpers import ScriptedBackend, run_python, toy_tokenizer
+from helpers import REPO_ROOT, ScriptedBackend, run_python, toy_tokenizer
 from miniverl.agent.loop import RolloutRunner
-from miniverl.agent.protocol import format_final, format_tool_call
-from miniverl.config.models import RolloutConfig
+from miniverl.agent.protocol import format_final, format_observation, format_tool_call
+from miniverl.config.models import RolloutConfig, RunConfig
 from miniverl.environments import calc_chain
 from miniverl.environments.base import (
     SPLITS,
@@ -247,17 +247,29 @@ def test_oracle_matches_independent_arithmetic(splits: dict[str, list[Task]]) ->
 
 
 def test_oracle_rollouts_solve_and_fit_the_recipe_budget(splits: dict[str, list[Task]]) -> None:
-    env = chain_env()
-    config = RolloutConfig(max_turns=9, max_new_tokens_per_turn=40, max_total_tokens=900)
-    runner = RolloutRunner(ScriptedBackend([]), env, config)
-    longest_call = 0
-    for task in splits["test"][:120] + splits["train"][:12]:
+    """The recipe's token bounds hold a k-step oracle episode plus two worst-case spare turns."""
+    recipe = RunConfig.from_yaml(REPO_ROOT / "recipes" / "toy_calc_chain.yaml").rollout
+    tok = toy_tokenizer()
+    # No reachable value exceeds 99 * 9**6 in magnitude (the multiplier grows fastest).
+    worst = ToolCall("calculator", {"expression": f"-{99 * 9**6} * 99"})
+    worst_call = len(tok.encode(format_tool_call(worst)))
+    worst_result = ToolResult(ok=True, result=f"-{99 * 9**6} * 99 = -{99 * 9**6 * 99}")
+    worst_body = len(tok.encode(format_observation(worst_result.observation_text())))
+    assert worst_call <= recipe.max_new_tokens_per_turn
+    runner = RolloutRunner(ScriptedBackend([]), chain_env(), recipe)
+    k6 = [t for t in splits["test"] if _k(t) == 6][:100]
+    for task in k6 + splits["train"][:12]:
         traj = runner.oracle_rollout(task)
         assert traj.solved and len(traj.turns) == _k(task) + 1
-        spare = 2 * (30 + 51)  # two more turns of the longest call and observation
-        assert len(traj.token_ids) + spare <= config.max_total_tokens
-        longest_call = max(longest_call, *(s.length for s in traj.spans_of("assistant_tool_call")))
-    assert longest_call <= config.max_new_tokens_per_turn
+        # An observation span is its body plus the chat markers around it.
+        span, result = traj.spans_of("tool_result")[0], traj.turns[0].tool_result
+        markers = span.length - len(
+            tok.encode(
+                format_observation(ToolResult(ok=True, result=result.result).observation_text())
+            )
+        )
+        spare = 2 * (worst_call + worst_body + markers)
+        assert len(traj.token_ids) + spare <= recipe.max_total_tokens
 
 
 def test_toy_tokenizer_encodes_every_calc_chain_text(splits: dict[str, list[Task]]) -> None:
