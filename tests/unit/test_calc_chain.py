@@ -387,3 +387,17 @@ def test_runner_refuses_a_max_turns_below_the_budget() -> None:
     )
     assert info.value.hint == "set rollout.max_turns: 9"
     RolloutRunner(ScriptedBackend([]), chain_env(test_k=[1, 2, 3]), RolloutConfig(max_turns=6))
+
+
+def test_validate_refuses_a_max_turns_below_the_budget() -> None:
+    from typer.testing import CliRunner
+
+    from miniverl.cli.main import app
+
+    recipe = str(REPO_ROOT / "recipes" / "toy_calc_chain.yaml")
+    bad = CliRunner().invoke(app, ["validate", recipe, "rollout.max_turns=8", "-q"])
+    assert bad.exit_code == 1
+    assert "rollout.max_turns=8 is below the 9 turns environment 'calc_chain'" in bad.stderr
+    assert "hint: set rollout.max_turns: 9" in bad.stderr
+    good = CliRunner().invoke(app, ["validate", recipe, "-q"])
+    assert good.exit_code == 0, good.stderr

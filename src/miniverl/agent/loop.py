@@ -21,8 +21,13 @@ from miniverl.agent.protocol import (
 )
 from miniverl.agent.transcript import TokenizerLike, TranscriptBuilder
 from miniverl.config.models import RolloutConfig
-from miniverl.environments.base import Task, ToolCall, ToolEnvironment, ToolResult
-from miniverl.errors import ConfigError
+from miniverl.environments.base import (
+    Task,
+    ToolCall,
+    ToolEnvironment,
+    ToolResult,
+    check_turn_budget,
+)
 from miniverl.models.fingerprint import backend_fingerprint
 from miniverl.schemas.trajectory import (
     SpanType,
@@ -59,13 +64,7 @@ class RolloutRunner:
         self.environment = environment
         self.config = config or RolloutConfig()
         self.tokenizer: TokenizerLike = tokenizer or backend.tokenizer
-        needed = environment.max_turn_budget()
-        if needed is not None and self.config.max_turns < needed:
-            raise ConfigError(
-                f"rollout.max_turns={self.config.max_turns} is below the {needed} turns "
-                f"environment {environment.name!r} allows its longest tasks",
-                hint=f"set rollout.max_turns: {needed}",
-            )
+        check_turn_budget(environment, self.config.max_turns)
         caps = getattr(backend, "capabilities", None)
         self.model_id = model_id or (caps.model_id if caps is not None else "unknown")
         self.model_revision = (

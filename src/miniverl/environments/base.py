@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from miniverl.errors import ToolEnvironmentError
+from miniverl.errors import ConfigError, ToolEnvironmentError
 from miniverl.schemas.trajectory import VerificationRecord
 
 Difficulty = Literal["easy", "medium", "hard"]
@@ -168,6 +168,17 @@ def oracle_from_task(task: Task) -> OracleSolution | None:
         ToolCall(str(c["name"]), dict(c.get("arguments") or {})) for c in oracle["tool_calls"]
     )
     return OracleSolution(tool_calls=calls, final_answer=str(oracle["final_answer"]))
+
+
+def check_turn_budget(env: ToolEnvironment, max_turns: int) -> None:
+    """Refuse a ``rollout.max_turns`` that would cut the environment's longest turn budget short."""
+    needed = env.max_turn_budget()
+    if needed is not None and max_turns < needed:
+        raise ConfigError(
+            f"rollout.max_turns={max_turns} is below the {needed} turns "
+            f"environment {env.name!r} allows its longest tasks",
+            hint=f"set rollout.max_turns: {needed}",
+        )
 
 
 def _draw_distinct(
