@@ -292,3 +292,19 @@ def test_episode_request_is_frozen() -> None:
     request = _requests(1)[0]
     with pytest.raises(dataclasses.FrozenInstanceError):
         request.seed = 3  # type: ignore[misc]
+
+
+def test_batched_episodes_keep_the_per_task_turn_budget() -> None:
+    """calc_chain caps each episode at k + 3 turns; the batched path must cap each row alike."""
+    from miniverl.environments.calc_chain import generate_tasks
+    from miniverl.environments.registry import make_environment
+
+    tasks = [generate_tasks("test", 1, 5, (k,))[0] for k in (1, 4)]
+    plans = {t.prompt: [tool_call_text(f"{i} + 1") for i in range(20)] for t in tasks}
+    cfg = RolloutConfig(max_turns=9, max_new_tokens_per_turn=40, max_total_tokens=900)
+    requests = [EpisodeRequest(t, 7 + i) for i, t in enumerate(tasks)]
+    backend = TaskScriptedBackend(plans)
+    batched = RolloutRunner(backend, make_environment("calc_chain"), cfg).rollout_batch(requests)
+    assert backend.batch_calls[0] == 2
+    assert [len(t.turns) for t in batched] == [1 + 3, 4 + 3]
+    assert {t.termination_reason for t in batched} == {TerminationReason.MAX_TURNS}

@@ -24,7 +24,13 @@ from miniverl.agent.protocol import (
 )
 from miniverl.agent.transcript import TokenizerLike, TranscriptBuilder
 from miniverl.config.models import RolloutConfig
-from miniverl.environments.base import Task, ToolCall, ToolEnvironment, ToolResult
+from miniverl.environments.base import (
+    Task,
+    ToolCall,
+    ToolEnvironment,
+    ToolResult,
+    check_turn_budget,
+)
 from miniverl.models.fingerprint import backend_fingerprint
 from miniverl.schemas.trajectory import (
     SpanType,
@@ -66,6 +72,7 @@ class RolloutRunner:
         self.environment = environment
         self.config = config or RolloutConfig()
         self.tokenizer: TokenizerLike = tokenizer or backend.tokenizer
+        check_turn_budget(environment, self.config.max_turns)
         caps = getattr(backend, "capabilities", None)
         self.model_id = model_id or (caps.model_id if caps is not None else "unknown")
         self.model_revision = (
@@ -439,13 +446,16 @@ class _Episode:
         self.verification: VerificationRecord | None = None
         self.generated = self.invalid = self.parse_errors = 0
         self.signatures: Counter[str] = Counter()
+        turn_limit = environment.turn_budget(task)
+        max_turns = runner.config.max_turns
+        self.max_turns = max_turns if turn_limit is None else min(max_turns, turn_limit)
 
     def next_request(self) -> tuple[list[int], int, int] | None:
         """``(prompt ids, token budget, seed)`` of the next turn, or None once terminated."""
         cfg = self.runner.config
         if self.done:
             return None
-        if self.turn >= cfg.max_turns:
+        if self.turn >= self.max_turns:
             self.done = True
             return None
         budget = min(cfg.max_new_tokens_per_turn, cfg.max_total_tokens - len(self.builder))

@@ -177,7 +177,7 @@ def validate(
     config = RunConfig.from_yaml(recipe, overrides or [])
     from miniverl.environments.tasks_file import check_environment
 
-    env_note = check_environment(config.environment)
+    env_note = check_environment(config.environment, config.rollout.max_turns)
     if not quiet:
         console.print(config.to_yaml(), markup=False, end="")
         console.print(f"# {env_note}", markup=False, soft_wrap=True)

@@ -195,7 +195,7 @@ class EnvironmentConfig(_Section):
         "calculator",
         pattern=ENVIRONMENT_REF_PATTERN,
         max_length=200,
-        description="A registered name (calculator, shop), an entry point in the group miniverl.environments, or package.module:ClassName; resolved by 'miniverl validate' (docs/environments.md).",
+        description="A registered name (calculator, calc_chain, shop), an entry point in the group miniverl.environments, or package.module:ClassName; resolved by 'miniverl validate' (docs/environments.md).",
     )
     tasks: str | None = Field(
         None,

@@ -10,11 +10,11 @@ from __future__ import annotations
 import abc
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from miniverl.errors import ToolEnvironmentError
+from miniverl.errors import ConfigError, ToolEnvironmentError
 from miniverl.schemas.trajectory import VerificationRecord
 
 Difficulty = Literal["easy", "medium", "hard"]
@@ -94,6 +94,9 @@ class ToolEnvironment(abc.ABC):
     supports_task_files: bool = False
     """True when ``verify`` needs only ``task.answer`` and ``oracle_solution`` honours
     :func:`oracle_from_task`, so tasks may come from an ``environment.tasks`` JSONL file."""
+    owns_splits: bool = False
+    """True when :meth:`draw_tasks` generates every split (and extra pool) itself instead of
+    :func:`make_splits` drawing from :meth:`sample_task` and dealing the draws in order."""
 
     @abc.abstractmethod
     def tool_specs(self) -> list[ToolSpec]: ...
@@ -123,6 +126,25 @@ class ToolEnvironment(abc.ABC):
     @abc.abstractmethod
     def oracle_solution(self, task: Task) -> OracleSolution: ...
 
+    def draw_tasks(
+        self,
+        split: str,
+        count: int,
+        seed: int,
+        difficulty: Difficulty | Literal["mixed"],
+        exclude: Collection[str] = (),
+    ) -> list[Task]:
+        """``count`` tasks of ``split`` whose prompts are not in ``exclude`` (``owns_splits`` only)."""
+        raise ToolEnvironmentError(f"environment {self.name!r} does not generate its own splits")
+
+    def turn_budget(self, task: Task) -> int | None:
+        """Most assistant turns an episode of ``task`` may take; None leaves it to ``rollout.max_turns``."""
+        return None
+
+    def max_turn_budget(self) -> int | None:
+        """The largest :meth:`turn_budget` of any task; ``rollout.max_turns`` must reach it."""
+        return None
+
     def privileged_context(self, task: Task) -> str:
         """Oracle hint shown only to a privileged-context teacher."""
         oracle = self.oracle_solution(task)
@@ -146,6 +168,17 @@ def oracle_from_task(task: Task) -> OracleSolution | None:
         ToolCall(str(c["name"]), dict(c.get("arguments") or {})) for c in oracle["tool_calls"]
     )
     return OracleSolution(tool_calls=calls, final_answer=str(oracle["final_answer"]))
+
+
+def check_turn_budget(env: ToolEnvironment, max_turns: int) -> None:
+    """Refuse a ``rollout.max_turns`` that would cut the environment's longest turn budget short."""
+    needed = env.max_turn_budget()
+    if needed is not None and max_turns < needed:
+        raise ConfigError(
+            f"rollout.max_turns={max_turns} is below the {needed} turns "
+            f"environment {env.name!r} allows its longest tasks",
+            hint=f"set rollout.max_turns: {needed}",
+        )
 
 
 def _draw_distinct(
@@ -188,6 +221,8 @@ def sample_extra_tasks(
     Used for the toy teacher's fitting pool, so held-out tasks stay held out from the
     teacher too.
     """
+    if env.owns_splits:
+        return env.draw_tasks(split, count, seed, difficulty, {t.prompt for t in exclude})
     drawn = _draw_distinct(
         env, count, random.Random(seed), difficulty, exclude={t.prompt for t in exclude}
     )
@@ -210,7 +245,8 @@ def make_splits(
 
     Tasks are drawn from ``random.Random(seed)`` and deduplicated by prompt before being
     dealt to the splits in order, so the same arguments give the same splits everywhere
-    and no prompt appears in two splits.
+    and no prompt appears in two splits. An environment with ``owns_splits`` generates
+    each split itself with :meth:`ToolEnvironment.draw_tasks` (calc_chain: by chain length).
     """
     unknown = set(counts) - set(SPLITS)
     if unknown:
@@ -223,6 +259,8 @@ def make_splits(
         )
     if any(int(n) < 0 for n in counts.values()):
         raise ToolEnvironmentError("split counts must be non-negative")
+    if env.owns_splits:
+        return {s: env.draw_tasks(s, int(counts.get(s, 0)), seed, difficulty) for s in SPLITS}
     total = sum(int(counts.get(s, 0)) for s in SPLITS)
     drawn = _draw_distinct(env, total, random.Random(seed), difficulty, exclude=set())
     splits: dict[str, list[Task]] = {}

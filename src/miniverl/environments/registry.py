@@ -27,6 +27,7 @@ from typing import Any
 
 from miniverl.config.models import ENVIRONMENT_NAME_PATTERN, ENVIRONMENT_REF_PATTERN
 from miniverl.environments.base import ToolEnvironment
+from miniverl.environments.calc_chain import CalcChainEnvironment
 from miniverl.environments.calculator import CalculatorEnvironment
 from miniverl.environments.shop import ShopEnvironment
 from miniverl.errors import ToolEnvironmentError
@@ -37,6 +38,7 @@ ENTRY_POINT_GROUP = "miniverl.environments"
 _REGISTRY: dict[str, EnvironmentFactory] = {
     "calculator": CalculatorEnvironment,
     "shop": ShopEnvironment,
+    "calc_chain": CalcChainEnvironment,
 }
 
 

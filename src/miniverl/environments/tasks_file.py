@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miniverl.config.models import EnvironmentConfig
-from miniverl.environments.base import SPLITS, Task, ToolEnvironment, make_splits
+from miniverl.environments.base import SPLITS, Task, ToolEnvironment, check_turn_budget, make_splits
 from miniverl.errors import ConfigError, ToolEnvironmentError
 
 MAX_TASK_FILE_BYTES = 64 << 20
@@ -192,14 +192,18 @@ def task_file_digest(path: str | None) -> str | None:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def check_environment(cfg: EnvironmentConfig) -> str:
+def check_environment(cfg: EnvironmentConfig, max_turns: int | None = None) -> str:
     """Resolve ``cfg.name``, build it and its splits (what ``miniverl validate`` checks).
 
-    Returns a one-line description; raises the typed error ``train`` would raise later.
+    With ``max_turns`` (``rollout.max_turns``) it is also checked against the environment's
+    turn budget. Returns a one-line description; raises the typed error ``train`` would
+    raise later.
     """
     from miniverl.environments.registry import make_environment
 
     env = make_environment(cfg.name, **cfg.params)
+    if max_turns is not None:
+        check_turn_budget(env, max_turns)
     splits = build_splits(env, cfg)
     sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
     source = f"task file {cfg.tasks}" if cfg.tasks else f"sampled ({cfg.difficulty})"

@@ -1,0 +1,354 @@
+"""Contrast statistics for the benchmark: a two-level bootstrap and the minimum detectable effect.
+
+Pure standard-library Python (no torch, no numpy), so it runs and is tested from a plain
+install and can be reused on any table of outcomes.
+
+**The data.** A contrast compares arm A with arm B on the same held-out tasks. For each
+seed (the independent unit: one cold start; several arm seeds of one cold start are
+averaged per task by the caller, because they share the cold start) there is one paired
+difference per task, ``A_t - B_t`` (e.g. 1 - 0 when A solved task t and B did not).
+The contrast's estimate is the mean over seeds of each seed's mean task difference.
+
+**The interval** is a percentile bootstrap of that estimate with two levels, matching the
+two sources of variation: draw ``S`` seeds with replacement from the ``S`` seeds, then,
+independently for every drawn seed, draw its ``T_s`` tasks with replacement (pairs stay
+together, so the contrast stays paired), and average. :func:`two_level_bootstrap` samples
+the task level as the equivalent multinomial counts over the seed's distinct values
+(sequential binomials, inverse-CDF), so a resample costs O(distinct values x log T) per
+seed instead of O(T); ``tests/unit/test_stats.py`` checks the result against an exact
+enumeration of every equally likely resample.
+
+**The minimum detectable effect** for paired seeds, two-sided level ``alpha`` and power
+``1 - beta``::
+
+    MDE = (z_{1 - alpha/2} + z_{1 - beta}) * sigma_diff / sqrt(n)
+
+with ``sigma_diff`` the sample standard deviation (n - 1) of the per-seed mean
+differences and ``n`` the number of seeds (defaults: alpha = 0.05, power = 0.8, factor
+2.80). It is a normal approximation: with few seeds the t-distribution would give a
+larger value, so the MDE is optimistic there. ``sigma_diff`` already contains the task
+sampling noise of a seed's mean. :func:`seeds_needed` inverts it for a target effect.
+
+**Fewer than three values**: no interval is computed over fewer than
+:data:`MIN_VALUES_FOR_INTERVAL` seeds (the verdict says so), and an interval over seeds
+with fewer than three tasks carries a note saying so.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+import statistics
+from collections import Counter
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from miniverl.errors import SchemaValidationError
+
+CONFIDENCE = 0.95
+ALPHA = 0.05
+POWER = 0.8
+MIN_VALUES_FOR_INTERVAL = 3
+DEFAULT_RESAMPLES = 10_000
+DEFAULT_BOOTSTRAP_SEED = 20_260_407
+
+
+# ---------------------------------------------------------------------- the bootstrap
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile of already sorted values (numpy's default method)."""
+    if not sorted_values:
+        raise ValueError("quantile of an empty sequence")
+    h = (len(sorted_values) - 1) * q
+    lo = math.floor(h)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (h - lo) * (sorted_values[hi] - sorted_values[lo])
+
+
+TAIL_SDS = 20
+"""Binomial CDF tables span mean +- (TAIL_SDS sd + 10): the mass left out (far below 1e-30)
+is below the 2^-53 resolution of ``random.random()``, so no draw can tell the difference."""
+
+
+def _binomial_cdf(n: int, p: float) -> tuple[int, list[float]]:
+    """``(lo, cdf)`` with ``cdf[i] = P(X <= lo + i)`` for ``X ~ Binomial(n, p)``, ``0 < p < 1``."""
+    mean, sd = n * p, math.sqrt(n * p * (1.0 - p))
+    lo = max(0, math.floor(mean - TAIL_SDS * sd - 10))
+    hi = min(n, math.ceil(mean + TAIL_SDS * sd + 10))
+    log_p, log_q, log_n = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    cdf: list[float] = []
+    total = 0.0
+    for x in range(lo, hi + 1):
+        total += math.exp(
+            log_n - math.lgamma(x + 1) - math.lgamma(n - x + 1) + x * log_p + (n - x) * log_q
+        )
+        cdf.append(total)
+    return lo, [c / total for c in cdf]
+
+
+class TaskResampler:
+    """Draws the mean of a with-replacement resample of one seed's task values.
+
+    The resample's value counts are multinomial(T, counts / T); they are drawn as
+    sequential binomials by inverse CDF, with one cached CDF table per (trials, p).
+    """
+
+    def __init__(self, values: Sequence[float]) -> None:
+        if not values:
+            raise ValueError("a seed needs at least one task value")
+        counts = Counter(float(v) for v in values)
+        self.values = sorted(counts)
+        self.counts = [counts[v] for v in self.values]
+        self.n = len(values)
+        self._tables: dict[tuple[int, int, int], tuple[int, list[float]]] = {}
+
+    def _binomial(self, rng: random.Random, trials: int, count: int, weight: int) -> int:
+        """A draw of Binomial(trials, count / weight)."""
+        if trials == 0 or count == 0:
+            return 0
+        if count == weight:
+            return trials
+        key = (trials, count, weight)
+        if key not in self._tables:
+            self._tables[key] = _binomial_cdf(trials, count / weight)
+        lo, cdf = self._tables[key]
+        return lo + min(bisect.bisect_right(cdf, rng.random()), len(cdf) - 1)
+
+    def draw(self, rng: random.Random) -> float:
+        remaining, weight, total = self.n, self.n, 0.0
+        for value, count in zip(self.values[:-1], self.counts[:-1], strict=True):
+            drawn = self._binomial(rng, remaining, count, weight)
+            total += value * drawn
+            remaining -= drawn
+            weight -= count
+        total += self.values[-1] * remaining
+        return total / self.n
+
+
+def two_level_bootstrap(
+    table: Sequence[Sequence[float]],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_BOOTSTRAP_SEED,
+) -> list[float]:
+    """Sorted bootstrap replicates of ``mean over seeds of (mean over tasks)``.
+
+    ``table[s]`` holds seed s's per-task values (paired differences for a contrast). Each
+    replicate draws ``len(table)`` seeds with replacement, then each drawn seed's tasks
+    with replacement, independently per draw. Seeded: the same table gives the same list.
+    """
+    if not table:
+        raise ValueError("the bootstrap needs at least one seed")
+    if resamples < 1:
+        raise ValueError("resamples must be >= 1")
+    resamplers = [TaskResampler(row) for row in table]
+    rng = random.Random(seed)
+    n = len(resamplers)
+    replicates = [
+        sum(resamplers[rng.randrange(n)].draw(rng) for _ in range(n)) / n for _ in range(resamples)
+    ]
+    return sorted(replicates)
+
+
+def percentile_interval(
+    replicates: Sequence[float], confidence: float = CONFIDENCE
+) -> tuple[float, float]:
+    """The central ``confidence`` interval of sorted bootstrap replicates."""
+    tail = (1.0 - confidence) / 2.0
+    return quantile(replicates, tail), quantile(replicates, 1.0 - tail)
+
+
+# ---------------------------------------------------------------------- power
+
+
+def _z_sum(alpha: float, power: float) -> float:
+    if not 0 < alpha < 1 or not 0 < power < 1:
+        raise ValueError("alpha and power must lie strictly between 0 and 1")
+    normal = statistics.NormalDist()
+    return normal.inv_cdf(1.0 - alpha / 2.0) + normal.inv_cdf(power)
+
+
+def minimum_detectable_effect(
+    sd_diff: float, n: int, *, alpha: float = ALPHA, power: float = POWER
+) -> float:
+    """``(z_{1-alpha/2} + z_{power}) * sd_diff / sqrt(n)`` (same unit as ``sd_diff``)."""
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    return _z_sum(alpha, power) * sd_diff / math.sqrt(n)
+
+
+def seeds_needed(
+    sd_diff: float, effect: float, *, alpha: float = ALPHA, power: float = POWER
+) -> int:
+    """Smallest n whose :func:`minimum_detectable_effect` is at most ``effect``."""
+    if effect <= 0:
+        raise ValueError("effect must be positive")
+    return max(1, math.ceil((_z_sum(alpha, power) * sd_diff / effect) ** 2 - 1e-9))
+
+
+# ---------------------------------------------------------------------- contrasts
+
+
+def paired_differences(
+    arm: Mapping[Hashable, Sequence[float]], reference: Mapping[Hashable, Sequence[float]]
+) -> dict[Hashable, list[float]]:
+    """Seed -> per-task ``arm - reference``; both tables must hold the same seeds and task counts."""
+    if set(arm) != set(reference):
+        raise SchemaValidationError(
+            f"the arms were run on different seeds ({sorted(map(str, arm))} vs {sorted(map(str, reference))})",
+            hint="a contrast pairs seeds: compare arms only on the seeds both finished",
+        )
+    out: dict[Hashable, list[float]] = {}
+    for key in arm:
+        a, b = list(arm[key]), list(reference[key])
+        if len(a) != len(b) or not a:
+            raise SchemaValidationError(
+                f"seed {key}: the arms have {len(a)} and {len(b)} task outcomes",
+                hint="a contrast pairs tasks: both arms must be evaluated on the same non-empty task list",
+            )
+        out[key] = [float(x) - float(y) for x, y in zip(a, b, strict=True)]
+    return out
+
+
+@dataclass(frozen=True)
+class ContrastResult:
+    """One contrast ``arm - reference``; differences are fractions (x 100 = percentage points)."""
+
+    arm: str
+    reference: str
+    seeds: list[str]
+    tasks_per_seed: list[int]
+    seed_differences: list[float]
+    mean_difference: float
+    sd_seed_differences: float | None
+    interval: tuple[float, float] | None
+    confidence: float
+    resamples: int | None
+    bootstrap_seed: int | None
+    mde: float | None
+    alpha: float
+    power: float
+    distinguishable: bool
+    verdict: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["interval"] = list(self.interval) if self.interval else None
+        return data
+
+
+def _pp(x: float) -> str:
+    return f"{100 * x:+.1f} pp"
+
+
+def compare_arms(
+    arm: str,
+    reference: str,
+    arm_outcomes: Mapping[Hashable, Sequence[float]],
+    reference_outcomes: Mapping[Hashable, Sequence[float]],
+    *,
+    confidence: float = CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_BOOTSTRAP_SEED,
+    alpha: float = ALPHA,
+    power: float = POWER,
+) -> ContrastResult:
+    """The paired contrast, its two-level bootstrap interval, its MDE and a plain verdict.
+
+    ``*_outcomes`` map seed -> per-task outcome (e.g. 1.0 solved, 0.0 not) in the same task
+    order for both arms.
+    """
+    diffs = paired_differences(arm_outcomes, reference_outcomes)
+    keys = sorted(diffs, key=str)
+    table = [diffs[k] for k in keys]
+    seed_means = [statistics.fmean(row) for row in table]
+    n = len(seed_means)
+    mean = statistics.fmean(seed_means)
+    sd = statistics.stdev(seed_means) if n > 1 else None
+    mde = minimum_detectable_effect(sd, n, alpha=alpha, power=power) if sd is not None else None
+    notes: list[str] = []
+    interval: tuple[float, float] | None = None
+    label = f"{arm} vs {reference}"
+    level = f"{round(confidence * 100)}%"
+    if n >= MIN_VALUES_FOR_INTERVAL:
+        interval = percentile_interval(
+            two_level_bootstrap(table, resamples=resamples, seed=seed), confidence
+        )
+        few_tasks = [str(k) for k, row in zip(keys, table, strict=True) if len(row) < 3]
+        if few_tasks:
+            notes.append(
+                f"seed(s) {', '.join(few_tasks)} have fewer than 3 tasks: the task level of the interval rests on fewer than 3 values"
+            )
+    else:
+        notes.append(
+            f"no interval is quoted: only {n} seed{'s' * (n != 1)}, and an interval needs at least {MIN_VALUES_FOR_INTERVAL}"
+        )
+    if mde is not None and n < MIN_VALUES_FOR_INTERVAL:
+        notes.append(f"the MDE rests on a standard deviation of only {n} values")
+    mde_text = (
+        f"; with {n} seeds and the observed sd of the seed differences ({100 * sd:.1f} pp) only a difference of "
+        f"at least {100 * mde:.1f} pp would be detected with {round(power * 100)}% power (two-sided alpha {alpha:g})"
+        if mde is not None and sd is not None
+        else ""
+    )
+    if interval is None:
+        distinguishable = False
+        verdict = (
+            f"{label}: {_pp(mean)} over {n} seed{'s' * (n != 1)}; the arms cannot be told apart "
+            f"(fewer than {MIN_VALUES_FOR_INTERVAL} seeds, no interval){mde_text}."
+        )
+    elif interval[0] <= 0.0 <= interval[1]:
+        distinguishable = False
+        verdict = (
+            f"{label}: the arms cannot be told apart: {_pp(mean)}, {level} interval "
+            f"[{_pp(interval[0])}, {_pp(interval[1])}] includes 0{mde_text}."
+        )
+    else:
+        distinguishable = True
+        direction = "better" if mean > 0 else "worse"
+        verdict = (
+            f"{label}: {arm} is {direction} by {_pp(mean)} ({level} interval "
+            f"[{_pp(interval[0])}, {_pp(interval[1])}], two-level bootstrap over {n} seeds and their tasks){mde_text}."
+        )
+    return ContrastResult(
+        arm=arm,
+        reference=reference,
+        seeds=[str(k) for k in keys],
+        tasks_per_seed=[len(row) for row in table],
+        seed_differences=seed_means,
+        mean_difference=mean,
+        sd_seed_differences=sd,
+        interval=interval,
+        confidence=confidence,
+        resamples=resamples if interval else None,
+        bootstrap_seed=seed if interval else None,
+        mde=mde,
+        alpha=alpha,
+        power=power,
+        distinguishable=distinguishable,
+        verdict=verdict,
+        notes=notes,
+    )
+
+
+__all__ = [
+    "ALPHA",
+    "CONFIDENCE",
+    "DEFAULT_BOOTSTRAP_SEED",
+    "DEFAULT_RESAMPLES",
+    "MIN_VALUES_FOR_INTERVAL",
+    "POWER",
+    "ContrastResult",
+    "TaskResampler",
+    "compare_arms",
+    "minimum_detectable_effect",
+    "paired_differences",
+    "percentile_interval",
+    "quantile",
+    "seeds_needed",
+    "two_level_bootstrap",
+]

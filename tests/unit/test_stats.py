@@ -1,0 +1,304 @@
+"""evaluation/stats.py against brute force: exact two-level resampling, binomial tables, MDE."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import math
+import random
+import statistics
+from collections import defaultdict
+from fractions import Fraction
+
+import pytest
+
+from helpers import run_python
+from miniverl.errors import SchemaValidationError
+from miniverl.evaluation import stats
+from miniverl.evaluation.stats import (
+    TaskResampler,
+    compare_arms,
+    minimum_detectable_effect,
+    paired_differences,
+    percentile_interval,
+    seeds_needed,
+    two_level_bootstrap,
+)
+
+Z_975 = 1.959963984540054
+Z_80 = 0.8416212335729143
+
+
+def _exact_two_level(table: list[list[float]]) -> dict[float, float]:
+    """Every equally likely two-level resample, enumerated: seeds with replacement, then each
+    drawn seed's tasks with replacement (independently per draw). value -> probability."""
+    s = len(table)
+    dist: dict[float, float] = defaultdict(float)
+    for seeds in itertools.product(range(s), repeat=s):
+        rows = [table[i] for i in seeds]
+        weight = 1.0 / (s**s * math.prod(len(r) ** len(r) for r in rows))
+        for combos in itertools.product(*(itertools.product(r, repeat=len(r)) for r in rows)):
+            dist[round(sum(sum(c) / len(c) for c in combos) / s, 12)] += weight
+    return dict(dist)
+
+
+def _exact_one_level(table: list[list[float]]) -> dict[float, float]:
+    """Seeds resampled, tasks never: what a bootstrap that forgets the task level gives."""
+    s = len(table)
+    means = [sum(row) / len(row) for row in table]
+    dist: dict[float, float] = defaultdict(float)
+    for seeds in itertools.product(range(s), repeat=s):
+        dist[round(sum(means[i] for i in seeds) / s, 12)] += 1.0 / s**s
+    return dict(dist)
+
+
+def _ks(dist: dict[float, float], sample: list[float]) -> float:
+    """Largest CDF gap between an exact distribution and a sample, checked at every atom."""
+    sample = sorted(sample)
+    gap, cumulative = 0.0, 0.0
+    for x in sorted(dist):
+        cumulative += dist[x]
+        below = bisect.bisect_right(sample, x + 1e-9) / len(sample)
+        gap = max(gap, abs(below - cumulative))
+    return gap
+
+
+def _ks_exact(a: dict[float, float], b: dict[float, float]) -> float:
+    ca = cb = gap = 0.0
+    for x in sorted(set(a) | set(b)):
+        ca += a.get(x, 0.0)
+        cb += b.get(x, 0.0)
+        gap = max(gap, abs(ca - cb))
+    return gap
+
+
+def _exact_quantile(dist: dict[float, float], q: float) -> float:
+    cumulative = 0.0
+    for x in sorted(dist):
+        cumulative += dist[x]
+        if cumulative >= q - 1e-12:
+            return x
+    return max(dist)
+
+
+TABLES = {
+    "3 seeds x 2 tasks": [[1.0, -1.0], [1.0, -1.0], [0.0, 0.0]],
+    "3 seeds, 3/2/1 tasks": [[1.0, 0.0, -1.0], [0.5, 1.0], [-1.0]],
+    "4 seeds x 2 tasks": [[0.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [1.0, 0.5]],
+}
+
+
+@pytest.mark.parametrize("name", list(TABLES))
+def test_two_level_bootstrap_matches_exact_enumeration(name: str) -> None:
+    table = TABLES[name]
+    exact = _exact_two_level(table)
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-12)
+    # The table can tell the levels apart: forgetting the task level is far off.
+    assert _ks_exact(exact, _exact_one_level(table)) > 0.1
+    replicates = two_level_bootstrap(table, resamples=20_000, seed=11)
+    assert replicates == sorted(replicates) and len(replicates) == 20_000
+    # DKW: P(sup gap > 0.015) <= 2 exp(-2 * 20000 * 0.015^2) < 3e-4 for a correct sampler.
+    assert _ks(exact, replicates) < 0.015
+    exact_mean = sum(v * p for v, p in exact.items())
+    exact_var = sum((v - exact_mean) ** 2 * p for v, p in exact.items())
+    assert exact_mean == pytest.approx(statistics.fmean(statistics.fmean(r) for r in table))
+    assert statistics.fmean(replicates) == pytest.approx(
+        exact_mean, abs=4 * math.sqrt(exact_var / 20_000)
+    )
+    assert statistics.pvariance(replicates) == pytest.approx(exact_var, rel=0.05)
+    low, high = percentile_interval(replicates)
+    assert _exact_quantile(exact, 0.015) - 1e-9 <= low <= _exact_quantile(exact, 0.035) + 1e-9
+    assert _exact_quantile(exact, 0.965) - 1e-9 <= high <= _exact_quantile(exact, 0.985) + 1e-9
+
+
+def test_bootstrap_is_seeded() -> None:
+    table = TABLES["3 seeds x 2 tasks"]
+    assert two_level_bootstrap(table, resamples=500, seed=3) == two_level_bootstrap(
+        table, resamples=500, seed=3
+    )
+    assert two_level_bootstrap(table, resamples=500, seed=3) != two_level_bootstrap(
+        table, resamples=500, seed=4
+    )
+    with pytest.raises(ValueError, match="at least one seed"):
+        two_level_bootstrap([])
+    with pytest.raises(ValueError, match="resamples must be >= 1"):
+        two_level_bootstrap(table, resamples=0)
+
+
+def test_task_resampler_matches_the_exact_multinomial() -> None:
+    row = [0.0, 1.0, 1.0, -1.0, 0.5]
+    exact: dict[float, float] = defaultdict(float)
+    for combo in itertools.product(row, repeat=len(row)):
+        exact[round(sum(combo) / len(row), 12)] += 1.0 / len(row) ** len(row)
+    rng = random.Random(5)
+    resampler = TaskResampler(row)
+    assert _ks(dict(exact), [resampler.draw(rng) for _ in range(20_000)]) < 0.015
+
+
+@pytest.mark.parametrize(("n", "p"), [(40, 0.3), (7, 0.5), (600, 0.5), (600, 0.01)])
+def test_binomial_tables_match_exact_binomial_sums(n: int, p: float) -> None:
+    lo, cdf = stats._binomial_cdf(n, p)
+    q = Fraction(p).limit_denominator(10**6)
+    pmf = [math.comb(n, x) * q**x * (1 - q) ** (n - x) for x in range(n + 1)]
+    exact = list(itertools.accumulate(pmf))
+    assert float(exact[lo - 1] if lo else 0) < 1e-30  # mass left out below the window
+    assert 1 - float(exact[lo + len(cdf) - 1]) < 1e-30  # ... and above it
+    for i in range(0, len(cdf), max(1, len(cdf) // 50)):
+        assert cdf[i] == pytest.approx(float(exact[lo + i]), abs=1e-12)
+
+
+def test_large_seed_resample_has_the_multinomial_moments() -> None:
+    rng = random.Random(9)
+    row = [float(rng.random() < 0.6) - float(rng.random() < 0.5) for _ in range(600)]
+    resampler = TaskResampler(row)
+    draws = [resampler.draw(rng) for _ in range(4000)]
+    mean, var = statistics.fmean(row), statistics.pvariance(row) / len(row)
+    assert statistics.fmean(draws) == pytest.approx(mean, abs=5 * math.sqrt(var / 4000))
+    assert statistics.pvariance(draws) == pytest.approx(var, rel=0.1)
+
+
+# -- minimum detectable effect -------------------------------------------------------------------
+
+
+def test_mde_is_the_stated_formula() -> None:
+    for sd, n in [(0.1, 16), (0.35, 5), (0.02, 40)]:
+        assert minimum_detectable_effect(sd, n) == pytest.approx(
+            (Z_975 + Z_80) * sd / math.sqrt(n), rel=1e-12
+        )
+    assert minimum_detectable_effect(0.1, 16, alpha=0.01, power=0.9) == pytest.approx(
+        (2.5758293035489004 + 1.2815515655446004) * 0.1 / 4, rel=1e-12
+    )
+    for n in (2, 5, 17, 190):
+        assert seeds_needed(0.3, minimum_detectable_effect(0.3, n)) == n
+    assert seeds_needed(0.45, 0.10) == math.ceil(((Z_975 + Z_80) * 0.45 / 0.10) ** 2) == 159
+    with pytest.raises(ValueError, match="effect must be positive"):
+        seeds_needed(0.1, 0.0)
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        minimum_detectable_effect(0.1, 4, power=1.0)
+
+
+def test_an_effect_of_one_mde_is_detected_with_the_stated_power() -> None:
+    rng = random.Random(2)
+    sd, n = 0.2, 8
+    effect = minimum_detectable_effect(sd, n)
+    trials = 4000
+    detected = sum(
+        abs(statistics.fmean(rng.gauss(effect, sd) for _ in range(n))) / (sd / math.sqrt(n)) > Z_975
+        for _ in range(trials)
+    )
+    assert detected / trials == pytest.approx(0.8, abs=0.025)
+
+
+# -- contrasts and verdicts ------------------------------------------------------------------------
+
+
+def _outcomes(seed: int, p: float, seeds: int = 5, tasks: int = 40) -> dict[int, list[float]]:
+    rng = random.Random(seed)
+    return {s: [float(rng.random() < p) for _ in range(tasks)] for s in range(seeds)}
+
+
+def test_contrast_pairs_tasks_and_reports_values_computed_by_hand() -> None:
+    arm = {"a": [1.0, 1.0, 0.0], "b": [1.0, 0.0, 0.0], "c": [0.0, 1.0, 1.0]}
+    ref = {"a": [0.0, 1.0, 0.0], "b": [1.0, 1.0, 0.0], "c": [0.0, 0.0, 0.0]}
+    result = compare_arms("opd", "offline_kd", arm, ref, resamples=2000)
+    assert paired_differences(arm, ref) == {
+        "a": [1.0, 0.0, 0.0],
+        "b": [0.0, -1.0, 0.0],
+        "c": [0.0, 1.0, 1.0],
+    }
+    assert result.seeds == ["a", "b", "c"] and result.tasks_per_seed == [3, 3, 3]
+    assert result.seed_differences == pytest.approx([1 / 3, -1 / 3, 2 / 3])
+    assert result.mean_difference == pytest.approx(2 / 9)
+    assert result.sd_seed_differences == pytest.approx(statistics.stdev([1 / 3, -1 / 3, 2 / 3]))
+    assert result.mde == pytest.approx((Z_975 + Z_80) * result.sd_seed_differences / math.sqrt(3))
+    replicates = two_level_bootstrap(list(paired_differences(arm, ref).values()), resamples=2000)
+    assert result.interval == percentile_interval(replicates)
+    assert result.notes == [] and json.loads(json.dumps(result.to_dict()))["interval"] == list(
+        result.interval
+    )
+
+
+def test_verdict_when_the_arms_differ() -> None:
+    result = compare_arms("opd", "offline_kd", _outcomes(1, 0.9), _outcomes(2, 0.2), resamples=2000)
+    assert result.distinguishable and result.interval[0] > 0
+    lo, hi = result.interval
+    assert result.verdict == (
+        f"opd vs offline_kd: opd is better by {100 * result.mean_difference:+.1f} pp (95% interval "
+        f"[{100 * lo:+.1f} pp, {100 * hi:+.1f} pp], two-level bootstrap over 5 seeds and their tasks); "
+        f"with 5 seeds and the observed sd of the seed differences ({100 * result.sd_seed_differences:.1f} pp) "
+        f"only a difference of at least {100 * result.mde:.1f} pp would be detected with 80% power (two-sided alpha 0.05)."
+    )
+    worse = compare_arms("offline_kd", "opd", _outcomes(2, 0.2), _outcomes(1, 0.9), resamples=2000)
+    assert worse.distinguishable and "offline_kd is worse by" in worse.verdict
+
+
+def test_verdict_when_the_arms_cannot_be_told_apart() -> None:
+    result = compare_arms("opd", "offline_kd", _outcomes(3, 0.5), _outcomes(4, 0.5), resamples=2000)
+    lo, hi = result.interval
+    assert not result.distinguishable and lo < 0 < hi
+    assert result.verdict.startswith(
+        f"opd vs offline_kd: the arms cannot be told apart: {100 * result.mean_difference:+.1f} pp, "
+        f"95% interval [{100 * lo:+.1f} pp, {100 * hi:+.1f} pp] includes 0; with 5 seeds"
+    )
+    assert f"at least {100 * result.mde:.1f} pp would be detected with 80% power" in result.verdict
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_no_interval_below_three_seeds_and_it_says_so(n: int) -> None:
+    result = compare_arms("opd", "offline_kd", _outcomes(1, 0.9, n), _outcomes(2, 0.1, n))
+    assert result.interval is None and result.resamples is None and not result.distinguishable
+    plural = "s" * (n != 1)
+    assert result.verdict.startswith(
+        f"opd vs offline_kd: {100 * result.mean_difference:+.1f} pp over {n} seed{plural}; "
+        "the arms cannot be told apart (fewer than 3 seeds, no interval)"
+    )
+    assert (
+        result.notes[0]
+        == f"no interval is quoted: only {n} seed{plural}, and an interval needs at least 3"
+    )
+    if n == 1:
+        assert result.mde is None and result.sd_seed_differences is None and len(result.notes) == 1
+    else:
+        assert result.notes[1] == "the MDE rests on a standard deviation of only 2 values"
+
+
+def test_an_interval_over_seeds_with_fewer_than_three_tasks_says_so() -> None:
+    result = compare_arms(
+        "a",
+        "b",
+        {1: [1.0, 0.0], 2: [1.0], 3: [0.0, 1.0, 1.0]},
+        {1: [0.0, 0.0], 2: [0.0], 3: [0.0, 0.0, 1.0]},
+        resamples=500,
+    )
+    assert result.interval is not None
+    assert result.notes == [
+        "seed(s) 1, 2 have fewer than 3 tasks: the task level of the interval rests on fewer than 3 values"
+    ]
+
+
+def test_contrast_refuses_unpaired_tables() -> None:
+    with pytest.raises(SchemaValidationError) as info:
+        compare_arms("a", "b", {1: [1.0], 2: [1.0]}, {1: [1.0], 3: [0.0]})
+    assert str(info.value) == "the arms were run on different seeds (['1', '2'] vs ['1', '3'])"
+    with pytest.raises(SchemaValidationError) as info:
+        compare_arms("a", "b", {1: [1.0, 0.0]}, {1: [1.0]})
+    assert str(info.value) == "seed 1: the arms have 2 and 1 task outcomes"
+    assert "same non-empty task list" in (info.value.hint or "")
+
+
+def test_the_module_needs_neither_torch_nor_numpy() -> None:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'numpy'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from miniverl.evaluation.stats import compare_arms\n"
+        "r = compare_arms('a', 'b', {1: [1.0], 2: [0.0], 3: [1.0]}, {1: [0.0], 2: [0.0], 3: [0.0]}, resamples=50)\n"
+        "print(r.interval is not None, sorted(m for m in ('torch', 'numpy') if m in sys.modules))\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True []"
