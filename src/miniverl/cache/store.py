@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
 import os
 import re
@@ -69,6 +68,7 @@ from miniverl.schemas.cache import (
     CacheShardRecord,
 )
 from miniverl.utils.io import atomic_write_bytes, sha256_file, to_json_text
+from miniverl.utils.safe_load import loads_json
 
 if TYPE_CHECKING:
     import torch
@@ -318,11 +318,14 @@ def _load_index(directory: Path) -> CacheIndex | None:
             f"{path} is {size} bytes, over the {MAX_INDEX_BYTES}-byte limit for an index"
         )
     try:
-        payload = json.loads(
-            path.read_bytes().decode("utf-8"), object_pairs_hook=_no_duplicate_keys
+        payload = loads_json(
+            path.read_bytes(),
+            where=INDEX_NAME,
+            error=CacheIntegrityError,
+            max_bytes=MAX_INDEX_BYTES,
         )
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CacheIntegrityError(f"{path} is not valid UTF-8 JSON ({exc})") from None
+    except CacheIntegrityError as exc:
+        raise CacheIntegrityError(f"{path} is not valid UTF-8 JSON ({exc.message})") from None
     try:
         index = CacheIndex.model_validate(payload)
     except ValidationError as exc:
@@ -736,6 +739,10 @@ class TeacherCache:
             raise CacheIntegrityError(
                 f"shard {name} is a symbolic link; shards must be regular files in {self.directory}"
             )
+        if path.exists() and not path.is_file():
+            raise CacheIntegrityError(
+                f"shard {name} is not a regular file (a FIFO, device or directory is never read)"
+            )
         if path.resolve().parent != self.directory.resolve():
             raise CacheIntegrityError(
                 f"shard {name} resolves outside the cache directory {self.directory}"
@@ -851,6 +858,11 @@ class TeacherCache:
                 if data
                 else torch.empty(0, dtype=dtype)
             )
+            if flat.is_floating_point() and bool((flat.isnan() | flat.isposinf()).any()):
+                raise CacheIntegrityError(
+                    f"entry {key!r} in {record.shard}: tensor {info.name!r} holds NaN or +inf",
+                    hint="delete the cache directory so the targets are rescored",
+                )
             tensors[info.name.rsplit("/", 1)[1]] = flat.reshape(info.shape)
         return CachedTargets(record=record, provenance=self._provenance, tensors=tensors)
 
