@@ -36,7 +36,7 @@ models:
   device: cpu
   student: {model_id: toy-student, lora: {enabled: false}}
   teacher: {model_id: toy-teacher}
-  toy_fit: {max_steps: 2, check_every: 2, batch_size: 2, probe_tasks: 1}
+  toy_fit: {max_steps: 2, check_every: 2, batch_size: 2, probe_tasks: 1, reuse: false}
 environment: {name: calculator, train_tasks: 4, eval_tasks: 1}
 rollout: {max_turns: 2, max_new_tokens_per_turn: 8, max_total_tokens: 120}
 loss: {top_k: 4}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from helpers import subprocess_env
 from miniverl.cli.main import app
 from miniverl.errors import RunDirectoryError
 from miniverl.utils.runlock import LOCK_NAME, run_lock
@@ -78,12 +79,31 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
     holder.kill()  # kill -9 while holding: the file still names it
     holder.wait()
     assert (run / LOCK_NAME).read_text().strip() == str(holder.pid)
+    probe = (
+        "import sys\nfrom miniverl.utils.runlock import run_lock\n"
+        "try:\n    with run_lock(sys.argv[1]):\n        print('acquired')\n"
+        "except Exception as exc:\n    print(exc)\n"
+    )
     with run_lock(run) as path:
         assert path.read_text().strip() == str(os.getpid())
-        with pytest.raises(RunDirectoryError, match=f"PID {os.getpid()}"), run_lock(run):
+        with run_lock(run):  # re-entrant within one process (CLI around the trainer)
             pass
-    with run_lock(run):  # released on exit, so it can be taken again
-        pass
+        other = subprocess.run(
+            [sys.executable, "-c", probe, str(run)],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            check=True,
+        )
+        assert f"in use by another miniverl process (PID {os.getpid()}" in other.stdout
+    after = subprocess.run(
+        [sys.executable, "-c", probe, str(run)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        check=True,
+    )
+    assert after.stdout.strip() == "acquired"  # released on exit
 
 
 @pytest.mark.parametrize(
