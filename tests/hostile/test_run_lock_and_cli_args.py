@@ -113,7 +113,7 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
         (["eval", "--run", "{run}", "--tag", "a\x00b"], "invalid eval tag"),
         (["eval", "--run", "{run}", "--checkpoint", "../../etc"], "invalid checkpoint name"),
         (["eval", "--run", "{run}", "--checkpoint", "/etc/passwd"], "invalid checkpoint name"),
-        (["eval", "--run", "{run}", "--checkpoint", "nope"], "checkpoints/nope not found"),
+        (["eval", "--run", "{run}", "--checkpoint", "nope"], "nope is missing"),
         (["eval", "--run", "{run}", "--split", "bogus"], "--split 'bogus' is not a held-out split"),
         (["eval", "--run", "{run}", "--split", "train"], "--split 'train' is not a held-out split"),
         (["eval", "--run", "{run}", "--split", "test"], "environment.test_tasks: 0"),

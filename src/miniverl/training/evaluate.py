@@ -56,8 +56,6 @@ def evaluate_run(
             f"the {chosen!r} split of {paths.root} is empty (environment.{chosen}_tasks: 0), so there is nothing to evaluate",
             hint=f"evaluate another split, or train a run with environment.{chosen}_tasks > 0",
         )
-    if not checkpoint_dir.is_dir():
-        raise CheckpointError(f"checkpoint {checkpoint_dir} not found")
     loaded = load_checkpoint(checkpoint_dir)
     if loaded.state["config_digest"] != validated.digest():
         raise CheckpointError(

@@ -1554,6 +1554,7 @@ class OPDTrainer:
             _truncate(log, size)
         restore_rng_state(state["rng"])
         self._start_cycle = int(state["cycle"]) + 1
+        self.cycle = int(state["cycle"])  # eval records after a resume name the right cycle
         # Killed after the final checkpoint: only eval.json and the manifest remain to write.
         self._training_finished = path.name == "final"
         self._restore_offline_pool()
