@@ -28,7 +28,7 @@ TOY_PRESET_IDS = ("toy-student", "toy-teacher")
 
 Auto = Literal["auto"]
 
-# Sanity bounds on numbers (design.txt §2.1): they catch typos such as ``lr: 2e3`` or
+# Sanity bounds on numbers: they catch typos such as ``lr: 2e3`` or
 # ``train_tasks: 1e9`` before anything is allocated. A real need for more is met by raising
 # the constant here; the validation message names this file.
 MAX_LR = 1.0

@@ -1,4 +1,4 @@
-"""Recovery of a run that died before its first checkpoint (design.txt §5, issue 12).
+"""Recovery of a run that died before its first checkpoint (README "Reliability" section).
 
 Everything a run writes before its first checkpoint (the toy-teacher fit, the baseline
 evaluation, the SFT warm-up) is a deterministic function of the recipe, so the way to
