@@ -127,6 +127,18 @@ class RunDirectoryError(MiniverlError):
     default_hint = "point the command at a directory written by 'miniverl train' or 'miniverl demo'"
 
 
+class RunStorageError(MiniverlError):
+    """The disk filled up (``ENOSPC``) while writing a run artifact.
+
+    Nothing partial is left looking valid (temporary files are removed, a cut-off log
+    line is truncated away), so the run resumes once space is freed.
+    """
+
+    default_hint = (
+        "free disk space, then continue with: miniverl train <recipe> --output <run> --resume"
+    )
+
+
 __all__ = [
     "AlignmentError",
     "BackendError",
@@ -137,6 +149,7 @@ __all__ = [
     "MiniverlError",
     "OffPolicyError",
     "RunDirectoryError",
+    "RunStorageError",
     "SchemaValidationError",
     "StaleCacheError",
     "TokenizerMismatchError",

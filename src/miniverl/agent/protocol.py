@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from miniverl.agent.transcript import IM_END, IM_START, TokenizerLike
 from miniverl.environments.base import ToolCall
+from miniverl.utils.safe_load import json_depth
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -32,6 +33,8 @@ PROTOCOL_TOKENS = (
     FINAL_CLOSE,
 )
 MAX_TOOL_JSON_CHARS = 4096
+MAX_TOOL_JSON_DEPTH = 8
+"""Deepest object/array nesting of a tool call (``{"arguments": {...}}`` needs 2)."""
 
 
 def stop_sequences() -> tuple[str, ...]:
@@ -83,12 +86,18 @@ def parse_assistant_text(text: str) -> ParsedAssistant:
     body = text[call_at + len(TOOL_CALL_OPEN) : close].strip()
     if len(body) > MAX_TOOL_JSON_CHARS:
         return _error(text, f"tool call JSON is too long ({len(body)} characters)", call_at)
+    if json_depth(body) > MAX_TOOL_JSON_DEPTH:
+        return _error(
+            text, f"tool call JSON is nested too deeply (limit {MAX_TOOL_JSON_DEPTH})", call_at
+        )
     try:
         payload = json.loads(body)
     except json.JSONDecodeError as exc:
         return _error(
             text, f"tool call is not valid JSON: {exc.msg} at character {exc.pos}", call_at
         )
+    except (ValueError, RecursionError) as exc:
+        return _error(text, f"tool call is not acceptable JSON: {type(exc).__name__}", call_at)
     if not isinstance(payload, dict):
         return _error(text, 'tool call must be a JSON object with "name" and "arguments"', call_at)
     name = payload.get("name")

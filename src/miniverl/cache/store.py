@@ -79,6 +79,7 @@ from miniverl.schemas.cache import (
 )
 from miniverl.utils.failpoints import failpoint
 from miniverl.utils.io import atomic_path, atomic_write_bytes, sha256_file, to_json_text
+from miniverl.utils.safe_load import loads_json
 
 if TYPE_CHECKING:
     import torch
@@ -449,9 +450,11 @@ def _apply_journal_record(index: CacheIndex, record: dict[str, Any], path: Path)
 
 def _parse_index(raw: bytes, path: Path) -> CacheIndex:
     try:
-        payload = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise CacheIntegrityError(f"{path} is not valid UTF-8 JSON ({exc})") from None
+        payload = loads_json(
+            raw, where=INDEX_NAME, error=CacheIntegrityError, max_bytes=MAX_INDEX_BYTES
+        )
+    except CacheIntegrityError as exc:
+        raise CacheIntegrityError(f"{path} is not valid UTF-8 JSON ({exc.message})") from None
     try:
         index = CacheIndex.model_validate(payload)
     except ValidationError as exc:
@@ -944,6 +947,10 @@ class TeacherCache:
             raise CacheIntegrityError(
                 f"shard {name} is a symbolic link; shards must be regular files in {self.directory}"
             )
+        if path.exists() and not path.is_file():
+            raise CacheIntegrityError(
+                f"shard {name} is not a regular file (a FIFO, device or directory is never read)"
+            )
         if path.resolve().parent != self.directory.resolve():
             raise CacheIntegrityError(
                 f"shard {name} resolves outside the cache directory {self.directory}"
@@ -1059,6 +1066,11 @@ class TeacherCache:
                 if data
                 else torch.empty(0, dtype=dtype)
             )
+            if flat.is_floating_point() and bool((flat.isnan() | flat.isposinf()).any()):
+                raise CacheIntegrityError(
+                    f"entry {key!r} in {record.shard}: tensor {info.name!r} holds NaN or +inf",
+                    hint="delete the cache directory so the targets are rescored",
+                )
             tensors[info.name.rsplit("/", 1)[1]] = flat.reshape(info.shape)
         return CachedTargets(record=record, provenance=self._provenance, tensors=tensors)
 

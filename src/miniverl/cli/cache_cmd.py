@@ -18,6 +18,7 @@ from rich.table import Table
 
 from miniverl.cache.store import TeacherCache
 from miniverl.cli.common import console, handles_errors
+from miniverl.errors import ConfigError
 from miniverl.utils.versions import all_version_counts, summarize_version_counts
 
 cache_app = typer.Typer(
@@ -119,7 +120,22 @@ def prune(
     ],
 ) -> None:
     """Remove entries of every policy version not kept; compact or delete the affected shards."""
-    result = TeacherCache.open(directory).prune(keep_version)
+    cache = TeacherCache.open(directory)
+    present = sorted(int(v) for v in cache.stats().get("versions", {}))
+    negative = sorted(v for v in keep_version if v < 0)
+    if negative:
+        raise ConfigError(
+            f"--keep-version {negative[0]} is negative; policy versions are >= 0",
+            hint=f"versions present in {directory}: {present or 'none'}",
+        )
+    unknown = sorted(set(keep_version) - set(present))
+    if unknown:
+        raise ConfigError(
+            f"--keep-version {unknown[0]} is not a policy version in {directory}; "
+            "pruning would keep nothing you asked for",
+            hint=f"versions present: {present or 'none'} (see 'miniverl cache stats {directory}')",
+        )
+    result = cache.prune(keep_version)
     console.print(
         f"pruned {directory}: removed {result['removed_entries']} entries, kept {result['kept_entries']} "
         f"(versions {result['kept_versions'] or 'none'}); deleted {len(result['deleted_shards'])} shard(s), "

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.text import Text
 
 from miniverl.errors import MiniverlError
+from miniverl.utils.io import is_disk_full, storage_error
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -31,7 +32,11 @@ def fail(message: str, hint: str | None = None, code: int = 1) -> typer.Exit:
 
 
 def handles_errors(func: F) -> F:
-    """Turn MiniverlError into a clean message and a non-zero exit (no traceback)."""
+    """Turn MiniverlError into a clean message and a non-zero exit (no traceback).
+
+    A full disk that escaped as a bare ``OSError`` is reported as ``RunStorageError``;
+    any other exception is a bug and keeps its traceback (tests/hostile catches those).
+    """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -39,5 +44,10 @@ def handles_errors(func: F) -> F:
             return func(*args, **kwargs)
         except MiniverlError as exc:
             raise fail(exc.message, exc.hint) from None
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            error = storage_error(exc.filename or ".")
+            raise fail(error.message, error.hint) from None
 
     return wrapper  # type: ignore[return-value]

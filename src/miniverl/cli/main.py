@@ -28,7 +28,10 @@ from miniverl.cli.cache_cmd import cache_app
 from miniverl.cli.common import console, fail, handles_errors
 from miniverl.cli.export_model_cmd import export_model_command
 from miniverl.cli.export_verl_cmd import export_verl
+from miniverl.errors import ConfigError
 from miniverl.utils.lazy import import_torch
+from miniverl.utils.runlock import run_lock
+from miniverl.utils.safe_load import MAX_YAML_BYTES, read_regular_bytes
 
 app = typer.Typer(
     name="miniverl",
@@ -378,18 +381,20 @@ def train(
             given = stored
             config = RunConfig.from_yaml(recipe, given)
             console.print(f"resume: reusing the stored overrides {shlex.join(given)}", markup=False)
+    submitted = read_regular_bytes(recipe, limit=MAX_YAML_BYTES, error=ConfigError)
     trainer = OPDTrainer(
         config,
         output_dir=output,
-        submitted_recipe=recipe.read_bytes(),
+        submitted_recipe=submitted,
         resume=resume,
         resume_from=resume_from,
         quiet=quiet,
     )
-    if not resume:
-        trainer.setup()
-        save_command(trainer.paths.root, command="train", recipe=str(recipe), overrides=given)
-    summary = _run_trainer(trainer, no_report=no_report, recipe=recipe)
+    with run_lock(trainer.paths.root):
+        if not resume:
+            trainer.setup()
+            save_command(trainer.paths.root, command="train", recipe=str(recipe), overrides=given)
+        summary = _run_trainer(trainer, no_report=no_report, recipe=recipe)
     _print_outcome(summary, trainer.paths.root)
 
 
@@ -419,18 +424,19 @@ def demo(
     from miniverl.utils.runs import RunPaths
 
     run_dir = output or Path("runs") / "demo"
-    if overwrite:
-        clear_for_overwrite(run_dir)
-    elif RunPaths(run_dir).manifest.exists():
+    if not overwrite and RunPaths(run_dir).manifest.exists():
         raise RunDirectoryError(
             f"{run_dir} already holds a demo run",
             hint=f"pass --overwrite to replace it, or --output DIR to keep it (miniverl demo{' --fast' if fast else ''} --overwrite)",
         )
-    config = demo_config(fast=fast)
-    trainer = OPDTrainer(
-        config, output_dir=run_dir, submitted_recipe=demo_recipe_bytes(), quiet=quiet
-    )
-    summary = _run_trainer(trainer, no_report=no_report)
+    with run_lock(run_dir) as lock:
+        if overwrite and any(child != lock for child in run_dir.iterdir()):
+            clear_for_overwrite(run_dir)  # under the lock: no other writer is inside
+        config = demo_config(fast=fast)
+        trainer = OPDTrainer(
+            config, output_dir=run_dir, submitted_recipe=demo_recipe_bytes(), quiet=quiet
+        )
+        summary = _run_trainer(trainer, no_report=no_report)
     _print_outcome(summary, trainer.paths.root, smoke_test=fast)
 
 
@@ -504,7 +510,7 @@ def benchmark(
     """Compare objectives from one shared SFT cold start per seed, holding splits, steps and evaluation fixed."""
     import_torch("miniverl benchmark")
     from miniverl.config.models import RunConfig
-    from miniverl.evaluation.benchmark import print_benchmark, run_benchmark
+    from miniverl.evaluation.benchmark import print_benchmark, resolve_arms, run_benchmark
     from miniverl.utils.runs import RunPaths
 
     try:
@@ -514,14 +520,16 @@ def benchmark(
     arm_list = _split_list(arms, "--arms") if arms is not None else None
     if output is None:
         output = Path("runs") / f"benchmark-{RunConfig.from_yaml(recipe, overrides or []).run.name}"
-    result = run_benchmark(
-        recipe,
-        arms=arm_list,
-        seeds=seed_list,
-        output_dir=output,
-        overrides=overrides or [],
-        quiet=quiet,
-    )
+    resolve_arms(arm_list)  # refuse a bad arm before the lock creates the directory
+    with run_lock(output):
+        result = run_benchmark(
+            recipe,
+            arms=arm_list,
+            seeds=seed_list,
+            output_dir=output,
+            overrides=overrides or [],
+            quiet=quiet,
+        )
     print_benchmark(result, console)
     paths = RunPaths(output)
     console.print(f"benchmark: {paths.benchmark_json}  report: {paths.report_html}")

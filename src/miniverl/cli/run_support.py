@@ -17,6 +17,7 @@ from pathlib import Path
 
 from miniverl.errors import RunDirectoryError
 from miniverl.utils.io import read_json, write_json
+from miniverl.utils.runlock import LOCK_NAME
 from miniverl.utils.runs import RunPaths
 
 COMMAND_FILE = "command.json"
@@ -66,7 +67,13 @@ def clear_for_overwrite(run_dir: Path) -> None:
             f"{run_dir} exists but is not a miniverl run directory; --overwrite will not delete it",
             hint="choose another --output directory",
         )
-    shutil.rmtree(run_dir)
+    for child in run_dir.iterdir():
+        if child.name == LOCK_NAME:  # held by this process while it clears the directory
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 __all__ = ["clear_for_overwrite", "resume_command", "save_command", "stored_overrides"]

@@ -19,19 +19,32 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from miniverl.errors import ConfigError
+from miniverl.utils.safe_load import load_yaml_file, loads_yaml
 
 ENVIRONMENT_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
-ENVIRONMENT_REF_PATTERN = (
-    r"^(?:[a-z][a-z0-9_]{0,63}|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
-)
+ENVIRONMENT_REF_PATTERN = r"^(?:[a-z][a-z0-9_]{0,63}|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
 """A registered or entry-point name, or ``package.module:ClassName`` (environments/registry.py)."""
 TOY_PRESET_IDS = ("toy-student", "toy-teacher")
 
 Auto = Literal["auto"]
 
+# Sanity bounds on numbers: they catch typos such as ``lr: 2e3`` or
+# ``train_tasks: 1e9`` before anything is allocated. A real need for more is met by raising
+# the constant here; the validation message names this file.
+MAX_LR = 1.0
+MAX_TEMPERATURE = 100.0
+MAX_WEIGHT = 1e6
+MAX_TASKS = 100_000
+MAX_TOKENS = 131_072
+MAX_STEPS = 1_000_000
+MAX_SEED = 2**63 - 1
+MAX_THREADS = 4096
+MAX_NAME_CHARS = 128
+BOUND_HINT = "a sanity bound; to go beyond it, raise the constant in src/miniverl/config/models.py"
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunSection(_Section):
@@ -48,6 +61,7 @@ class RunSection(_Section):
     seed: int = Field(
         1234,
         ge=0,
+        le=MAX_SEED,
         description="Root seed. Every other seed is derived from it with derive_seed (sha256), never with Python's salted hash().",
     )
     output_dir: str | None = Field(None, description="Run directory. Default: runs/<run.name>.")
@@ -64,6 +78,16 @@ class RunSection(_Section):
     def _threads_positive(cls, value: int | str) -> int | str:
         if value != "auto" and value < 1:
             raise ValueError("must be >= 1 or 'auto'")
+        if value != "auto" and value > MAX_THREADS:
+            raise ValueError(f"must be <= {MAX_THREADS} ({BOUND_HINT})")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_one_path_component(cls, value: str) -> str:
+        problem = path_component_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
 
@@ -73,7 +97,9 @@ class LoraConfig(_Section):
         description="Train low-rank adapters instead of every weight. Only adapter parameters enter the optimizer.",
     )
     r: int = Field(8, ge=1, le=1024, description="Adapter rank.")
-    alpha: float = Field(16.0, gt=0, description="Adapter scaling numerator (scale = alpha / r).")
+    alpha: float = Field(
+        16.0, gt=0, le=1e6, description="Adapter scaling numerator (scale = alpha / r)."
+    )
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input.")
     target_modules: list[str] | None = Field(
         None,
@@ -82,11 +108,13 @@ class LoraConfig(_Section):
 
 
 class ToyArchConfig(_Section):
-    hidden_size: int = Field(48, ge=8, description="Toy decoder width H.")
-    num_layers: int = Field(2, ge=1, description="Toy decoder depth.")
-    num_heads: int = Field(4, ge=1, description="Attention heads; must divide hidden_size.")
-    intermediate_size: int = Field(128, ge=8, description="SwiGLU inner width.")
-    max_seq_len: int = Field(1024, ge=16, description="Longest sequence (RoPE table size).")
+    hidden_size: int = Field(48, ge=8, le=8192, description="Toy decoder width H.")
+    num_layers: int = Field(2, ge=1, le=64, description="Toy decoder depth.")
+    num_heads: int = Field(4, ge=1, le=128, description="Attention heads; must divide hidden_size.")
+    intermediate_size: int = Field(128, ge=8, le=65536, description="SwiGLU inner width.")
+    max_seq_len: int = Field(
+        1024, ge=16, le=MAX_TOKENS, description="Longest sequence (RoPE table size)."
+    )
     tie_embeddings: bool = Field(
         True, description="Share the token embedding and LM head matrices."
     )
@@ -131,12 +159,18 @@ class ToyFitConfig(_Section):
     max_steps: int = Field(
         1500,
         ge=0,
+        le=1_000_000,
         description="Upper bound on optimizer steps when fitting the toy teacher on oracle traces.",
     )
-    lr: float = Field(2e-3, gt=0, description="AdamW learning rate for the toy teacher fit.")
-    batch_size: int = Field(8, ge=1, description="Oracle traces per toy-teacher fit step.")
+    lr: float = Field(
+        2e-3, gt=0, le=MAX_LR, description="AdamW learning rate for the toy teacher fit."
+    )
+    batch_size: int = Field(8, ge=1, le=4096, description="Oracle traces per toy-teacher fit step.")
     check_every: int = Field(
-        100, ge=1, description="Greedy-solve check interval (steps) for early stopping."
+        100,
+        ge=1,
+        le=1_000_000,
+        description="Greedy-solve check interval (steps) for early stopping.",
     )
     target_success: float = Field(
         1.0,
@@ -147,10 +181,14 @@ class ToyFitConfig(_Section):
     extra_tasks: int = Field(
         0,
         ge=0,
+        le=MAX_TASKS,
         description="Further oracle tasks (disjoint from eval/test) in the teacher's fitting data, standing in for the broader training a real teacher has.",
     )
     probe_tasks: int = Field(
-        16, ge=1, description="Tasks greedily rolled out at each early-stopping check."
+        16,
+        ge=1,
+        le=MAX_TASKS,
+        description="Tasks greedily rolled out at each early-stopping check.",
     )
     reuse: bool = Field(
         True,
@@ -207,39 +245,58 @@ class EnvironmentConfig(_Section):
     difficulty: Literal["easy", "medium", "hard", "mixed"] = Field(
         "easy", description="Task difficulty of every split."
     )
-    train_tasks: int = Field(32, ge=1, description="Size of the training split.")
-    eval_tasks: int = Field(12, ge=0, description="Size of the held-out evaluation split.")
+    train_tasks: int = Field(32, ge=1, le=MAX_TASKS, description="Size of the training split.")
+    eval_tasks: int = Field(
+        12, ge=0, le=MAX_TASKS, description="Size of the held-out evaluation split."
+    )
     test_tasks: int = Field(
-        0, ge=0, description="Size of the test split (never used in training or eval)."
+        0,
+        ge=0,
+        le=MAX_TASKS,
+        description="Size of the test split (never used in training or eval).",
     )
     split_seed: int = Field(
-        7, ge=0, description="Seed of make_splits; splits are disjoint and deterministic."
+        7,
+        ge=0,
+        le=MAX_SEED,
+        description="Seed of make_splits; splits are disjoint and deterministic.",
     )
 
 
 class RolloutConfig(_Section):
-    max_turns: int = Field(4, ge=1, description="Assistant turns per episode.")
-    max_new_tokens_per_turn: int = Field(64, ge=1, description="Sampled tokens per assistant turn.")
+    max_turns: int = Field(4, ge=1, le=256, description="Assistant turns per episode.")
+    max_new_tokens_per_turn: int = Field(
+        64, ge=1, le=MAX_TOKENS, description="Sampled tokens per assistant turn."
+    )
     max_total_tokens: int = Field(
-        768, ge=2, description="Whole-trajectory token budget; a turn does not start past it."
+        768,
+        ge=2,
+        le=MAX_TOKENS,
+        description="Whole-trajectory token budget; a turn does not start past it.",
     )
     temperature: float = Field(
-        1.0, ge=0, description="Sampling temperature for training rollouts (0 = greedy)."
+        1.0,
+        ge=0,
+        le=MAX_TEMPERATURE,
+        description="Sampling temperature for training rollouts (0 = greedy).",
     )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     max_parse_errors: int = Field(
         1,
         ge=0,
+        le=10_000,
         description="Stop when the parse-error count reaches this (0: stop on the first error).",
     )
     max_repeated_calls: int = Field(
         1,
         ge=0,
+        le=10_000,
         description="Stop when an identical call signature repeats more than this many times.",
     )
     batch_size: int | None = Field(
         None,
         ge=1,
+        le=MAX_TASKS,
         description="Episodes decoded together, turn by turn (None: all rollouts of the cycle; 1: one at a time).",
     )
 
@@ -255,10 +312,10 @@ class SelectionConfig(_Section):
         description="Fraction of model tokens kept by uniform_ratio, and the budget of hybrid.",
     )
     critical_weight: float = Field(
-        1.0, ge=0, description="Raw weight of tool-call and final-answer tokens."
+        1.0, ge=0, le=MAX_WEIGHT, description="Raw weight of tool-call and final-answer tokens."
     )
     other_weight: float = Field(
-        1.0, ge=0, description="Raw weight of other model-generated tokens."
+        1.0, ge=0, le=MAX_WEIGHT, description="Raw weight of other model-generated tokens."
     )
 
 
@@ -268,7 +325,7 @@ class TeacherConfig(_Section):
         description="standard: the teacher reads the student's transcript; privileged_context: plus an oracle system block.",
     )
     batch_size: int = Field(
-        8, ge=1, description="Trajectories per padded teacher forward when scoring a cycle."
+        8, ge=1, le=MAX_TASKS, description="Trajectories per padded teacher forward when scoring a cycle."
     )
 
 
@@ -286,18 +343,22 @@ class LossConfig(_Section):
         description="Bucketed top-k. auto: min(64, V), resolved at run start. Must be unset/auto/1 in exact_full_vocab.",
     )
     temperature: float = Field(
-        1.0, gt=0, description="Distillation temperature applied to both distributions."
+        1.0,
+        gt=0,
+        le=MAX_TEMPERATURE,
+        description="Distillation temperature applied to both distributions.",
     )
     chunk_size: int | Auto = Field(
         "auto",
         description="Rows projected to [chunk, V] at a time. auto: resolved at run start from V.",
     )
     sampled_token_nll_weight: float = Field(
-        0.0, ge=0, description="Weight c of the auxiliary sampled-token NLL."
+        0.0, ge=0, le=MAX_WEIGHT, description="Weight c of the auxiliary sampled-token NLL."
     )
     exact_max_vocab: int = Field(
         8192,
         ge=1,
+        le=1 << 24,
         description="Largest V for which exact_full_vocab is allowed with a swapped teacher.",
     )
     allow_large_exact: bool = Field(
@@ -306,10 +367,11 @@ class LossConfig(_Section):
     entropy_threshold: float = Field(
         0.8,
         ge=0,
+        le=MAX_TEMPERATURE,
         description="entropy_aware: teacher entropy h (nats) above which forward KL is added. Under loss.mode: bucketed the gate thresholds the entropy of the K+1 buckets, a lower bound on the teacher's entropy.",
     )
     entropy_forward_weight: float = Field(
-        1.0, ge=0, description="entropy_aware: weight alpha of the forward-KL term."
+        1.0, ge=0, le=MAX_WEIGHT, description="entropy_aware: weight alpha of the forward-KL term."
     )
 
 
@@ -325,7 +387,7 @@ class CacheConfig(_Section):
     dtype: Literal["float32", "float16", "bfloat16"] = Field(
         "float32", description="Storage dtype of cached log-probabilities."
     )
-    max_entries_per_shard: int = Field(256, ge=1, description="Entries per shard file.")
+    max_entries_per_shard: int = Field(256, ge=1, le=1 << 20, description="Entries per shard file.")
     journal: bool = Field(
         True,
         description="Commit each flush as one index.journal line (cost of the new entries); false: rewrite index.json every flush.",
@@ -333,6 +395,7 @@ class CacheConfig(_Section):
     keep_versions: int | None = Field(
         None,
         ge=1,
+        le=1 << 20,
         description="Prune entries older than this many policy versions after each cycle (None: keep all).",
     )
 
@@ -343,32 +406,40 @@ class MemoryConfig(_Section):
         description="resident: both models on the device; swap: one at a time via the cache; auto: resident when it fits.",
     )
     oom_retries: int = Field(
-        3, ge=0, description="Out-of-memory retries; each halves loss.chunk_size and nothing else."
+        3,
+        ge=0,
+        le=32,
+        description="Out-of-memory retries; each halves loss.chunk_size and nothing else.",
     )
-    min_chunk_size: int = Field(16, ge=1, description="Smallest chunk an OOM retry may reach.")
+    min_chunk_size: int = Field(
+        16, ge=1, le=1 << 20, description="Smallest chunk an OOM retry may reach."
+    )
     auto_swap_vram_headroom_gb: float = Field(
         2.0,
         ge=0,
+        le=4096,
         description="auto: free VRAM (GiB) that must remain after loading both models for resident.",
     )
 
 
 class TrainConfig(_Section):
-    lr: float = Field(2e-3, gt=0, description="Peak AdamW learning rate.")
+    lr: float = Field(2e-3, gt=0, le=MAX_LR, description="Peak AdamW learning rate.")
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="Learning-rate schedule over all optimizer steps."
     )
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps of the schedule.")
+    warmup_steps: int = Field(
+        0, ge=0, le=MAX_STEPS, description="Linear warm-up steps of the schedule."
+    )
     min_lr_ratio: float = Field(
         0.1, ge=0, le=1, description="Final lr / peak lr for linear and cosine."
     )
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     max_grad_norm: float | None = Field(
-        1.0, gt=0, description="Gradient clipping norm (None: no clipping)."
+        1.0, gt=0, le=1e6, description="Gradient clipping norm (None: no clipping)."
     )
-    cycles: int = Field(4, ge=0, description="KD/OPD cycles after the warm-up.")
-    rollouts_per_cycle: int = Field(8, ge=1, description="Trajectories per cycle.")
+    cycles: int = Field(4, ge=0, le=MAX_STEPS, description="KD/OPD cycles after the warm-up.")
+    rollouts_per_cycle: int = Field(8, ge=1, le=4096, description="Trajectories per cycle.")
     gradient_accumulation_steps: int | Auto = Field(
         "auto",
         description="Trajectories per optimizer group. auto: rollouts_per_cycle (one update per cycle).",
@@ -378,18 +449,20 @@ class TrainConfig(_Section):
         description="Most trajectories in one padded forward. Mathematically neutral. auto: the optimizer group, capped by the memory plan.",
     )
     sft_warmup_cycles: int = Field(
-        2, ge=0, description="Oracle-trace cross-entropy cycles before KD/OPD."
+        2, ge=0, le=MAX_STEPS, description="Oracle-trace cross-entropy cycles before KD/OPD."
     )
-    sft_lr: float | None = Field(None, gt=0, description="Warm-up learning rate (None: train.lr).")
+    sft_lr: float | None = Field(
+        None, gt=0, le=MAX_LR, description="Warm-up learning rate (None: train.lr)."
+    )
     opd_freshness: Literal["strict", "replay"] = Field(
         "strict",
         description="strict: one update per rollout version; replay: replay_passes updates, labelled online_distillation_with_replay.",
     )
     replay_passes: int = Field(
-        1, ge=1, description="replay: optimizer passes over one rollout batch."
+        1, ge=1, le=1000, description="replay: optimizer passes over one rollout batch."
     )
     checkpoint_every: int = Field(
-        1, ge=1, description="Save a resumable checkpoint every N cycles."
+        1, ge=1, le=MAX_STEPS, description="Save a resumable checkpoint every N cycles."
     )
 
     @field_validator("gradient_accumulation_steps", "trajectory_batch_size")
@@ -397,6 +470,15 @@ class TrainConfig(_Section):
     def _positive_or_auto(cls, value: int | str) -> int | str:
         if value != "auto" and value < 1:
             raise ValueError("must be >= 1 or 'auto'")
+        if value != "auto" and value > 4096:
+            raise ValueError(f"must be <= 4096 ({BOUND_HINT})")
+        return value
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError(f"each beta must satisfy 0 <= beta < 1, got {list(value)}")
         return value
 
     def group_size(self) -> int:
@@ -415,10 +497,10 @@ class EvalConfig(_Section):
         "eval", description="Held-out split for baseline, warm-up and final evaluation."
     )
     max_tasks: int | None = Field(
-        None, ge=1, description="Evaluate at most this many tasks of the split."
+        None, ge=1, le=MAX_TASKS, description="Evaluate at most this many tasks of the split."
     )
     temperature: float = Field(
-        0.0, ge=0, description="Evaluation sampling temperature (0 = greedy)."
+        0.0, ge=0, le=MAX_TEMPERATURE, description="Evaluation sampling temperature (0 = greedy)."
     )
     baseline: bool = Field(True, description="Evaluate before training.")
     after_warmup: bool = Field(True, description="Evaluate after the SFT warm-up.")
@@ -428,7 +510,7 @@ class EvalConfig(_Section):
         description="Also evaluate held-out success every N cycles (tag cycle-NNNN in metrics.jsonl). None: baseline, warm-up and final only.",
     )
     batch_size: int = Field(
-        32, ge=1, description="Held-out episodes decoded together (1: one at a time)."
+        32, ge=1, le=MAX_TASKS, description="Held-out episodes decoded together (1: one at a time)."
     )
 
 
@@ -578,6 +660,10 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
         yield "loss.mode: bucketed needs loss.top_k (an integer or 'auto')"
     if isinstance(cfg.loss.chunk_size, int) and cfg.loss.chunk_size < 1:
         yield "loss.chunk_size must be >= 1 or 'auto'"
+    for key in ("top_k", "chunk_size"):
+        value = getattr(cfg.loss, key)
+        if isinstance(value, int) and value > 1 << 24:
+            yield f"loss.{key} must be <= {1 << 24} ({BOUND_HINT})"
     if isinstance(cfg.loss.chunk_size, int) and cfg.loss.chunk_size < cfg.memory.min_chunk_size:
         yield f"loss.chunk_size {cfg.loss.chunk_size} is below memory.min_chunk_size {cfg.memory.min_chunk_size}"
     quantized = [
@@ -654,20 +740,36 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
 # -- YAML and overrides ---------------------------------------------------------------
 
 
+def path_component_problem(name: str) -> str | None:
+    """Why ``name`` is not one safe path component (``None`` when it is).
+
+    Names become directory and file names (``runs/<run.name>``), so ``/``, ``\\``, ``..``,
+    NUL and other control characters, and a leading ``-`` or ``.`` are refused.
+    """
+    if not name or len(name) > MAX_NAME_CHARS:
+        return f"must be 1 to {MAX_NAME_CHARS} characters"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        return "must not contain NUL or other control characters"
+    if "/" in name or "\\" in name:
+        return "must be a single path component (no '/' or '\\')"
+    if name in (".", "..") or name.startswith((".", "-")):
+        return "must not be '.' or '..' or start with '.' or '-'"
+    return None
+
+
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """Read a recipe file with ``yaml.safe_load`` (no object construction)."""
+    """Read a recipe through :func:`miniverl.utils.safe_load.load_yaml_file`.
+
+    Safe constructors only, a size, depth and alias-expansion limit, duplicate keys
+    refused, and only a regular file is opened.
+    """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise ConfigError(
             f"recipe not found: {path}",
             hint="pass the path of a YAML recipe, e.g. recipes/toy_demo.yaml",
         )
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path} is not UTF-8 text: {exc}") from None
+    data = load_yaml_file(path, error=ConfigError)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -689,10 +791,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     parts = key.split(".")
     if any(not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in parts):
         raise ConfigError(f"override key {key!r} must be dotted identifiers, e.g. loss.top_k")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: value is not valid YAML: {exc}") from None
+    value = loads_yaml(raw, where=f"override {item!r}", error=ConfigError) if raw.strip() else ""
     return parts, value
 
 
@@ -737,6 +836,8 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             msg = msg[len("Value error, ") :]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (Extra inputs are not permitted)"
+        if err["type"] in ("less_than_equal", "less_than"):
+            msg = f"{msg} ({BOUND_HINT})"
         if loc == "<root>":
             lines.extend(f"  - {part}" for part in msg.split("\n"))
         else:
@@ -769,4 +870,5 @@ __all__ = [
     "format_validation_error",
     "load_yaml_mapping",
     "parse_override",
+    "path_component_problem",
 ]

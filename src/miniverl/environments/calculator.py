@@ -71,11 +71,7 @@ def _power(base: int | float, exponent: int | float) -> int | float:
         raise CalculatorError(f"exponent {exponent} is too large (limit {MAX_EXPONENT})")
     if base == 0 and exponent < 0:
         raise CalculatorError("division by zero")
-    if (
-        abs(base) > 1
-        and exponent > 0
-        and exponent * math.log10(abs(base)) > math.log10(MAX_ABS_RESULT)
-    ):
+    if base != 0 and exponent * math.log10(abs(base)) > math.log10(MAX_ABS_RESULT):
         raise CalculatorError(f"result exceeds {MAX_ABS_RESULT:.0e} in magnitude")
     return base**exponent
 
@@ -134,7 +130,12 @@ def safe_evaluate(expression: str) -> int | float:
             f"unsupported syntax: {type(node).__name__}; use numbers and + - * / // % ** ( )"
         )
 
-    return walk(tree, 0)
+    try:
+        return walk(tree, 0)
+    except (ArithmeticError, ValueError, TypeError, RecursionError, MemoryError) as exc:
+        if isinstance(exc, CalculatorError):
+            raise
+        raise CalculatorError(f"arithmetic error: {type(exc).__name__}") from None
 
 
 def format_number(value: int | float) -> str:

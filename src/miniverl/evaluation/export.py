@@ -17,14 +17,13 @@ from collections.abc import Mapping
 from pathlib import Path, PureWindowsPath
 from typing import Any
 
-import yaml
-
 from miniverl import __version__
 from miniverl.errors import RunDirectoryError
 from miniverl.utils.env import NUMERIC_ENV_VARS, TRACKED_PACKAGES
 from miniverl.utils.io import read_json, write_json
 from miniverl.utils.logging import utc_now
 from miniverl.utils.runs import RunPaths
+from miniverl.utils.safe_load import load_yaml_file
 
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9 _.,:;+=()\-]{0,128}$")
 _POSIX_PATH = re.compile(r"(?<![\w.~/-])(?:~/?|/)[^\s/\\\"'<>|]+(?:/[^\s/\\\"'<>|]*)*")
@@ -156,9 +155,14 @@ def _toy_teacher(report: Any) -> dict[str, Any] | None:
     return {k: report.get(k) for k in keys if k in report}
 
 
+def _present(path: Path) -> bool:
+    """Exists in any form: a FIFO or dangling link is then refused by the loader, not skipped."""
+    return path.exists() or path.is_symlink()
+
+
 def _evaluations(paths: RunPaths) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    if paths.eval_json.is_file():
+    if _present(paths.eval_json):
         summary = read_json(paths.eval_json)
         out["summary"] = {
             key: summary.get(key)
@@ -193,9 +197,9 @@ def build_result(run_dir: str | Path) -> dict[str, Any]:
             f"{paths.root} is not a directory",
             hint="pass a run directory written by 'miniverl train' or 'miniverl benchmark'",
         )
-    manifest = read_json(paths.manifest) if paths.manifest.is_file() else None
-    benchmark = read_json(paths.benchmark_json) if paths.benchmark_json.is_file() else None
-    if manifest is None and benchmark is None and not paths.eval_json.is_file():
+    manifest = read_json(paths.manifest) if _present(paths.manifest) else None
+    benchmark = read_json(paths.benchmark_json) if _present(paths.benchmark_json) else None
+    if manifest is None and benchmark is None and not _present(paths.eval_json):
         raise RunDirectoryError(
             f"{paths.root} holds no {paths.manifest.name}, {paths.eval_json.name} or {paths.benchmark_json.name}",
             hint="export a finished run or benchmark directory",
@@ -220,8 +224,10 @@ def build_result(run_dir: str | Path) -> dict[str, Any]:
         }
         result["environment"] = _environment_block(manifest)
         result["toy_teacher"] = _toy_teacher(manifest.get("toy_teacher"))
-    if paths.config_resolved.is_file():
-        config = yaml.safe_load(paths.config_resolved.read_text(encoding="utf-8"))
+    if _present(paths.config_resolved):
+        config = load_yaml_file(paths.config_resolved)
+        if not isinstance(config, Mapping):
+            raise RunDirectoryError(f"{paths.config_resolved} is not a mapping of config sections")
         if isinstance(config, Mapping):
             run_section = config.get("run")
             if isinstance(run_section, dict) and run_section.get("output_dir") is not None:
@@ -230,7 +236,7 @@ def build_result(run_dir: str | Path) -> dict[str, Any]:
     result["evaluations"] = _evaluations(paths)
     if benchmark is not None:
         result["benchmark"] = benchmark
-    environment = read_json(paths.environment) if paths.environment.is_file() else {}
+    environment = read_json(paths.environment) if _present(paths.environment) else {}
     result["hardware"] = sanitize_hardware(environment if isinstance(environment, Mapping) else {})
     return scrub(result)
 

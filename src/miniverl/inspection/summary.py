@@ -19,6 +19,7 @@ from miniverl.schemas.trajectory import (
     Trajectory,
 )
 from miniverl.trajectory.io import iter_trajectories
+from miniverl.utils.io import read_json
 
 SPAN_TEXT_PREVIEW = 400
 
@@ -118,6 +119,20 @@ class FileSummary:
         }
 
 
+def run_vocab_size(path: str | Path) -> int | None:
+    """The tokenizer vocabulary recorded in the ``manifest.json`` beside ``path``, if any.
+
+    Token ids are checked against it, so an id past the embedding table is a schema error
+    even in the torch-free ``inspect``.
+    """
+    manifest = Path(path).parent / "manifest.json"
+    if not manifest.is_file():
+        return None
+    tokenizer = read_json(manifest).get("tokenizer")
+    vocab = tokenizer.get("vocab_size") if isinstance(tokenizer, dict) else None
+    return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
+
+
 def summarize_file(
     path: str | Path, *, trajectory_id: str | None = None, limit: int = 5, spans: bool = False
 ) -> FileSummary:
@@ -133,7 +148,7 @@ def summarize_file(
     tools: Counter[str] = Counter()
     by_type: Counter[str] = Counter()
     failures: Counter[str] = Counter()
-    for t in iter_trajectories(path):
+    for t in iter_trajectories(path, vocab_size=run_vocab_size(path)):
         if trajectory_id is not None and t.trajectory_id != trajectory_id:
             continue
         summary.trajectories += 1

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import yaml
 from markupsafe import Markup
 
 from miniverl import __version__
@@ -41,6 +40,7 @@ from miniverl.schemas.trajectory import (
 from miniverl.trajectory.io import iter_trajectories
 from miniverl.utils.io import atomic_write_text, read_json
 from miniverl.utils.runs import RunPaths
+from miniverl.utils.safe_load import iter_jsonl, load_yaml_file
 
 NOT_RECORDED = "—"
 STAGE_ORDER = ("baseline", "after_warmup", "final")
@@ -199,34 +199,17 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
     A final line without its newline is an interrupted append (see
     ``utils.io.append_jsonl``) and is ignored; a malformed complete line is corruption
-    and raises, because a report must not quietly drop data.
+    and raises, because a report must not quietly drop data. Limits: ``utils.safe_load``.
     """
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return []
-    records: list[dict[str, Any]] = []
-    data = path.read_bytes().decode("utf-8", errors="replace")
-    lines = data.split("\n")
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if lineno == len(lines):
-                break
-            raise RunDirectoryError(f"{path}:{lineno} is not valid JSON: {exc}") from None
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+    return [record for _, record in iter_jsonl(path, allow_partial_tail=True)]
 
 
 def _read_json_or_none(path: Path) -> Any:
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return None
-    try:
-        return read_json(path)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise RunDirectoryError(f"{path} is not valid JSON: {exc}") from None
+    return read_json(path)
 
 
 @dataclass
@@ -294,12 +277,12 @@ def load_run(run_dir: str | Path) -> RunData:
             hint="pass a run directory written by 'miniverl train' or 'miniverl benchmark'",
         )
     metrics = read_jsonl(paths.metrics)
-    config_text = (
-        paths.config_resolved.read_text(encoding="utf-8")
-        if paths.config_resolved.is_file()
-        else None
-    )
-    config = yaml.safe_load(config_text) if config_text else None
+    config_text = config = None
+    if paths.config_resolved.exists() or paths.config_resolved.is_symlink():
+        config = load_yaml_file(paths.config_resolved)
+        config_text = paths.config_resolved.read_text(encoding="utf-8")
+    if config is not None and not isinstance(config, dict):
+        raise RunDirectoryError(f"{paths.config_resolved} is not a mapping of config sections")
     data = RunData(
         paths=paths,
         manifest=_read_json_or_none(paths.manifest),
@@ -771,7 +754,11 @@ def _count_share(count: int, total: int) -> str:
 def _training_trajectories(data: RunData) -> Iterable[Trajectory]:
     """Validated training rollouts (streamed: a long run's file is not held in memory)."""
     if data.paths.trajectories.is_file():
-        yield from iter_trajectories(data.paths.trajectories)
+        tokenizer = (data.manifest or {}).get("tokenizer")
+        vocab = tokenizer.get("vocab_size") if isinstance(tokenizer, dict) else None
+        yield from iter_trajectories(
+            data.paths.trajectories, vocab_size=vocab if isinstance(vocab, int) else None
+        )
 
 
 def _provenance(data: RunData) -> Section:

@@ -17,7 +17,6 @@ loaded. Nothing here unpickles: a received checkpoint is inert data.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
@@ -26,8 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.errors import CheckpointError
-from miniverl.utils.io import atomic_path, read_json, sha256_file, write_json
+from miniverl.utils.io import (
+    atomic_path,
+    checked_failpoint,
+    is_disk_full,
+    read_json,
+    sha256_file,
+    storage_error,
+    write_json,
+)
 from miniverl.utils.logging import utc_now
+from miniverl.utils.safe_load import require_regular_file
 
 CHECKPOINT_FORMAT = 1
 ADAPTER_FILE = "adapter.safetensors"
@@ -83,17 +91,22 @@ def save_checkpoint(
             },
         }
         write_json(staging / MARKER_FILE, marker)
+        checked_failpoint(f"checkpoint:{target.name}:staged", target)
         if target.exists():
             retired = target.with_name(f".{target.name}.old")
             shutil.rmtree(retired, ignore_errors=True)
             os.replace(target, retired)
+            checked_failpoint(f"checkpoint:{target.name}:retired", target)
             os.replace(staging, target)
             shutil.rmtree(retired, ignore_errors=True)
         else:
             os.replace(staging, target)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if is_disk_full(exc) and isinstance(exc, OSError):
+            raise storage_error(target) from exc
         raise
+    checked_failpoint(f"checkpoint:{target.name}:renamed", target)
     return target
 
 
@@ -120,10 +133,7 @@ def read_marker(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path} has no {MARKER_FILE}: the checkpoint is incomplete and will not be loaded",
             hint="resume from an earlier complete checkpoint or start a new run",
         )
-    try:
-        marker = read_json(marker_path)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{marker_path} is not valid JSON: {exc}") from None
+    marker = read_json(marker_path, error=CheckpointError)
     if (
         not isinstance(marker, dict)
         or marker.get("format") != CHECKPOINT_FORMAT
@@ -135,8 +145,9 @@ def read_marker(directory: str | os.PathLike[str]) -> dict[str, Any]:
     for name in (ADAPTER_FILE, OPTIMIZER_FILE, STATE_FILE):
         expected = marker["files"].get(name)
         file = path / name
-        if not file.is_file():
+        if not file.exists() and not file.is_symlink():
             raise CheckpointError(f"checkpoint file missing: {file}")
+        require_regular_file(file, error=CheckpointError)
         if expected != sha256_file(file):
             raise CheckpointError(
                 f"checkpoint file {file} does not match its SHA-256 in {MARKER_FILE}",
@@ -152,12 +163,18 @@ def load_checkpoint(directory: str | os.PathLike[str], *, device: str = "cpu") -
 
     path = Path(directory)
     marker = read_marker(path)
-    try:
-        state = read_json(path / STATE_FILE)
-        trainable = load_file(str(path / ADAPTER_FILE), device=device)
-        optimizer = load_file(str(path / OPTIMIZER_FILE), device=device)
-    except (SafetensorError, json.JSONDecodeError, OSError) as exc:
-        raise CheckpointError(f"could not read checkpoint {path}: {exc}") from None
+    state = read_json(path / STATE_FILE, error=CheckpointError)
+    tensors = {}
+    for name in (ADAPTER_FILE, OPTIMIZER_FILE):
+        try:
+            tensors[name] = load_file(str(path / name), device=device)
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(f"could not read checkpoint file {path / name}: {exc}") from None
+        require_finite(tensors[name], path / name)
+    trainable, optimizer = tensors[ADAPTER_FILE], tensors[OPTIMIZER_FILE]
+    missing = [k for k in _STATE_KEYS if k not in state]
+    if missing:
+        raise CheckpointError(f"{path / STATE_FILE} lacks {', '.join(missing)}")
     if state.get("config_digest") != marker.get("config_digest"):
         raise CheckpointError(
             f"{path}: state.json and {MARKER_FILE} disagree about the config digest"
@@ -167,8 +184,38 @@ def load_checkpoint(directory: str | os.PathLike[str], *, device: str = "cpu") -
     )
 
 
+_STATE_KEYS = (
+    "config_digest",
+    "cycle",
+    "global_step",
+    "parameter_version",
+    "task_cursor",
+    "chunk_size",
+    "rng",
+    "optimizer",
+)
+
+
+def require_finite(tensors: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """:class:`CheckpointError` naming ``path`` and the tensor if any value is NaN or inf."""
+    import torch
+
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(
+                f"{path} holds non-finite values (NaN or inf) in tensor {name!r}",
+                hint="the run diverged or the file was tampered with; resume from an earlier checkpoint",
+            )
+
+
 def find_latest_checkpoint(checkpoints_dir: str | os.PathLike[str]) -> Path | None:
-    """The complete checkpoint with the highest global step (ties: latest cycle)."""
+    """The complete checkpoint with the highest global step (ties: latest cycle).
+
+    Directories being assembled or retired start with ``.`` and are ignored; a visible
+    directory without a valid marker is skipped only when it has no marker at all (an
+    interrupted write of an older format), while a marker that fails its checks is
+    corruption and raises, so a damaged checkpoint is never silently passed over.
+    """
     root = Path(checkpoints_dir)
     if not root.is_dir():
         return None
@@ -176,8 +223,10 @@ def find_latest_checkpoint(checkpoints_dir: str | os.PathLike[str]) -> Path | No
     for child in sorted(root.iterdir()):
         if not child.is_dir() or child.name.startswith("."):
             continue
-        with contextlib.suppress(CheckpointError):
-            marker = read_marker(child)
+        if not (child / MARKER_FILE).exists():
+            continue
+        marker = read_marker(child)
+        with contextlib.suppress(TypeError, ValueError):
             key = (
                 int(marker.get("global_step") or 0),
                 int(marker.get("cycle") if marker.get("cycle") is not None else -1),

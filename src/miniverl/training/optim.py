@@ -107,19 +107,34 @@ def load_optimizer_state(
             hint="resume with the recipe that wrote the checkpoint",
         )
     state: dict[int, dict[str, Any]] = {}
-    for name, tensor in tensors.items():
-        index, key = name.split(".", 1)
-        i = int(index)
-        if not 0 <= i < len(params) or tensor.shape != params[i].shape:
-            raise CheckpointError(f"optimizer tensor {name!r} does not match parameter {i}")
-        state.setdefault(i, {})[key] = tensor.to(params[i].device)
-    for name, value in meta.get("scalars", {}).items():
-        index, key = name.split(".", 1)
-        state.setdefault(int(index), {})[key] = torch.tensor(value, dtype=torch.float32)
-    groups = []
-    for group, saved in zip(current["param_groups"], meta["param_groups"], strict=True):
-        groups.append({**saved, "params": group["params"]})
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    try:
+        for name, tensor in tensors.items():
+            index, key = name.split(".", 1)
+            i = int(index)
+            if not 0 <= i < len(params) or tensor.shape != params[i].shape:
+                raise CheckpointError(f"optimizer tensor {name!r} does not match parameter {i}")
+            state.setdefault(i, {})[key] = tensor.to(params[i].device)
+        for name, value in meta.get("scalars", {}).items():
+            index, key = name.split(".", 1)
+            state.setdefault(int(index), {})[key] = torch.tensor(value, dtype=torch.float32)
+        for i, entry in state.items():
+            missing = sorted(_ADAMW_STATE_KEYS - set(entry))
+            if missing:
+                raise CheckpointError(
+                    f"optimizer state of parameter {i} lacks {', '.join(missing)}",
+                    hint="the checkpoint's optimizer state is incomplete; resume from another checkpoint",
+                )
+        groups = []
+        for group, saved in zip(current["param_groups"], meta["param_groups"], strict=True):
+            groups.append({**saved, "params": group["params"]})
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CheckpointError(
+            f"optimizer state does not fit this optimizer: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+_ADAMW_STATE_KEYS = frozenset({"exp_avg", "exp_avg_sq", "step"})
 
 
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: str) -> None:

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from safetensors.torch import load_file
 
 from miniverl import __version__
@@ -34,7 +33,7 @@ from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task, sample_extra_tasks
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits, task_file_digest
-from miniverl.errors import CheckpointError, GpuMemoryError, RunDirectoryError
+from miniverl.errors import CheckpointError, ConfigError, GpuMemoryError, RunDirectoryError
 from miniverl.losses import (
     ChunkTargetProvider,
     DivergenceSpec,
@@ -81,6 +80,11 @@ from miniverl.training.optim import (
     set_lr,
 )
 from miniverl.training.progress import ProgressReporter
+from miniverl.training.recovery import (
+    has_run_traces,
+    prepare_clean_restart,
+    remove_stale_temporaries,
+)
 from miniverl.training.temperatures import temperature_fields, temperature_mismatch
 from miniverl.trajectory.alignment import build_alignment_map
 from miniverl.trajectory.io import append_trajectories, read_trajectories
@@ -92,11 +96,14 @@ from miniverl.utils.io import (
     atomic_write_bytes,
     atomic_write_text,
     read_json,
+    repair_jsonl_tail,
     sha256_file,
     write_json,
 )
 from miniverl.utils.logging import EventLog, MetricsLog, make_console, utc_now
+from miniverl.utils.runlock import run_lock
 from miniverl.utils.runs import RunPaths
+from miniverl.utils.safe_load import load_yaml_file
 from miniverl.utils.seeding import (
     capture_rng_state,
     derive_seed,
@@ -197,6 +204,7 @@ class OPDTrainer:
         self._is_setup = False
         self.live: LiveSinks | None = None
         self.last_cycle_summary: dict[str, Any] = {}
+        self._training_finished = False
 
     # ================================================================== setup
 
@@ -507,7 +515,35 @@ class OPDTrainer:
     # ================================================================== the run
 
     def train(self) -> dict[str, Any]:
-        """Run the whole recipe; returns the ``eval.json`` summary."""
+        """Run the whole recipe under the run directory's write lock; the ``eval.json`` summary."""
+        with run_lock(self.paths.root):
+            if self.resume:
+                traces = has_run_traces(self.paths)  # before temporaries are cleaned up
+                repair_jsonl_tail(self.paths.events)
+                cache_dir = Path(self.config.cache.dir) if self.config.cache.dir else None
+                remove_stale_temporaries(self.paths, cache_dir)
+                self._restart_if_no_checkpoint(traces)
+            return self._train_locked()
+
+    def _restart_if_no_checkpoint(self, traces: bool) -> None:
+        """``--resume`` before the first checkpoint: recompute from the start (recovery.py)."""
+        if self.resume_from is not None or select_resume_checkpoint(self.paths.checkpoints):
+            return
+        if not traces:
+            raise CheckpointError(
+                f"no complete checkpoint under {self.paths.checkpoints} and no run to resume "
+                f"in {self.paths.root}",
+                hint="start it without --resume",
+            )
+        removed = prepare_clean_restart(self.paths, self.config)
+        self.resume = False
+        self.events.emit(
+            "restarted",
+            echo="no checkpoint yet: restarting the run from the beginning",
+            removed=removed,
+        )
+
+    def _train_locked(self) -> dict[str, Any]:
         self.setup()
         cfg = self.config
         started = time.perf_counter()
@@ -543,23 +579,33 @@ class OPDTrainer:
                     if cfg.eval.after_warmup:
                         self.evaluate("after_warmup")
                     self.save_checkpoint("warmup", cycle=-1)
-            with self.progress.task("cycles", cfg.train.cycles - self._start_cycle) as advance:
-                for cycle in range(self._start_cycle, cfg.train.cycles):
-                    self._run_cycle(cycle)
-                    last = cycle == cfg.train.cycles - 1
-                    held_out = None
-                    if cfg.eval.every and not last and (cycle + 1) % cfg.eval.every == 0:
-                        held_out = self.evaluate(f"cycle-{cycle:04d}")
-                    if last or (cycle + 1) % cfg.train.checkpoint_every == 0:
-                        self.save_checkpoint(f"cycle-{cycle:04d}", cycle=cycle)
-                    advance(stats=format_live_line(self.last_cycle_summary, held_out))
-            self.evaluate("final", temperature=0.0)
-            if self.cache is not None:
-                self.cache.close()
-            self.save_checkpoint("final", cycle=cfg.train.cycles - 1)
+            if not self._training_finished:
+                with self.progress.task("cycles", cfg.train.cycles - self._start_cycle) as advance:
+                    for cycle in range(self._start_cycle, cfg.train.cycles):
+                        self._run_cycle(cycle)
+                        last = cycle == cfg.train.cycles - 1
+                        held_out = None
+                        if cfg.eval.every and not last and (cycle + 1) % cfg.eval.every == 0:
+                            held_out = self.evaluate(f"cycle-{cycle:04d}")
+                        if last or (cycle + 1) % cfg.train.checkpoint_every == 0:
+                            self.save_checkpoint(f"cycle-{cycle:04d}", cycle=cycle)
+                        advance(stats=format_live_line(self.last_cycle_summary, held_out))
+                self.evaluate("final", temperature=0.0)
+                if self.cache is not None:
+                    self.cache.close()
+                self.save_checkpoint("final", cycle=cfg.train.cycles - 1)
             summary = self.eval_summary(seconds=time.perf_counter() - started)
-            write_json(self.paths.eval_json, summary)
             write_json(self.paths.manifest, self.build_manifest())
+            self.events.emit(
+                "run_end",
+                echo=f"final success {summary['final']['success_rate']:.3f}",
+                status="completed",
+                seconds=round(time.perf_counter() - started, 2),
+                global_optimizer_step=self.global_step,
+            )
+            # eval.json last: its presence is what marks the run finished, so a run killed
+            # before it is completed by --resume (from checkpoints/final).
+            write_json(self.paths.eval_json, summary)
         except KeyboardInterrupt:
             self.events.emit(
                 "run_end",
@@ -570,13 +616,6 @@ class OPDTrainer:
             raise
         finally:
             self.live.close()
-        self.events.emit(
-            "run_end",
-            echo=f"final success {summary['final']['success_rate']:.3f}",
-            status="completed",
-            seconds=round(time.perf_counter() - started, 2),
-            global_optimizer_step=self.global_step,
-        )
         return summary
 
     # ---------------------------------------------------------------- tasks
@@ -782,7 +821,7 @@ class OPDTrainer:
             raise CheckpointError(
                 f"{marker_path} not found", hint="run the benchmark cold start first"
             )
-        marker = read_json(marker_path)
+        marker = read_json(marker_path, error=CheckpointError)
         student_path = self.cold_start / COLD_START_STUDENT
         if not student_path.is_file() or sha256_file(student_path) != marker.get("student_sha256"):
             raise CheckpointError(f"{student_path} is missing or does not match {marker_path}")
@@ -1228,7 +1267,7 @@ class OPDTrainer:
             return
         by_id = {
             t.trajectory_id: t
-            for t in read_trajectories(self.paths.trajectories)
+            for t in read_trajectories(self.paths.trajectories, vocab_size=self.vocab_size)
             if t.metadata.get("offline_kd_pool")
         }
         version = int(self.offline_version or 0)
@@ -1562,9 +1601,9 @@ class OPDTrainer:
                 f"no complete checkpoint under {self.paths.checkpoints}",
                 hint="the run stopped before its first checkpoint; start it again without --resume",
             )
-        if path.name == "final":
+        if path.name == "final" and self.paths.eval_json.exists():
             raise CheckpointError(
-                f"{self.paths.root} already finished (checkpoints/final exists)",
+                f"{self.paths.root} already finished (checkpoints/final and eval.json exist)",
                 hint="nothing to resume; use 'miniverl eval --run' to re-evaluate",
             )
         loaded = load_checkpoint(path, device=self.student.device)
@@ -1604,6 +1643,9 @@ class OPDTrainer:
             _truncate(log, size)
         restore_rng_state(state["rng"])
         self._start_cycle = int(state["cycle"]) + 1
+        self.cycle = int(state["cycle"])  # eval records after a resume name the right cycle
+        # Killed after the final checkpoint: only eval.json and the manifest remain to write.
+        self._training_finished = path.name == "final"
         self._restore_offline_pool()
         self.events.emit(
             "checkpoint_loaded", name=path.name, global_optimizer_step=self.global_step
@@ -1673,13 +1715,18 @@ def _git_commit() -> str | None:
 def load_resolved_config(run_dir: str | Path) -> RunConfig:
     """``config.resolved.yaml`` of a run (what ``miniverl eval --run`` rebuilds from)."""
     paths = RunPaths(run_dir)
-    if not paths.config_resolved.is_file():
+    if not paths.config_resolved.exists() and not paths.config_resolved.is_symlink():
         raise RunDirectoryError(
             f"{paths.config_resolved} not found",
             hint="point --run at a directory written by 'miniverl train'",
         )
-    data = yaml.safe_load(paths.config_resolved.read_text(encoding="utf-8"))
-    return RunConfig.from_mapping(data, source=str(paths.config_resolved))
+    data = load_yaml_file(paths.config_resolved, error=RunDirectoryError)
+    if not isinstance(data, dict):
+        raise RunDirectoryError(f"{paths.config_resolved} is not a mapping of config sections")
+    try:
+        return RunConfig.from_mapping(data, source=str(paths.config_resolved))
+    except ConfigError as exc:
+        raise RunDirectoryError(exc.message, hint="the file was edited; re-run training") from None
 
 
 __all__ = ["OPDTrainer", "TrainingSample", "load_resolved_config", "summarize_rollouts"]

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from miniverl.errors import SchemaValidationError
 from miniverl.schemas.trajectory import TRAJECTORY_SCHEMA_VERSION, Trajectory
 from miniverl.utils.io import append_jsonl, atomic_write_text
+from miniverl.utils.safe_load import MAX_JSONL_LINE_BYTES, loads_json, require_regular_file
 
 
 def _line(trajectory: Trajectory) -> str:
@@ -59,12 +60,15 @@ def format_validation_errors(prefix: str, exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_trajectory_line(line: str, *, where: str) -> Trajectory:
-    """Parse and validate one JSONL record; ``where`` is ``<path>:<lineno>``."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise SchemaValidationError(f"{where} is not valid JSON: {exc}") from None
+def parse_trajectory_line(line: str, *, where: str, vocab_size: int | None = None) -> Trajectory:
+    """Parse and validate one JSONL record; ``where`` is ``<path>:<lineno>``.
+
+    ``vocab_size``: the reading tokenizer's vocabulary; a token id at or beyond it is a
+    schema error (it would index past the embedding table).
+    """
+    record = loads_json(
+        line, where=where, error=SchemaValidationError, max_bytes=MAX_JSONL_LINE_BYTES
+    )
     if not isinstance(record, dict):
         raise SchemaValidationError(f"{where} is not a JSON object")
     version = record.get("schema_version", TRAJECTORY_SCHEMA_VERSION)
@@ -74,19 +78,32 @@ def parse_trajectory_line(line: str, *, where: str) -> Trajectory:
             hint="read it with the miniverl version that wrote it, or regenerate the file",
         )
     try:
-        return Trajectory.model_validate(record)
+        trajectory = Trajectory.model_validate(record)
     except ValidationError as exc:
         raise SchemaValidationError(format_validation_errors(where, exc)) from None
+    if vocab_size is not None and trajectory.token_ids and max(trajectory.token_ids) >= vocab_size:
+        raise SchemaValidationError(
+            f"{where}: token id {max(trajectory.token_ids)} is outside the tokenizer vocabulary "
+            f"(vocab_size {vocab_size})",
+            hint="the file was written by another tokenizer or edited; regenerate it",
+        )
+    return trajectory
 
 
-def iter_trajectories(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
-    """Stream validated trajectories; the first bad line raises SchemaValidationError."""
+def iter_trajectories(
+    path: str | os.PathLike[str], *, vocab_size: int | None = None
+) -> Iterator[Trajectory]:
+    """Stream validated trajectories; the first bad line raises SchemaValidationError.
+
+    Only a regular file is read (a FIFO would block); ``vocab_size`` bounds token ids.
+    """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise SchemaValidationError(
             f"trajectory file not found: {path}",
             hint="run 'miniverl demo' or 'miniverl train <recipe>' first",
         )
+    require_regular_file(path, error=SchemaValidationError)
     # Binary lines decoded one at a time: a text-mode reader decodes ahead in chunks, so
     # an invalid byte on line N would be reported while reading an earlier line.
     with open(path, "rb") as handle:
@@ -97,11 +114,17 @@ def iter_trajectories(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
                 raise SchemaValidationError(f"{path}:{lineno} is not UTF-8 text: {exc}") from None
             if not line.strip():
                 continue
-            yield parse_trajectory_line(line, where=f"{path}:{lineno}")
+            if len(raw) > MAX_JSONL_LINE_BYTES:
+                raise SchemaValidationError(
+                    f"{path}:{lineno} is {len(raw)} bytes, over the {MAX_JSONL_LINE_BYTES}-byte line limit"
+                )
+            yield parse_trajectory_line(line, where=f"{path}:{lineno}", vocab_size=vocab_size)
 
 
-def read_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:
-    return list(iter_trajectories(path))
+def read_trajectories(
+    path: str | os.PathLike[str], *, vocab_size: int | None = None
+) -> list[Trajectory]:
+    return list(iter_trajectories(path, vocab_size=vocab_size))
 
 
 def count_trajectories(path: str | os.PathLike[str]) -> int:

@@ -8,13 +8,19 @@ POSIX and Windows when source and target share a directory.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from miniverl.errors import MiniverlError, RunDirectoryError, RunStorageError
+from miniverl.utils.failpoints import failpoint
+from miniverl.utils.safe_load import load_json_file
 
 _HASH_BLOCK = 1 << 20
 
@@ -26,15 +32,53 @@ def _current_umask() -> int:
     return mask
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """``ENOSPC``/``EDQUOT`` as an ``OSError``, or as a library's wrapped error text."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "os error 28" in text
+
+
+def storage_error(path: str | os.PathLike[str]) -> RunStorageError:
+    """The :class:`RunStorageError` for a failed write of ``path``, with the free space."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = f"{shutil.disk_usage(probe).free / (1 << 20):.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return RunStorageError(f"no space left on device while writing {path} ({free} on {probe})")
+
+
+def checked_failpoint(name: str, path: str | os.PathLike[str]) -> None:
+    """:func:`failpoint` whose injected ``ENOSPC`` surfaces as :class:`RunStorageError`."""
+    try:
+        failpoint(name)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise storage_error(path) from exc
+        raise
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``target``; rename it over ``target`` on success.
 
-    On any exception the temporary file is removed and ``target`` is untouched.
+    On any exception the temporary file is removed and ``target`` is untouched; a full
+    disk is raised as :class:`RunStorageError` naming ``target`` and the free space.
+    Failpoints ``write:<name>:before_rename`` and ``write:<name>:after_rename`` bracket
+    the rename.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise storage_error(target) from exc
+        raise
     os.close(fd)
     tmp = Path(tmp_name)
     os.chmod(tmp, 0o666 & ~_current_umask())
@@ -42,11 +86,15 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
+        checked_failpoint(f"write:{target.name}:before_rename", target)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        if is_disk_full(exc) and not isinstance(exc, MiniverlError):
+            raise storage_error(target) from exc
         raise
+    checked_failpoint(f"write:{target.name}:after_rename", target)
 
 
 def atomic_write_bytes(target: str | os.PathLike[str], data: bytes) -> None:
@@ -67,9 +115,15 @@ def write_json(target: str | os.PathLike[str], payload: Any) -> None:
     atomic_write_text(target, to_json_text(payload))
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+def read_json(
+    path: str | os.PathLike[str],
+    *,
+    error: type[MiniverlError] = RunDirectoryError,
+    expect: type | None = dict,
+) -> Any:
+    """A JSON artifact through :mod:`miniverl.utils.safe_load` (regular file, size and depth
+    limits); every failure is ``error`` naming ``path``. ``expect``: required top-level type."""
+    return load_json_file(path, error=error, expect=expect)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -88,16 +142,62 @@ def append_jsonl(path: str | os.PathLike[str], records: list[dict[str, Any]]) ->
     """Append records as complete lines in one write.
 
     An interrupted append can only leave a cut-off final line, which is not valid JSON,
-    so a reader (``trajectory.io``) rejects it instead of reading a partial record.
+    so a reader (``trajectory.io``) rejects it instead of reading a partial record, and
+    :func:`repair_jsonl_tail` cuts it away on resume. A full disk truncates the file back
+    to its length before the append and raises :class:`RunStorageError`. Failpoints:
+    ``append:<name>:before``, ``append:<name>:partial`` (half the bytes written, then
+    death) and ``append:<name>:after``.
     """
     if not records:
         return
     payload = "".join(
         json.dumps(r, sort_keys=True, ensure_ascii=False, default=str) + "\n" for r in records
-    )
+    ).encode("utf-8")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
+    checked_failpoint(f"append:{path.name}:before", path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "ab")  # noqa: SIM115 (closed by the with below)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise storage_error(path) from exc
+        raise
+    with handle:
+        start = handle.tell()
+
+        def torn_write() -> None:
+            handle.write(payload[: len(payload) // 2])
+            handle.flush()
+
+        try:
+            failpoint(f"append:{path.name}:partial", before_exit=torn_write)
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            with contextlib.suppress(OSError):
+                handle.truncate(start)
+            raise storage_error(path) from exc
+    checked_failpoint(f"append:{path.name}:after", path)
+
+
+def repair_jsonl_tail(path: str | os.PathLike[str]) -> int:
+    """Cut a torn final line (no trailing newline) off an append-only log; bytes removed."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with open(path, "r+b") as handle:
+        back = min(size, 1 << 20)
+        handle.seek(size - back)
+        tail = handle.read(back)
+        if tail.endswith(b"\n"):
+            return 0
+        cut = tail.rfind(b"\n")
+        keep = size - back + cut + 1 if cut >= 0 else (0 if back == size else size)
+        handle.truncate(keep)
+    return size - keep

@@ -9,7 +9,18 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from miniverl.errors import RunDirectoryError
+
 _TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class InvalidNameError(RunDirectoryError, ValueError):
+    """A checkpoint name or eval tag that is not one safe path component.
+
+    Also a ``ValueError`` for callers that predate the typed error.
+    """
+
+    default_hint = "use 1-64 letters, digits, '_', '.', '-', starting with a letter or digit"
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,7 @@ class RunPaths:
 
     def checkpoint(self, name: str) -> Path:
         if not _TAG_RE.match(name):
-            raise ValueError(f"invalid checkpoint name {name!r}")
+            raise InvalidNameError(f"invalid checkpoint name {name!r}")
         return self.checkpoints / name
 
     @property
@@ -88,7 +99,7 @@ class RunPaths:
 
     def eval_tag_json(self, tag: str) -> Path:
         if not _TAG_RE.match(tag):
-            raise ValueError(f"invalid eval tag {tag!r}: use letters, digits, '_', '.', '-'")
+            raise InvalidNameError(f"invalid eval tag {tag!r}: use letters, digits, '_', '.', '-'")
         return self.root / f"eval.{tag}.json"
 
     @property
