@@ -127,34 +127,33 @@ def test_tool_call_episodes_equal_on_all_three_paths() -> None:
 
 
 def test_generate_batch_across_calls_with_dropping_rows(student: ToyBackend) -> None:
-    """Rows leave between calls and append observations of different lengths."""
+    """Rows leave between calls, a fresh prompt joins, observations differ in length."""
     tok = student.tokenizer
     header = tok.encode(ASSISTANT_HEADER)
-    prompts = [tok.encode(t.prompt) + header for t in calculator_tasks(6, seed=3)]
-    seeds = list(range(6))
+    prompts = [tok.encode(t.prompt) + header for t in calculator_tasks(7, seed=3)]
     cache = PrefixCache()
     live = list(range(6))
     for round_ in range(4):
+        if round_ == 2:
+            live.append(6)
         budgets = [3 + (i + round_) % 7 for i in live]
-        kwargs = {"max_new_tokens": budgets, "seeds": [seeds[i] + 10 * round_ for i in live]}
-        warm = student.generate_batch(
-            [prompts[i] for i in live], temperature=1.0, prefix_cache=cache, **kwargs
-        )
-        cold = student.generate_batch([prompts[i] for i in live], temperature=1.0, **kwargs)
+        seeds = [i + 10 * round_ for i in live]
+        batch = [prompts[i] for i in live]
+        kwargs = {"max_new_tokens": budgets, "seeds": seeds, "temperature": 1.0}
+        warm = student.generate_batch(batch, prefix_cache=cache, **kwargs)
+        cold = student.generate_batch(batch, **kwargs)
         alone = [
-            student.generate(prompts[i], max_new_tokens=b, seed=s, temperature=1.0)
-            for i, b, s in zip(live, budgets, kwargs["seeds"], strict=True)
+            student.generate(p, max_new_tokens=b, seed=s, temperature=1.0)
+            for p, b, s in zip(batch, budgets, seeds, strict=True)
         ]
-        assert (
-            [g.token_ids for g in warm]
-            == [g.token_ids for g in cold]
-            == [g.token_ids for g in alone]
-        )
+        assert [g.token_ids for g in warm] == [g.token_ids for g in cold]
+        assert [g.token_ids for g in warm] == [g.token_ids for g in alone]
         assert [g.finish_reason for g in warm] == [g.finish_reason for g in alone]
         for i, g in zip(live, warm, strict=True):
             observation = format_observation('{"result": ' + "7" * (i + round_) + "}")
             prompts[i] = prompts[i] + g.token_ids + tok.encode(observation) + header
         live = [i for i in live if (i + round_) % 4 != 0]
+    assert len(cache.prefilled_tokens) == 4
 
 
 class CountingToy(ToyBackend):
