@@ -7,7 +7,12 @@ Three parts (``--parts``, default all):
             tokens/s. Tiny Hugging Face checkpoint (Qwen3-style, built offline): our batched
             greedy decode (``HFBackend.generate_batch``) against ``model.generate()`` on the
             same left-padded batch at batch 1, 8, 16 and 32, plus our one-prompt-at-a-time
-            loop; the ids of the two batched arms are asserted equal.
+            loop; the ids of the two batched arms are asserted equal. Then incremental
+            prefill (each round feeds only the ids appended since the last decode into the
+            kept KV cache) against full re-prefill of whole transcripts
+            (``RolloutRunner(incremental_prefill=False)``) at batch 8 and 32 on the toy,
+            with the prompt tokens each arm's prefill forwards ran (random toy weights
+            scaled x6 and ``max_parse_errors = max_turns``, so episodes last several turns).
   opd       The OPD arm of ``recipes/toy_demo.yaml`` twice from one shared SFT cold start:
             ``today`` (rollout.batch_size=1, teacher.batch_size=1, eval.batch_size=1,
             train.trajectory_batch_size=1, cache.journal=false: the whole-index flush) and
@@ -98,6 +103,72 @@ def bench_toy_rollouts(episodes: int, reps: int) -> None:
         base = base or seconds
         print(
             f"{size:>6} {seconds:>9.3f} {len(trajectories) / seconds:>11.1f} {tokens / seconds:>10.0f} {base / seconds:>7.2f}x{same}"
+        )
+
+
+class _PrefillCounter:
+    """Delegates to a backend and counts the prompt tokens each round's prefill runs."""
+
+    supports_prefix_cache = True
+
+    def __init__(self, inner: ToyBackend) -> None:
+        self.inner, self.tokenizer, self.capabilities = inner, inner.tokenizer, inner.capabilities
+        self.prefilled = 0
+
+    def generate(self, *args, **kwargs):
+        return self.inner.generate(*args, **kwargs)
+
+    def generate_batch(self, prompts, **kwargs):
+        cache = kwargs.get("prefix_cache")
+        before = 0 if cache is None else sum(cache.prefilled_tokens)
+        out = self.inner.generate_batch(prompts, **kwargs)
+        if cache is None:
+            self.prefilled += sum(len(p) for p in prompts)
+        else:
+            self.prefilled += sum(cache.prefilled_tokens) - before
+        return out
+
+    def trainable_parameters(self):
+        return self.inner.trainable_parameters()
+
+
+def bench_toy_prefill(episodes: int, reps: int) -> None:
+    recipe = RunConfig.from_yaml(RECIPE)
+    env = make_environment("calculator")
+    tasks = make_splits(env, {"train": episodes, "eval": 0, "test": 0}, seed=7)["train"]
+    toy = ToyBackend(TOY_STUDENT, ToyTokenizer(), model_id="toy-student", seed=0)
+    with torch.no_grad():
+        for name, param in toy.module.named_parameters():
+            if "norm" not in name:
+                param.mul_(6.0)
+    backend = _PrefillCounter(toy)
+    rollout = recipe.rollout.model_copy(update={"max_parse_errors": recipe.rollout.max_turns})
+    requests = [EpisodeRequest(t, 100 + i) for i, t in enumerate(tasks)]
+    print(
+        f"\nToy rollouts, incremental prefill vs full re-prefill: {episodes} episodes, "
+        f"rollout config of {RECIPE.name}, random weights scaled x6, "
+        "max_parse_errors = max_turns (so episodes run several turns: unparsed text, error "
+        "observation, next turn)"
+    )
+    print(
+        f"{'batch':>6} {'full s':>8} {'incr. s':>8} {'speedup':>8} "
+        f"{'prefill tok full':>17} {'prefill tok incr.':>18} {'same episodes':>14}"
+    )
+    for size in (8, 32):
+        arms = {}
+        for incremental in (False, True):
+            runner = RolloutRunner(backend, env, rollout, incremental_prefill=incremental)
+            seconds, out = _median_time(
+                lambda r=runner, s=size: r.rollout_batch(requests, batch_size=s), reps
+            )
+            backend.prefilled = 0
+            runner.rollout_batch(requests, batch_size=size)
+            arms[incremental] = (seconds, list(out), backend.prefilled)  # type: ignore[call-overload]
+        (full_s, full_out, full_tok), (inc_s, inc_out, inc_tok) = arms[False], arms[True]
+        same = sum(a.token_ids == b.token_ids for a, b in zip(full_out, inc_out, strict=True))
+        print(
+            f"{size:>6} {full_s:>8.3f} {inc_s:>8.3f} {full_s / inc_s:>7.2f}x "
+            f"{full_tok:>17} {inc_tok:>18} {same:>9}/{len(inc_out)}"
         )
 
 
@@ -321,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         if "rollouts" in parts:
             bench_toy_rollouts(16 if args.quick else 32, reps)
+            bench_toy_prefill(32 if args.quick else 64, reps)
             bench_hf_decode(16 if args.quick else 32, reps)
         if "flush" in parts:
             bench_flush(40 if args.quick else args.flush_cycles, 60, root / "flush")

@@ -67,8 +67,10 @@ class RolloutRunner:
         tokenizer: TokenizerLike | None = None,
         model_id: str | None = None,
         model_revision: str | None = None,
+        incremental_prefill: bool = True,
     ) -> None:
         self.backend = backend
+        self.incremental_prefill = incremental_prefill
         self.environment = environment
         self.config = config or RolloutConfig()
         self.tokenizer: TokenizerLike = tokenizer or backend.tokenizer
@@ -228,7 +230,11 @@ class RolloutRunner:
         group, every round collects each live episode's prompt (its whole transcript so
         far), decodes all of them in one left-padded batch (``backend.generate_batch``), and
         hands each episode its own result; tools run per episode on a private shallow copy
-        of the environment. Each episode samples from the seeds it would use alone, so the
+        of the environment. The group's KV cache outlives the round (a
+        :class:`~miniverl.models.sampling.PrefixCache`, when the backend has
+        ``supports_prefix_cache`` and ``incremental_prefill`` is on), so the next round
+        prefills only each episode's new ids: its last sampled id, the tool result and the
+        next assistant header; ``incremental_prefill=False`` re-prefills whole transcripts. Each episode samples from the seeds it would use alone, so the
         trajectories equal :meth:`rollout`'s, episode for episode (up to float rounding of
         the batched kernels). ``batch_size == 1`` or a backend without ``generate_batch``
         runs :meth:`rollout` one episode at a time. ``split(decode, requests)`` may wrap
@@ -268,6 +274,7 @@ class RolloutRunner:
                 for r in group
             ]
             temp = episodes[0].temperature if episodes else 0.0
+            prefix = self._prefix_cache()
             while True:
                 live = [(e, e.next_request()) for e in episodes]
                 live = [(e, req) for e, req in live if req is not None]
@@ -275,7 +282,9 @@ class RolloutRunner:
                     break
 
                 def decode(
-                    batch: list[tuple[list[int], int, int]], temp: float = temp
+                    batch: list[tuple[list[int], int, int]],
+                    temp: float = temp,
+                    prefix: dict[str, Any] = prefix,
                 ) -> list[GenerationResult]:
                     return self.backend.generate_batch(  # type: ignore[attr-defined,no-any-return]
                         [prompt for prompt, _, _ in batch],
@@ -284,6 +293,7 @@ class RolloutRunner:
                         temperature=temp,
                         top_p=self.config.top_p,
                         stop_sequences=stop_sequences(),
+                        **prefix,
                     )
 
                 turn_requests = [req for _, req in live]
@@ -293,6 +303,14 @@ class RolloutRunner:
             fingerprint = backend_fingerprint(self.backend)
             out.extend(e.finish(fingerprint) for e in episodes)
         return out
+
+    def _prefix_cache(self) -> dict[str, Any]:
+        """``generate_batch`` keyword arguments that keep one group's KV cache across rounds."""
+        if not (self.incremental_prefill and getattr(self.backend, "supports_prefix_cache", False)):
+            return {}
+        from miniverl.models.sampling import PrefixCache
+
+        return {"prefix_cache": PrefixCache()}
 
     def _start_episode(
         self,

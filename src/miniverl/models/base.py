@@ -105,7 +105,9 @@ class CausalLMBackend(Protocol):
     Optional: ``generate_batch(prompts, *, max_new_tokens, seeds, temperature, top_p,
     stop_sequences) -> list[GenerationResult]``, whose row ``r`` equals ``generate`` of
     ``prompts[r]`` with ``seeds[r]`` (both built-in backends have it; ``RolloutRunner``
-    falls back to one episode at a time without it).
+    falls back to one episode at a time without it). A backend whose ``generate_batch`` also
+    takes ``prefix_cache=`` (a ``models.sampling.PrefixCache``) sets ``supports_prefix_cache
+    = True``; the runner then keeps the KV cache across turns and prefills only new ids.
     """
 
     tokenizer: TokenizerLike

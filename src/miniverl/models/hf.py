@@ -30,6 +30,7 @@ import torch
 from miniverl.errors import BackendError, CheckpointError, ConfigError
 from miniverl.models.base import BackendCapabilities, GenerationResult, PaddedTrajectoryBatch
 from miniverl.models.sampling import (
+    PrefixCache,
     check_right_padded,
     eval_mode,
     gather_positions,
@@ -106,6 +107,9 @@ class HFBackend:
     ``dropout``, ``target_modules``. ``adapter_name`` names the peft adapter (it appears in
     the trainable state's keys). ``trust_remote_code`` exists only to be refused.
     """
+
+    supports_prefix_cache = True
+    """``generate_batch`` takes ``prefix_cache=`` (incremental prefill across turns)."""
 
     def __init__(
         self,
@@ -393,12 +397,15 @@ class HFBackend:
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop_sequences: tuple[str, ...] = (),
+        prefix_cache: PrefixCache | None = None,
     ) -> list[GenerationResult]:
         """Left-padded batched decoding; row ``r`` equals ``generate`` of ``prompts[r]``.
 
         The 2-D ``attention_mask`` marks real cache slots and ``position_ids`` count real
         tokens only, which is what Llama/Qwen-style rotary models need under left padding
-        (the same convention as ``model.generate()``).
+        (the same convention as ``model.generate()``). With ``prefix_cache`` the model's
+        ``DynamicCache`` is kept across calls and a prompt that extends an earlier call's
+        ids prefills only its new ids (see :class:`~miniverl.models.sampling.PrefixCache`).
         """
         with eval_mode(self.model):
             return run_batched_generation(
@@ -413,6 +420,8 @@ class HFBackend:
                 eos_token_id=self.tokenizer.eos_token_id,
                 pad_token_id=self.tokenizer.pad_token_id,
                 device=self._device,
+                prefix_cache=prefix_cache,
+                select_cache=_select_dynamic_cache,
             )
 
     def _batch_step(
@@ -473,6 +482,23 @@ class HFBackend:
         return f"HFBackend({self.model_id!r}, device={self._device!r}, precision={self.precision}{released})"
 
 
+def _select_dynamic_cache(cache: Any, rows: torch.Tensor, slots: torch.Tensor) -> Any:
+    """Rows ``rows`` and slots ``slots`` of a ``DynamicCache`` (in place), or None.
+
+    Only plain full-attention layers (keys/values ``[B, heads, S, d]``) can be sliced this
+    way; a sliding-window or other cache layer returns None (the prompt is prefilled whole).
+    """
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+        return None
+    for layer in layers:
+        if getattr(layer, "keys", None) is None:
+            return None
+        layer.keys = layer.keys.index_select(0, rows).index_select(2, slots)
+        layer.values = layer.values.index_select(0, rows).index_select(2, slots)
+    return cache
+
+
 def _resolve_precision(precision: str, device: str) -> torch.dtype:
     if precision == "auto":
         on_cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
@@ -527,6 +553,8 @@ class HFRoleView:
     calls it directly (it may run inside the actor's backward). The view owns nothing:
     :meth:`release` drops the view only, and it cannot move to another device alone.
     """
+
+    supports_prefix_cache = True
 
     def __init__(self, owner: HFBackend, *, role: str) -> None:
         if owner.lora is None:
@@ -602,6 +630,7 @@ class HFRoleView:
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop_sequences: tuple[str, ...] = (),
+        prefix_cache: PrefixCache | None = None,
     ) -> list[GenerationResult]:
         with self._adapters_off():
             return self.owner.generate_batch(
@@ -611,6 +640,7 @@ class HFRoleView:
                 temperature=temperature,
                 top_p=top_p,
                 stop_sequences=stop_sequences,
+                prefix_cache=prefix_cache,
             )
 
     def hidden_states_at(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -106,6 +107,75 @@ real positions are ``position_ids``, independent of how much padding sits before
 Only the last new position of each row is projected."""
 
 
+CacheSelectFn = Callable[[Any, torch.Tensor, torch.Tensor], Any]
+"""``select(cache, rows [R] long, slots [S] long) -> cache`` of those batch rows and cache slots.
+
+Returns None when the backend's cache object cannot be sliced (then every row is prefilled
+from scratch). It may consume ``cache``: the caller never reuses the one it passed in."""
+
+
+@dataclass
+class PrefixCache:
+    """A batch's KV cache kept across :func:`run_batched_generation` calls (multi-turn rollouts).
+
+    Row ``r`` of ``cache`` holds the keys and values of the ids ``fed[r]``: its prompt plus
+    every sampled id except the last, which was never fed back. A later call whose prompt
+    starts with ``fed[r]`` (and is longer) reuses that row and prefills only the ids after
+    it; any other prompt is prefilled whole. Rows are matched by content, not by caller
+    identity, so reusing a row can never attend to another episode's tokens: equal ids at
+    equal positions have equal keys and values. ``prefilled_tokens`` logs, per call, how
+    many real tokens the prefill forward ran (the figure the benchmark and tests watch).
+    """
+
+    cache: Any = None
+    key_mask: torch.Tensor | None = None
+    fed: list[tuple[int, ...]] = field(default_factory=list)
+    prefilled_tokens: list[int] = field(default_factory=list)
+
+    def take(
+        self,
+        prompts: Sequence[Sequence[int]],
+        select: CacheSelectFn | None,
+    ) -> tuple[Any, torch.Tensor | None, list[int]]:
+        """``(cache, past key_mask [B, S], cached length per row)`` for ``prompts``; empties self.
+
+        Rows with no usable prefix get cached length 0 and an all-zero past mask, so the
+        cache content in their slots (copied from some other row) is never attended to.
+        Slots that no selected row uses are dropped. The state is emptied first, so a call
+        that fails (e.g. out of memory, then split and retried) cannot leave a cache that
+        disagrees with ``fed``.
+        """
+        cache, key_mask, fed = self.cache, self.key_mask, self.fed
+        self.cache, self.key_mask, self.fed = None, None, []
+        lengths = [0] * len(prompts)
+        if cache is None or key_mask is None or select is None or not fed:
+            return None, None, lengths
+        lookup: dict[tuple[int, ...], int] = {}
+        for row, ids in enumerate(fed):
+            lookup.setdefault(ids, row)
+        sizes = sorted({len(ids) for ids in fed}, reverse=True)
+        source: list[int | None] = []
+        for r, prompt in enumerate(prompts):
+            hit = None
+            for n in sizes:
+                if n < len(prompt) and (hit := lookup.get(tuple(prompt[:n]))) is not None:
+                    lengths[r] = n
+                    break
+            source.append(hit)
+        warm = [s for s in source if s is not None]
+        if not warm:
+            return None, None, [0] * len(prompts)
+        rows = torch.tensor([warm[0] if s is None else s for s in source], dtype=torch.long)
+        past = key_mask.index_select(0, rows.to(key_mask.device))
+        cold = torch.tensor([s is None for s in source], device=past.device)
+        past = past.masked_fill(cold[:, None], 0)
+        slots = past.any(dim=0).nonzero().flatten()
+        selected = select(cache, rows.to(past.device), slots)
+        if selected is None:
+            return None, None, [0] * len(prompts)
+        return selected, past.index_select(1, slots), lengths
+
+
 def run_batched_generation(
     step: BatchStepFn,
     prompts: Sequence[Sequence[int]],
@@ -119,6 +189,8 @@ def run_batched_generation(
     eos_token_id: int | None = None,
     pad_token_id: int = 0,
     device: str | torch.device = "cpu",
+    prefix_cache: PrefixCache | None = None,
+    select_cache: CacheSelectFn | None = None,
 ) -> list[GenerationResult]:
     """:func:`run_generation` for ``B`` prompts at once; row ``r`` equals the unbatched call.
 
@@ -126,6 +198,11 @@ def run_batched_generation(
       column and one ``[B, 1]`` step per sampled token serves every row. ``key_mask`` hides
       the padding and ``position_ids`` count only real tokens, so each row sees exactly the
       keys and rotary positions it would see alone.
+    - With a ``prefix_cache`` (and the backend's ``select_cache``), a row whose prompt
+      extends ids already in the cache prefills only the new ids: they are left-padded
+      into one block appended after the cached slots, at positions ``cached length + 0,
+      1, ...``, with ``key_mask`` hiding the pads, the gaps between earlier blocks and any
+      other row's slots. The cache of this call is kept for the next one.
     - Every row draws from its **own** ``torch.Generator`` seeded with ``seeds[r]`` and
       consumes one draw per sampled id, exactly like :func:`run_generation`: the ids of a
       row do not depend on which other rows share its batch (up to float rounding of the
@@ -161,16 +238,30 @@ def run_batched_generation(
     active = [budget > 0 for budget in max_new_tokens]
 
     if any(active):
-        width = max(len(p) for p in prompts)
+        cache, past_mask, cached = (
+            prefix_cache.take(prompts, select_cache)
+            if prefix_cache is not None
+            else (None, None, [0] * rows)
+        )
+        new = [list(p[n:]) for p, n in zip(prompts, cached, strict=True)]
+        width = max(len(ids) for ids in new)
         ids = torch.full((rows, width), int(pad_token_id), dtype=torch.long)
         mask = torch.zeros((rows, width), dtype=torch.long)
-        for r, prompt in enumerate(prompts):
-            ids[r, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
-            mask[r, width - len(prompt) :] = 1
-        positions = (mask.cumsum(dim=1) - 1).clamp_(min=0)
+        positions = torch.zeros((rows, width), dtype=torch.long)
+        for r, tokens in enumerate(new):
+            ids[r, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
+            mask[r, width - len(tokens) :] = 1
+            positions[r, :] = cached[r]
+            positions[r, width - len(tokens) :] = torch.arange(
+                cached[r], cached[r] + len(tokens), dtype=torch.long
+            )
         next_position = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         key_mask = mask.to(device)
-        logits, cache = step(ids.to(device), key_mask, positions.to(device), None)
+        if past_mask is not None:
+            key_mask = torch.cat([past_mask.to(key_mask.dtype), key_mask], dim=1)
+        if prefix_cache is not None:
+            prefix_cache.prefilled_tokens.append(sum(len(tokens) for tokens in new))
+        logits, cache = step(ids.to(device), key_mask, positions.to(device), cache)
         while True:
             column = torch.full((rows, 1), int(pad_token_id), dtype=torch.long)
             alive = torch.zeros((rows, 1), dtype=torch.long)
@@ -196,6 +287,9 @@ def run_batched_generation(
             step_positions = next_position.unsqueeze(1).clone()
             next_position += alive[:, 0]
             logits, cache = step(column.to(device), key_mask, step_positions.to(device), cache)
+        if prefix_cache is not None:
+            prefix_cache.cache, prefix_cache.key_mask = cache, key_mask
+            prefix_cache.fed = [tuple(prompts[r]) + tuple(sampled[r][:-1]) for r in range(rows)]
 
     results = []
     for r in range(rows):
@@ -393,6 +487,8 @@ def gather_positions(hidden: torch.Tensor, flat_index: torch.Tensor) -> torch.Te
 
 __all__ = [
     "BatchStepFn",
+    "CacheSelectFn",
+    "PrefixCache",
     "StepFn",
     "check_right_padded",
     "eval_mode",

@@ -32,6 +32,7 @@ from miniverl.errors import BackendError, ConfigError, TrajectoryError
 from miniverl.models.base import BackendCapabilities, GenerationResult, PaddedTrajectoryBatch
 from miniverl.models.batching import build_padded_trajectory_batch
 from miniverl.models.sampling import (
+    PrefixCache,
     check_right_padded,
     eval_mode,
     gather_positions,
@@ -376,12 +377,26 @@ class ToyDecoder(nn.Module):
 # ------------------------------------------------------------------------------ the backend
 
 
+def _select_cache(cache: KVCache, rows: torch.Tensor, slots: torch.Tensor) -> KVCache:
+    """Batch rows ``rows`` and cache slots ``slots`` of every layer's ``[B, heads, S, d]``."""
+    return [
+        (
+            k.index_select(0, rows).index_select(2, slots),
+            v.index_select(0, rows).index_select(2, slots),
+        )
+        for k, v in cache
+    ]
+
+
 class ToyBackend:
     """``CausalLMBackend`` over a :class:`ToyDecoder` and a tokenizer (usually :class:`ToyTokenizer`).
 
     Initialisation is seeded without touching the global RNG, so the same ``seed`` builds
     the same weights in every process.
     """
+
+    supports_prefix_cache = True
+    """``generate_batch`` takes ``prefix_cache=`` (incremental prefill across turns)."""
 
     def __init__(
         self,
@@ -498,8 +513,13 @@ class ToyBackend:
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop_sequences: tuple[str, ...] = (),
+        prefix_cache: PrefixCache | None = None,
     ) -> list[GenerationResult]:
-        """Row ``r`` is ``generate(prompts[r], max_new_tokens=max_new_tokens[r], seed=seeds[r])``."""
+        """Row ``r`` is ``generate(prompts[r], max_new_tokens=max_new_tokens[r], seed=seeds[r])``.
+
+        ``prefix_cache`` keeps the KV cache across calls so that a prompt extending an
+        earlier call's ids prefills only its new ids (see :class:`PrefixCache`).
+        """
         module = self.module
         with eval_mode(module):
             return run_batched_generation(
@@ -514,6 +534,8 @@ class ToyBackend:
                 eos_token_id=self.tokenizer.eos_token_id,
                 pad_token_id=self.tokenizer.pad_token_id,
                 device=self._device,
+                prefix_cache=prefix_cache,
+                select_cache=_select_cache,
             )
 
     def _batch_step(
