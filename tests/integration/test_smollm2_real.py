@@ -29,6 +29,7 @@ from miniverl.trajectory.masks import model_target_positions
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
+pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
 
 NAME = "smollm2-135m-instruct"
 SOURCE = acquire.KNOWN_MODELS[NAME]
@@ -117,6 +118,16 @@ def test_a_full_disk_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(ModelSourceError, match="the disk is full"):
         acquire.convert_gguf(SOURCE, tmp_path / "x.gguf", target)
     assert _snapshot(tmp_path / "models") == []
+
+
+def test_fetch_never_overwrites_a_directory_it_did_not_write(tmp_path: Path) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text("{}")
+    with pytest.raises(ModelSourceError, match="is not a converted smollm2-135m-instruct"):
+        acquire.fetch_model(NAME, tmp_path / "mine", gguf=tmp_path / "unused.gguf")
+    assert _snapshot(tmp_path) == ["mine", "mine/config.json"]
+    with pytest.raises(ModelSourceError, match="unknown model 'gpt-5'"):
+        acquire.fetch_model("gpt-5", tmp_path / "x")
 
 
 @needs_wheel
@@ -309,3 +320,85 @@ def test_non_canonical_sampled_ids_are_kept_on_this_tokenizer(smol_tokenizer: An
     assert [teacher.token_ids[p + 1] for p in alignment.teacher_prediction_positions] == (
         alignment.target_token_ids
     )
+
+
+# ------------------------------------------------------------------------------ one OPD cycle
+
+
+def _bits(tensor: Any) -> int:
+    """An exact fingerprint of a float32 tensor: the sum of its bit patterns as integers."""
+    return int(
+        tensor.detach().contiguous().view(-1).view(dtype=__import__("torch").int32).long().sum()
+    )
+
+
+@pytest.mark.slow
+@needs_wheel
+def test_one_opd_cycle_on_the_real_model_changes_only_the_student_adapter(
+    smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """Shared backbone, fitted (1 step) teacher adapter, privileged teacher, one OPD cycle."""
+    from safetensors.torch import load_file
+
+    from miniverl.config.models import RunConfig
+    from miniverl.training.teacher_adapter import ADAPTER_FILE
+    from miniverl.training.trainer import OPDTrainer
+
+    spec = {"model_id": str(smollm2_dir), "lora": {"enabled": True, "r": 2, "alpha": 4}}
+    config = RunConfig.from_mapping(
+        {
+            "run": {"name": "smollm2-one-cycle", "seed": 11, "cpu_threads": 2},
+            "models": {
+                "backend": "hf",
+                "device": "cpu",
+                "runtime": "shared_backbone",
+                "student": spec,
+                "teacher": spec,
+                "teacher_fit": {
+                    "enabled": True,
+                    "steps": 1,
+                    "batch_size": 1,
+                    "extra_tasks": 0,
+                    "corrective_fraction": 0.5,
+                    "probe_tasks": 0,
+                    "cache_dir": str(tmp_path / "adapters"),
+                },
+            },
+            "environment": {
+                "train_tasks": 2,
+                "eval_tasks": 1,
+                "params": {"prompt_style": "verbose"},
+            },
+            "rollout": {"max_turns": 1, "max_new_tokens_per_turn": 6, "max_total_tokens": 400},
+            "teacher": {"mode": "privileged_context"},
+            "loss": {"top_k": 8},
+            "train": {"cycles": 1, "rollouts_per_cycle": 2, "sft_warmup_cycles": 0, "lr": 0.01},
+            "eval": {"baseline": False, "after_warmup": False},
+        }
+    )
+    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True)
+    trainer.setup()
+    model = trainer.student.model
+    base_before = {k: _bits(p) for k, p in model.named_parameters() if "lora_" not in k}
+    actor_before = trainer.student.adapter_state("actor")
+    summary = trainer.train()
+
+    assert summary["global_optimizer_step"] == 1 and trainer.parameter_version == 1
+    report = summary["teacher_adapter"]
+    assert report["reused"] is False and report["steps"] == 1
+    fitted = load_file(str(Path(report["directory"]) / ADAPTER_FILE))
+    live_teacher = trainer.student.adapter_state("teacher")
+    assert fitted.keys() == live_teacher.keys() and fitted
+    assert all(bool((fitted[k] == live_teacher[k]).all()) for k in fitted), "teacher changed"
+    assert any(bool(fitted[k].abs().sum() > 0) for k in fitted if "lora_B" in k)
+    assert all(
+        p.grad is None and not p.requires_grad
+        for p in trainer.teacher.unfrozen_adapter_parameters()
+    )
+    actor_after = trainer.student.adapter_state("actor")
+    assert any(not bool((actor_after[k] == actor_before[k]).all()) for k in actor_before)
+    assert {k: _bits(p) for k, p in model.named_parameters() if "lora_" not in k} == base_before
+    rollouts = [json.loads(line) for line in trainer.paths.trajectories.read_text().splitlines()]
+    assert len(rollouts) == 2 and all(r["model_id"] == str(smollm2_dir) for r in rollouts)
+    events = [json.loads(line) for line in trainer.paths.events.read_text().splitlines()]
+    assert any(e["event"] == "teacher_adapter_fitted" for e in events)

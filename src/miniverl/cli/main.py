@@ -44,7 +44,9 @@ app.add_typer(
     cache_app, name="cache", help="Inspect, validate and prune a teacher cache (torch-free)."
 )
 
-app.add_typer(models_app, name="models", help="Fetch and convert pretrained models (no hub needed).")
+app.add_typer(
+    models_app, name="models", help="Fetch and convert pretrained models (no hub needed)."
+)
 
 Overrides = Annotated[
     list[str] | None,

@@ -332,11 +332,7 @@ def fetch_model(
     target = Path(directory) if directory is not None else default_directory(source)
     if is_converted(target, source):
         return target
-    if (
-        target.exists()
-        and any(target.iterdir())
-        and not (target / MARKER_FILE).exists()
-    ):
+    if target.exists() and any(target.iterdir()) and not (target / MARKER_FILE).exists():
         raise ModelSourceError(
             f"{target} exists, is not empty and is not a converted {name} directory",
             hint="choose another --dir or remove it; fetch never overwrites a directory it did not write",
