@@ -186,3 +186,23 @@ def test_corrective_traces_supervise_only_the_correction(tiny_dir: Path, tmp_pat
     held_out = {t.task_id for t in trainer.splits["eval"]}
     assert counts == {"oracle_traces": 4, "corrective_traces": 2, "extra_tasks": 2}
     assert len(examples) == 6 and not held_out & {t.task_id for t in trainer.splits["train"]}
+
+
+def test_the_two_smollm2_recipes_share_one_teacher_adapter() -> None:
+    """Same fit inputs -> same digest, so either recipe reuses the adapter the other fitted."""
+    from types import SimpleNamespace
+
+    from helpers import REPO_ROOT
+
+    plain = RunConfig.from_yaml(REPO_ROOT / "recipes" / "smollm2_calc_cpu.yaml")
+    privileged = RunConfig.from_yaml(REPO_ROOT / "recipes" / "smollm2_calc_cpu_privileged.yaml")
+    assert (plain.teacher.mode, privileged.teacher.mode) == ("standard", "privileged_context")
+    assert plain.models.runtime == privileged.models.runtime == "shared_backbone"
+    assert plain.models.teacher_fit.enabled and privileged.models.teacher_fit.enabled
+
+    def digest(cfg: RunConfig) -> str:
+        trainer = SimpleNamespace(config=cfg, tokenizer=SimpleNamespace(fingerprint="f"))
+        return teacher_adapter.fit_digest(teacher_adapter.fit_payload(trainer))  # type: ignore[arg-type]
+
+    assert digest(plain) == digest(privileged)
+    assert digest(plain) != digest(plain.with_overrides(["models.teacher.lora.r=4"]))
