@@ -11,12 +11,17 @@ calculator prompt, three ways:
   generate  ``transformers``' own ``model.generate(do_sample=False)`` on the same model
             (HF only).
 
+With ``--smollm2`` (or ``--smollm2-dir DIR``) the real SmolLM2-135M-Instruct is measured too
+(``kv`` vs ``generate``, batch 1; ``miniverl models fetch smollm2-135m-instruct`` first, or the
+conversion is done here into DIR).
+
 Every arm must produce the same ids (asserted). Each arm runs ``--reps`` times, interleaved,
 after one warm-up; the table shows the median tokens/s and the ratio to ``generate``.
 
     PYTHONPATH=src python benchmarks/generation.py
     PYTHONPATH=src python benchmarks/generation.py --quick
     PYTHONPATH=src python benchmarks/generation.py --device cuda --hidden 256 --layers 4
+    PYTHONPATH=src python benchmarks/generation.py --smollm2 --new-tokens 64 --reps 3
 """
 
 from __future__ import annotations
@@ -153,6 +158,45 @@ def hf_rows(
     return rows
 
 
+def real_rows(
+    directory: Path, new_tokens: int, reps: int, device: str
+) -> list[tuple[str, str, float, int]]:
+    """SmolLM2-135M-Instruct (float32): our KV-cached loop vs ``model.generate()``, batch 1.
+
+    ``recompute`` is left out: re-running 135M parameters over the whole sequence per token
+    measures nothing the tiny models do not already show.
+    """
+    from miniverl.models.acquire import fetch_model
+
+    path = fetch_model("smollm2-135m-instruct", directory)
+    backend = HFBackend(path, device=device, precision="float32")
+    tokenizer = backend.tokenizer
+    prompt = tokenizer.encode(PROMPT)
+    model = backend.model
+    input_ids = torch.tensor([prompt], device=device)
+
+    def kv() -> list[int]:
+        return backend.generate(prompt, max_new_tokens=new_tokens, temperature=0.0).token_ids
+
+    def generate() -> list[int]:
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        return out[0, input_ids.shape[1] :].tolist()
+
+    result = measure({"kv": kv, "generate": generate}, reps)
+    params = backend.capabilities.num_parameters
+    label = f"smollm2-135m-instruct ({params / 1e6:.1f}M)"
+    backend.release()
+    return [(label, arm, *result[arm]) for arm in result]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -162,6 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=64, help="tiny HF hidden size")
     parser.add_argument("--layers", type=int, default=2, help="tiny HF layers")
     parser.add_argument("--quick", action="store_true", help="32 tokens, 2 repetitions")
+    parser.add_argument("--smollm2", action="store_true", help="also the real SmolLM2-135M")
+    parser.add_argument(
+        "--smollm2-dir",
+        type=Path,
+        default=Path("models/smollm2-135m-instruct"),
+        help="converted SmolLM2 directory (fetched there if missing)",
+    )
+    parser.add_argument("--only-smollm2", action="store_true", help="skip toy and tiny HF rows")
     args = parser.parse_args(argv)
     if args.quick:
         args.new_tokens, args.reps = 32, 2
@@ -174,11 +226,15 @@ def main(argv: list[str] | None = None) -> int:
         f"threads {torch.get_num_threads()}, greedy, max {args.new_tokens} new tokens, "
         f"median of {args.reps}"
     )
-    rows = toy_rows(args.new_tokens, args.reps, args.device)
-    with tempfile.TemporaryDirectory() as tmp:
-        rows += hf_rows(
-            Path(tmp), args.new_tokens, args.reps, args.device, args.hidden, args.layers
-        )
+    rows = []
+    if not args.only_smollm2:
+        rows += toy_rows(args.new_tokens, args.reps, args.device)
+        with tempfile.TemporaryDirectory() as tmp:
+            rows += hf_rows(
+                Path(tmp), args.new_tokens, args.reps, args.device, args.hidden, args.layers
+            )
+    if args.smollm2 or args.only_smollm2:
+        rows += real_rows(args.smollm2_dir, args.new_tokens, args.reps, args.device)
 
     generate_rate = {m: n / s for m, arm, s, n in rows if arm == "generate"}
     print(

@@ -121,6 +121,12 @@ class BackendError(MiniverlError):
     default_hint = "install the extras you need: pip install 'miniverl[torch,hf]'"
 
 
+class ModelSourceError(MiniverlError):
+    """A pretrained model could not be obtained, verified or converted (``miniverl models``)."""
+
+    default_hint = "run 'miniverl models fetch --help' for the supported models and options"
+
+
 class RunDirectoryError(MiniverlError):
     """A run directory is missing an artifact or cannot be written safely."""
 
@@ -147,6 +153,7 @@ __all__ = [
     "ConfigError",
     "GpuMemoryError",
     "MiniverlError",
+    "ModelSourceError",
     "OffPolicyError",
     "RunDirectoryError",
     "RunStorageError",

@@ -182,6 +182,17 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         },
         "models.runtime: shared_backbone keeps one base model on the device, so memory.strategy: swap cannot evict the teacher; use resident or auto",
     ),
+    "teacher fit without a shared backbone": (
+        {
+            "models": {
+                "backend": "hf",
+                "student": {"model_id": "a"},
+                "teacher": {"model_id": "a"},
+                "teacher_fit": {"enabled": True},
+            }
+        },
+        "models.teacher_fit.enabled needs models.runtime: shared_backbone (the teacher adapter lives on the student's base)",
+    ),
     "test split without tasks": (
         {"eval": {"split": "test"}},
         "eval.split: test needs environment.test_tasks > 0",

@@ -110,6 +110,21 @@ def test_objective_changing_values_are_refused_with_their_key(override: str, fra
     assert fragment in err.value.message
 
 
+def test_a_fitted_teacher_adapter_is_refused() -> None:
+    cfg = _hf(
+        **{
+            "models.runtime": "shared_backbone",
+            "models.teacher.model_id": _hf().models.student.model_id,
+            "models.teacher_fit.enabled": "true",
+        }
+    )
+    with pytest.raises(ConfigError) as err:
+        vx.plan_export(cfg)
+    assert "models.teacher_fit.enabled: verl serves the teacher as a separate replica" in (
+        err.value.message
+    )
+
+
 def test_all_refusals_are_listed_together() -> None:
     with pytest.raises(ConfigError) as err:
         vx.plan_export(_hf(**{"loss.divergence": "jsd", "teacher.mode": "privileged_context"}))

@@ -381,6 +381,102 @@ class RolloutRunner:
             metadata={"source": "oracle", "difficulty": task.difficulty, "split": task.split},
         )
 
+    def corrective_rollout(self, task: Task, noise: str) -> Trajectory:
+        """A noise-injected first turn, the environment's answer to it, then the oracle.
+
+        ``noise`` is ``"malformed"`` (a tool call whose JSON is cut short: a parse-error
+        observation, exactly as :meth:`rollout` writes one) or ``"wrong_tool"`` (a call to
+        a tool that does not exist: the environment's error). The turns after the noise
+        are the oracle's. ``metadata["supervise_from"]`` is the first position of the
+        correction, so a fit can train on recovering from the mistake without training
+        on the mistake itself.
+        """
+        builder = self._new_builder(
+            task, trajectory_id=f"{task.task_id}:corrective-{noise}", policy_version=0
+        )
+        self.environment.reset(task)
+        oracle = self.environment.oracle_solution(task)
+        first = oracle.tool_calls[0] if oracle.tool_calls else ToolCall("calculator", {})
+        if noise == "malformed":
+            text = format_tool_call(first)[: -len("}\n</tool_call>")] + "\n</tool_call>"
+            parsed = parse_assistant_text(text)
+            builder.add_model(
+                SpanType.ASSISTANT_TEXT,
+                self.tokenizer.encode(text),
+                segment_key="gen:0:prose",
+                turn_id=0,
+            )
+            builder.add_turn(
+                Turn(
+                    turn_id=0,
+                    tool_call=ToolCallRecord(
+                        call_id="c0",
+                        name="<unparsed>",
+                        raw_text=text,
+                        valid=False,
+                        parse_error=parsed.error,
+                    ),
+                )
+            )
+            self._add_observation(builder, ToolResult(ok=False, error=parsed.error), 0, "c0")
+        elif noise == "wrong_tool":
+            call = ToolCall(f"{first.name}_tool", dict(first.arguments))
+            text = format_tool_call(call)
+            builder.add_model(
+                SpanType.ASSISTANT_TOOL_CALL,
+                self.tokenizer.encode(text),
+                segment_key="gen:0:block",
+                turn_id=0,
+                tool_name=call.name,
+                tool_call_id="c0",
+            )
+            record = ToolCallRecord(
+                call_id="c0", name=call.name, arguments=call.arguments, raw_text=text
+            )
+            self._execute(builder, call, record, 0)
+        else:
+            raise ValueError(f"unknown noise {noise!r}; expected malformed or wrong_tool")
+        supervise_from = len(builder)
+        generated = 0
+        for k, call in enumerate(oracle.tool_calls):
+            turn = k + 1
+            ids = self.tokenizer.encode(format_tool_call(call))
+            builder.add_model(
+                SpanType.ASSISTANT_TOOL_CALL,
+                ids,
+                segment_key=f"gen:{turn}:block",
+                turn_id=turn,
+                tool_name=call.name,
+                tool_call_id=f"c{turn}",
+            )
+            generated += len(ids)
+            record = ToolCallRecord(
+                call_id=f"c{turn}",
+                name=call.name,
+                arguments=call.arguments,
+                raw_text=format_tool_call(call),
+            )
+            self._execute(builder, call, record, turn)
+        final_turn = len(oracle.tool_calls) + 1
+        ids = self.tokenizer.encode(format_final(oracle.final_answer))
+        builder.add_model(
+            SpanType.ASSISTANT_FINAL, ids, segment_key=f"gen:{final_turn}:block", turn_id=final_turn
+        )
+        builder.add_turn(Turn(turn_id=final_turn, is_final=True))
+        return builder.build(
+            termination_reason=TerminationReason.FINAL_ANSWER,
+            verification=self.environment.verify(task, oracle.final_answer),
+            generated_token_count=generated + len(ids),
+            invalid_tool_calls=1,
+            metadata={
+                "source": "corrective",
+                "noise": noise,
+                "supervise_from": supervise_from,
+                "difficulty": task.difficulty,
+                "split": task.split,
+            },
+        )
+
     def privileged_render(self, trajectory: Trajectory, task: Task) -> Trajectory:
         """The student's transcript with an oracle system block inserted before it.
 

@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from miniverl.schemas.trajectory import (
@@ -56,6 +57,80 @@ def render_message(role: str, content: str) -> str:
     return f"{IM_START}{role}\n{content}{IM_END}\n"
 
 
+CHAT_ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """How one message is framed: ``prefix[role] + content + suffix[role]``.
+
+    ``assistant_header`` is the generation prompt that opens an assistant turn; the
+    sampled ids follow it verbatim and the turn is closed by ``suffix["assistant"]``.
+    ``source`` says where the framing came from (``chatml`` or ``chat_template``).
+    """
+
+    prefix: Mapping[str, str]
+    suffix: Mapping[str, str]
+    assistant_header: str
+    source: str = "chatml"
+
+    def render(self, role: str, content: str) -> str:
+        if role not in self.prefix:
+            raise ValueError(f"the chat format has no framing for role {role!r}")
+        return f"{self.prefix[role]}{content}{self.suffix[role]}"
+
+    @property
+    def assistant_close(self) -> str:
+        return self.suffix["assistant"]
+
+
+CHATML = ChatFormat(
+    prefix={role: f"{IM_START}{role}\n" for role in CHAT_ROLES},
+    suffix={role: f"{IM_END}\n" for role in CHAT_ROLES},
+    assistant_header=ASSISTANT_HEADER,
+)
+"""The built-in framing (used by the toy tokenizer and by HF tokenizers without a template)."""
+
+_SENTINEL = "\u2063MINIVERL-CONTENT\u2063"
+
+
+def chat_format_from_template(render: Callable[..., str]) -> ChatFormat:
+    """Derive the per-role framing from a chat template, by rendering a sentinel.
+
+    ``render(messages, add_generation_prompt=...)`` returns the template's text (for a
+    ``transformers`` tokenizer: ``apply_chat_template(..., tokenize=False)``). Every
+    message is rendered after a system message, so templates that inject a default
+    system prompt never do; the framing of role ``r`` is the text the second message
+    adds, split at the sentinel. Raises ``ValueError`` when the template is not a
+    per-message concatenation (then no segment-wise rendering can reproduce it).
+    """
+    system = {"role": "system", "content": "S"}
+    head = render([system], add_generation_prompt=False)
+    prefix: dict[str, str] = {}
+    suffix: dict[str, str] = {}
+    first = render([{"role": "system", "content": _SENTINEL}], add_generation_prompt=False)
+    if first.count(_SENTINEL) != 1:
+        raise ValueError("the chat template does not render the system content verbatim")
+    prefix["system"], suffix["system"] = first.split(_SENTINEL)
+    for role in CHAT_ROLES[1:]:
+        full = render([system, {"role": role, "content": _SENTINEL}], add_generation_prompt=False)
+        if not full.startswith(head) or full.count(_SENTINEL) != 1:
+            raise ValueError(f"the chat template does not append a {role} message to the text")
+        prefix[role], suffix[role] = full[len(head) :].split(_SENTINEL)
+    user = [system, {"role": "user", "content": "U"}]
+    plain = render(user, add_generation_prompt=False)
+    prompted = render(user, add_generation_prompt=True)
+    if not prompted.startswith(plain):
+        raise ValueError("the chat template's generation prompt is not a suffix")
+    return ChatFormat(prefix, suffix, prompted[len(plain) :], source="chat_template")
+
+
+def chat_format_of(tokenizer: Any) -> ChatFormat:
+    """The tokenizer's ``chat_format`` if it has one, else :data:`CHATML`."""
+    fmt = getattr(tokenizer, "chat_format", None)
+    return fmt if isinstance(fmt, ChatFormat) else CHATML
+
+
 class TranscriptBuilder:
     """Builds a trajectory one segment at a time, tokenizing each segment on its own.
 
@@ -64,9 +139,11 @@ class TranscriptBuilder:
     appended as the sampled ids verbatim: nothing here re-tokenizes model output.
 
     Context segments carry the chat framing around them: ``close_previous`` prepends the
-    ``<|im_end|>\\n`` that closes the preceding assistant turn, and
-    ``open_next_assistant`` appends the ``<|im_start|>assistant\\n`` header of the next
-    turn, so the first token of every model span is genuinely the first sampled token.
+    assistant suffix (``<|im_end|>\\n`` in ChatML) that closes the preceding assistant
+    turn, and ``open_next_assistant`` appends the assistant header of the next turn
+    (``<|im_start|>assistant\\n``), so the first token of every model span is genuinely
+    the first sampled token. The framing is the tokenizer's :class:`ChatFormat` (its
+    model's chat template where it has one, see :func:`chat_format_of`).
     """
 
     def __init__(
@@ -81,6 +158,7 @@ class TranscriptBuilder:
         policy_version: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
+        self.chat_format = chat_format_of(tokenizer)
         self.trajectory_id = trajectory_id
         self.task_id = task_id
         self.environment = environment
@@ -158,11 +236,12 @@ class TranscriptBuilder:
         if span_type in MODEL_GENERATED_SPAN_TYPES:
             raise ValueError(f"{span_type.value} is model-generated; use add_model for sampled ids")
         previous_is_model = bool(self.spans) and self.spans[-1].is_model_generated
-        text = (IM_END + "\n" if close_previous and previous_is_model else "") + render_message(
+        fmt = self.chat_format
+        text = (fmt.assistant_close if close_previous and previous_is_model else "") + fmt.render(
             role, content
         )
         if open_next_assistant:
-            text += ASSISTANT_HEADER
+            text += fmt.assistant_header
         return self.add(
             span_type,
             segment_key=segment_key,

@@ -28,6 +28,7 @@ from miniverl.cli.cache_cmd import cache_app
 from miniverl.cli.common import console, fail, handles_errors
 from miniverl.cli.export_model_cmd import export_model_command
 from miniverl.cli.export_verl_cmd import export_verl
+from miniverl.cli.models_cmd import models_app
 from miniverl.errors import ConfigError
 from miniverl.utils.lazy import import_torch
 from miniverl.utils.runlock import run_lock
@@ -44,6 +45,10 @@ app.command("export-verl")(export_verl)
 app.command("export-model")(export_model_command)
 app.add_typer(
     cache_app, name="cache", help="Inspect, validate and prune a teacher cache (torch-free)."
+)
+
+app.add_typer(
+    models_app, name="models", help="Fetch and convert pretrained models (no hub needed)."
 )
 
 Overrides = Annotated[

@@ -196,6 +196,36 @@ class ToyFitConfig(_Section):
     )
 
 
+class TeacherFitConfig(_Section):
+    """The HF analogue of ``toy_fit``: a teacher LoRA adapter fitted on the shared backbone."""
+
+    enabled: bool = Field(
+        False,
+        description="shared_backbone only: give the teacher its own frozen LoRA adapter (shaped by models.teacher.lora), fitted on oracle and corrective traces of tasks disjoint from eval/test.",
+    )
+    steps: int = Field(60, ge=0, description="Optimizer steps of the teacher-adapter fit.")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the teacher-adapter fit.")
+    batch_size: int = Field(4, ge=1, description="Traces per teacher-fit step.")
+    extra_tasks: int = Field(
+        32,
+        ge=0,
+        description="Further tasks (disjoint from eval/test) added to the training split for the fit.",
+    )
+    corrective_fraction: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="Fraction of fit tasks that also get a noise-injected corrective trace (a bad first call, its error, then the oracle); only the correction is supervised.",
+    )
+    probe_tasks: int = Field(
+        8, ge=0, description="Held-out tasks greedily solved by the fitted teacher, for the report."
+    )
+    cache_dir: str = Field(
+        "models/teacher-adapters",
+        description="Fitted adapters are saved here under the digest of the fit config and reused.",
+    )
+
+
 def _default_student() -> ModelSpec:
     return ModelSpec(model_id="toy-student")
 
@@ -225,6 +255,10 @@ class ModelsConfig(_Section):
     toy_fit: ToyFitConfig = Field(
         default_factory=ToyFitConfig,
         description="How the toy teacher is fitted (toy backend only).",
+    )
+    teacher_fit: TeacherFitConfig = Field(
+        default_factory=TeacherFitConfig,
+        description="A fitted teacher adapter on a shared hf backbone (hf backend only).",
     )
 
 
@@ -722,6 +756,8 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
             yield "models.runtime: shared_backbone needs student and teacher to share one base (same model_id)"
         if cfg.memory.strategy == "swap":
             yield "models.runtime: shared_backbone keeps one base model on the device, so memory.strategy: swap cannot evict the teacher; use resident or auto"
+    if cfg.models.teacher_fit.enabled and cfg.models.runtime != "shared_backbone":
+        yield "models.teacher_fit.enabled needs models.runtime: shared_backbone (the teacher adapter lives on the student's base)"
     if cfg.eval.split == "test" and cfg.environment.test_tasks == 0:
         yield "eval.split: test needs environment.test_tasks > 0"
     if (

@@ -433,6 +433,16 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         "models.teacher.lora.target_modules": n_a("teacher LoRA is ignored by miniverl too"),
         "models.teacher.toy": n_a(toy_note),
         **{f"models.toy_fit.{k}": n_a(toy_note) for k in cfg.models.toy_fit.model_dump()},
+        "models.teacher_fit.enabled": refuse_unless(
+            lambda v: not v,
+            "models.teacher_fit.enabled: verl serves the teacher as a separate replica of a checkpoint and cannot fit or switch a LoRA adapter on the student's base; merge the fitted adapter into a checkpoint and pass its directory as models.teacher.model_id",
+            n_a("no fitted teacher adapter"),
+        ),
+        **{
+            f"models.teacher_fit.{k}": n_a("the teacher-adapter fit is off")
+            for k in cfg.models.teacher_fit.model_dump()
+            if k != "enabled"
+        },
         "environment.name": lambda v, _: KeyFate(
             "",
             v,

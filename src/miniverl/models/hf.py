@@ -64,6 +64,8 @@ PRECISIONS: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 QUANTIZATIONS: tuple[str, ...] = ("none", "nf4", "int8")
+TEACHER_ADAPTER = "teacher"
+"""Name of the fitted teacher's adapter on a shared backbone."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +252,43 @@ class HFBackend:
                 hint="set models.<role>.lora.target_modules explicitly",
             )
         return found
+
+    def add_frozen_adapter(self, name: str, settings: LoraSettings) -> None:
+        """A second LoRA adapter ``name`` on the same base, inactive and frozen.
+
+        Used by ``shared_backbone`` for a fitted teacher: the actor's adapter stays the
+        active one, and the new adapter's parameters never require grad (so they never
+        enter the optimizer or the actor's checkpoints).
+        """
+        if self.lora is None:
+            raise BackendError(
+                f"adapter {name!r} needs the actor to have LoRA adapters",
+                hint="set models.student.lora.enabled: true",
+            )
+        peft = require("peft", "LoRA adapters on the hf backend")
+        config = peft.LoraConfig(
+            r=settings.r,
+            lora_alpha=settings.alpha,
+            lora_dropout=settings.dropout,
+            target_modules=list(settings.target_modules or self._default_targets(self._base)),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed + 1)
+            self.model.add_adapter(name, config)
+        self.model.set_adapter(self.adapter_name)
+        for param_name, param in self.model.named_parameters():
+            if f".{name}." in param_name:
+                param.requires_grad_(False)
+
+    def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
+        """CPU copies of adapter ``name``'s tensors (keys as in ``named_parameters``)."""
+        return {
+            k: p.detach().to("cpu", copy=True)
+            for k, p in self.model.named_parameters()
+            if f".{name}." in k
+        }
 
     def _bind_backbone(self) -> None:
         self._backbone = self._base.get_decoder()
@@ -545,18 +584,20 @@ class HFRoleView:
     """A frozen role (teacher, reference) over a shared :class:`HFBackend`'s base weights.
 
     ``models.runtime: shared_backbone`` loads one base model. The actor is the owner with
-    its LoRA adapter; this view runs the same weights with every adapter switched off, so
-    the teacher costs no second copy of the model. Each backbone call enters
-    ``peft``'s ``disable_adapter()`` and restores every ``requires_grad`` flag on exit,
-    also on error, so a teacher call can neither leak "adapters off" into the actor nor
-    change what the optimizer trains. The LM head carries no adapter, so :meth:`project`
+    its LoRA adapter; this view runs the same weights with every adapter switched off
+    (``adapter=None``) or with its own frozen adapter ``adapter`` active instead of the
+    actor's, so the teacher costs no second copy of the model. Each backbone call enters
+    ``peft``'s ``disable_adapter()`` (or ``set_adapter(adapter)``) and restores the
+    actor's adapter and every ``requires_grad`` flag on exit, also on error, so a teacher
+    call can neither leak its adapter choice into the actor nor change what the
+    optimizer trains. The LM head carries no adapter, so :meth:`project`
     calls it directly (it may run inside the actor's backward). The view owns nothing:
     :meth:`release` drops the view only, and it cannot move to another device alone.
     """
 
     supports_prefix_cache = True
 
-    def __init__(self, owner: HFBackend, *, role: str) -> None:
+    def __init__(self, owner: HFBackend, *, role: str, adapter: str | None = None) -> None:
         if owner.lora is None:
             raise BackendError(
                 f"a {role} view of a shared backbone needs the actor to have LoRA adapters",
@@ -564,6 +605,7 @@ class HFRoleView:
             )
         self._owner: HFBackend | None = owner
         self.role = role
+        self.adapter = adapter
         self.tokenizer: TokenizerLike = owner.tokenizer
 
     @property
@@ -580,11 +622,25 @@ class HFRoleView:
         model = self.owner.model
         flags = [(p, p.requires_grad) for p in model.parameters()]
         try:
-            with model.disable_adapter():
-                yield
+            if self.adapter is None:
+                with model.disable_adapter():
+                    yield
+            else:
+                model.set_adapter(self.adapter)
+                try:
+                    yield
+                finally:
+                    model.set_adapter(self.owner.adapter_name)
         finally:
             for param, flag in flags:
                 param.requires_grad_(flag)
+
+    def unfrozen_adapter_parameters(self) -> list[torch.nn.Parameter]:
+        """This view's adapter parameters (for fitting it); empty without an adapter."""
+        if self.adapter is None:
+            return []
+        tag = f".{self.adapter}."
+        return [p for n, p in self.owner.model.named_parameters() if tag in n]
 
     @property
     def device(self) -> str:
@@ -597,7 +653,7 @@ class HFRoleView:
             **caps.extra,
             "runtime": "shared_backbone",
             "role": self.role,
-            "adapters": "disabled",
+            "adapters": "disabled" if self.adapter is None else f"{self.adapter} (frozen)",
         }
         return dataclasses.replace(caps, lora=False, num_trainable_parameters=0, extra=extra)
 
@@ -698,10 +754,12 @@ class HFRoleView:
 def build_shared_backbone(
     config: RunConfig, tokenizer: TokenizerLike, device: str
 ) -> tuple[HFBackend, HFRoleView]:
-    """One base model: the actor (student, adapter ``actor``) and a teacher view of the base.
+    """One base model: the actor (student, adapter ``actor``) and a teacher view of it.
 
     Only the actor's adapter parameters are trainable. The teacher is the base model with
-    adapters off, in the student's precision and quantization.
+    adapters off, in the student's precision and quantization; with
+    ``models.teacher_fit.enabled`` it is the base plus a second, frozen adapter
+    ``teacher`` (shaped by ``models.teacher.lora``), fitted by the training layer.
     """
     from miniverl.utils.seeding import derive_seed
 
@@ -720,13 +778,18 @@ def build_shared_backbone(
         train_adapters=True,
         adapter_name="actor",
     )
-    return actor, HFRoleView(actor, role="teacher")
+    if not config.models.teacher_fit.enabled:
+        return actor, HFRoleView(actor, role="teacher")
+    settings = LoraSettings.from_mapping(teacher.lora) or LoraSettings()
+    actor.add_frozen_adapter(TEACHER_ADAPTER, settings)
+    return actor, HFRoleView(actor, role="teacher", adapter=TEACHER_ADAPTER)
 
 
 __all__ = [
     "DEFAULT_LORA_TARGETS",
     "PRECISIONS",
     "QUANTIZATIONS",
+    "TEACHER_ADAPTER",
     "HFBackend",
     "HFRoleView",
     "LoraSettings",

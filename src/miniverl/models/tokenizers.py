@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from miniverl.agent.transcript import CHATML, ChatFormat, chat_format_from_template
 from miniverl.errors import BackendError, TokenizerMismatchError
 from miniverl.utils.lazy import require
 
@@ -277,6 +278,7 @@ class HFTokenizerAdapter:
         pad = hf_tokenizer.pad_token_id
         self._pad = int(pad) if pad is not None else self._eos
         self._fingerprint: str | None = None
+        self._chat_format: ChatFormat | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -300,6 +302,36 @@ class HFTokenizerAdapter:
         if self._fingerprint is None:
             self._fingerprint = tokenizer_fingerprint(self)
         return self._fingerprint
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        """The message framing of the model's chat template; ChatML when it has none.
+
+        A template that cannot be reproduced message by message (see
+        :func:`chat_format_from_template`) is a :class:`BackendError`: rendering turns
+        differently from the model's own format would silently change what it sees.
+        """
+        if self._chat_format is None:
+            if not getattr(self.hf_tokenizer, "chat_template", None):
+                self._chat_format = CHATML
+            else:
+
+                def render(messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+                    return str(
+                        self.hf_tokenizer.apply_chat_template(
+                            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                        )
+                    )
+
+                try:
+                    self._chat_format = chat_format_from_template(render)
+                except Exception as exc:
+                    raise BackendError(
+                        f"the chat template of {self.name_or_path!r} cannot be rendered message "
+                        f"by message: {exc}",
+                        hint="use a checkpoint with a per-message template (ChatML, Llama 3, ...)",
+                    ) from exc
+        return self._chat_format
 
     def token_to_id(self, piece: str) -> int:
         token_id = self.hf_tokenizer.convert_tokens_to_ids(piece)

@@ -85,6 +85,7 @@ from miniverl.training.recovery import (
     prepare_clean_restart,
     remove_stale_temporaries,
 )
+from miniverl.training.teacher_adapter import prepare_teacher_adapter
 from miniverl.training.temperatures import temperature_fields, temperature_mismatch
 from miniverl.trajectory.alignment import build_alignment_map
 from miniverl.trajectory.io import append_trajectories, read_trajectories
@@ -199,6 +200,7 @@ class OPDTrainer:
         self.offline_version: int | None = None
         self.offline_cursor = 0
         self.toy_teacher_report: dict[str, Any] | None = None
+        self.teacher_adapter_report: dict[str, Any] | None = None
         self._in_warmup = False
         self.main_start_step = 0
         self._is_setup = False
@@ -580,6 +582,7 @@ class OPDTrainer:
                         self.evaluate("after_warmup")
                     self.save_checkpoint("warmup", cycle=-1)
             if not self._training_finished:
+                self.teacher_adapter_report = prepare_teacher_adapter(self)
                 with self.progress.task("cycles", cfg.train.cycles - self._start_cycle) as advance:
                     for cycle in range(self._start_cycle, cfg.train.cycles):
                         self._run_cycle(cycle)
@@ -936,6 +939,7 @@ class OPDTrainer:
             "after_warmup": self.eval_results.get("after_warmup"),
             "final": final,
             "toy_teacher": self.toy_teacher_report,
+            "teacher_adapter": self.teacher_adapter_report,
         }
         if seconds is not None:
             summary["seconds"] = round(seconds, 2)

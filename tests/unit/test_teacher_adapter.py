@@ -1,0 +1,208 @@
+"""The fitted teacher adapter on a shared backbone: switching, freezing, fitting, reuse.
+
+Tiny random checkpoints (``build_tiny_hf_checkpoint``); the real-model version of the
+OPD cycle is in ``tests/integration/test_smollm2_real.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from miniverl.config.models import RunConfig  # noqa: E402
+from miniverl.errors import BackendError, CheckpointError  # noqa: E402
+from miniverl.models.hf import TEACHER_ADAPTER, HFBackend, build_shared_backbone  # noqa: E402
+from miniverl.models.tiny_hf import build_tiny_hf_checkpoint  # noqa: E402
+from miniverl.models.tokenizers import load_hf_tokenizer  # noqa: E402
+from miniverl.training import teacher_adapter  # noqa: E402
+from miniverl.training.trainer import OPDTrainer  # noqa: E402
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning"),
+    pytest.mark.usefixtures("one_torch_thread"),
+]
+PROMPT = "<|im_start|>user\nCompute 12 * (7 - 3) and report the value.<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_hf_checkpoint(tmp_path_factory.mktemp("tiny"), arch="llama", seed=2)
+
+
+def _config(model: Path, cache_dir: Path, **fit: Any) -> RunConfig:
+    return RunConfig.from_mapping(
+        {
+            "run": {"name": "tiny-teacher-adapter", "seed": 5},
+            "models": {
+                "backend": "hf",
+                "device": "cpu",
+                "runtime": "shared_backbone",
+                "student": {"model_id": str(model), "lora": {"enabled": True, "r": 4}},
+                "teacher": {"model_id": str(model), "lora": {"enabled": True, "r": 2}},
+                "teacher_fit": {
+                    "enabled": True,
+                    "steps": 2,
+                    "batch_size": 2,
+                    "extra_tasks": 2,
+                    "corrective_fraction": 0.5,
+                    "probe_tasks": 1,
+                    "cache_dir": str(cache_dir),
+                    **fit,
+                },
+            },
+            "environment": {"train_tasks": 2, "eval_tasks": 1},
+            "rollout": {"max_turns": 1, "max_new_tokens_per_turn": 4},
+            "loss": {"top_k": 8},
+            "train": {"cycles": 1, "rollouts_per_cycle": 2, "sft_warmup_cycles": 0},
+        }
+    )
+
+
+def _hidden(backend: Any, ids: list[int]) -> torch.Tensor:
+    return backend.hidden_states_at(ids, [1, len(ids) - 1])
+
+
+def test_the_teacher_adapter_is_switched_in_and_never_trained(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    config = _config(tiny_dir, tmp_path)
+    actor, teacher = build_shared_backbone(config, load_hf_tokenizer(tiny_dir), "cpu")
+    assert teacher.adapter == TEACHER_ADAPTER
+    teacher_params = teacher.unfrozen_adapter_parameters()
+    assert teacher_params and not any(p.requires_grad for p in teacher_params)
+    trainable = {id(p) for p in actor.trainable_parameters()}
+    assert trainable and trainable.isdisjoint(id(p) for p in teacher_params)
+    assert all(".actor." in k for k in actor.trainable_state_dict())
+
+    plain = HFBackend(tiny_dir)
+    ids = plain.tokenizer.encode(PROMPT)
+    base = _hidden(plain, ids)
+    torch.testing.assert_close(_hidden(teacher, ids), base)  # zero-initialised B
+    with torch.no_grad():
+        for p in teacher_params:
+            p.add_(0.1 * torch.randn_like(p))
+    fitted = _hidden(teacher, ids)
+    assert not torch.allclose(fitted, base), "the teacher view must run its own adapter"
+    torch.testing.assert_close(_hidden(actor, ids), base)  # the actor's adapter is back
+    assert actor.model.active_adapter == "actor"
+
+    with torch.no_grad():
+        for p in actor.trainable_parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    torch.testing.assert_close(_hidden(teacher, ids), fitted)  # not the actor's adapter
+
+    with pytest.raises(BackendError, match="outside the sequence"):
+        teacher.hidden_states_at(ids, [len(ids)])
+    assert actor.model.active_adapter == "actor"
+    assert {id(p) for p in actor.trainable_parameters()} == trainable
+
+    hidden = actor.hidden_states_at(ids, [1, len(ids) - 1], with_grad=True)
+    with torch.no_grad():
+        teacher.project(_hidden(teacher, ids))
+    actor.project(hidden).sum().backward()
+    assert all(p.grad is not None for p in actor.trainable_parameters())
+    assert all(p.grad is None for p in teacher_params)
+
+
+def test_fit_adapter_changes_only_the_teacher_adapter(tiny_dir: Path, tmp_path: Path) -> None:
+    actor, teacher = build_shared_backbone(
+        _config(tiny_dir, tmp_path), load_hf_tokenizer(tiny_dir), "cpu"
+    )
+    before = {k: v.clone() for k, v in actor.model.state_dict().items()}
+    ids = actor.tokenizer.encode(PROMPT + "<final>\n48\n</final>")
+    history = teacher_adapter.fit_adapter(
+        teacher, [(ids, list(range(len(ids) - 6, len(ids))))] * 2,
+        steps=3, lr=1e-2, batch_size=2, seed=0, chunk_size=16,
+    )  # fmt: skip
+    assert len(history) == 3 and history[-1] < history[0]
+    changed = {k for k, v in actor.model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(f".{TEACHER_ADAPTER}." in k for k in changed)
+    assert not any(
+        p.requires_grad or p.grad is not None for p in teacher.unfrozen_adapter_parameters()
+    )
+    assert all(".actor." in k for k in actor.trainable_state_dict())
+
+
+def _trainer(config: RunConfig, out: Path) -> OPDTrainer:
+    trainer = OPDTrainer(config, output_dir=out, quiet=True)
+    trainer.setup()
+    return trainer
+
+
+def test_the_fitted_adapter_is_saved_and_reused_by_digest(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "adapters"
+    first = _trainer(_config(tiny_dir, cache), tmp_path / "a")
+    report = teacher_adapter.prepare_teacher_adapter(first)
+    assert report is not None and report["reused"] is False and report["steps"] == 2
+    assert report["oracle_traces"] == 4 and report["corrective_traces"] == 2
+    saved = Path(report["directory"])
+    assert saved.parent == cache and saved.name == report["digest"]
+    fitted = {k: v.clone() for k, v in first.student.adapter_state(TEACHER_ADAPTER).items()}
+
+    def no_refit(*_: Any, **__: Any) -> Any:
+        raise AssertionError("an unchanged fit config must not be refitted")
+
+    monkeypatch.setattr(teacher_adapter, "fit_adapter", no_refit)
+    second = _trainer(_config(tiny_dir, cache), tmp_path / "b")
+    again = teacher_adapter.prepare_teacher_adapter(second)
+    assert again is not None and again["reused"] is True and again["digest"] == report["digest"]
+    loaded = second.student.adapter_state(TEACHER_ADAPTER)
+    assert loaded.keys() == fitted.keys()
+    assert all(torch.equal(loaded[k], fitted[k]) for k in fitted)
+
+    other = _trainer(_config(tiny_dir, cache, steps=3), tmp_path / "c")
+    assert teacher_adapter.fit_digest(teacher_adapter.fit_payload(other)) != report["digest"]
+
+    adapter_file = saved / teacher_adapter.ADAPTER_FILE
+    data = bytearray(adapter_file.read_bytes())
+    data[-1] ^= 1
+    adapter_file.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="does not match the SHA-256"):
+        teacher_adapter.prepare_teacher_adapter(_trainer(_config(tiny_dir, cache), tmp_path / "d"))
+
+
+def test_corrective_traces_supervise_only_the_correction(tiny_dir: Path, tmp_path: Path) -> None:
+    trainer = _trainer(_config(tiny_dir, tmp_path), tmp_path / "run")
+    task = trainer.splits["train"][0]
+    for noise in teacher_adapter.NOISE_KINDS:
+        traj = trainer.runner.corrective_rollout(task, noise)
+        start = traj.metadata["supervise_from"]
+        targets = teacher_adapter.corrective_targets(traj)
+        first_noise = next(s for s in traj.spans if s.is_model_generated)
+        assert targets and min(targets) >= start > first_noise.end
+        assert traj.solved and traj.invalid_tool_calls == 1
+        assert traj.turns[0].tool_call is not None and (
+            traj.turns[0].tool_call.valid is False or traj.turns[0].tool_result.ok is False
+        )
+    examples, counts = teacher_adapter.fit_examples(trainer)
+    held_out = {t.task_id for t in trainer.splits["eval"]}
+    assert counts == {"oracle_traces": 4, "corrective_traces": 2, "extra_tasks": 2}
+    assert len(examples) == 6 and not held_out & {t.task_id for t in trainer.splits["train"]}
+
+
+def test_the_two_smollm2_recipes_share_one_teacher_adapter() -> None:
+    """Same fit inputs -> same digest, so either recipe reuses the adapter the other fitted."""
+    from types import SimpleNamespace
+
+    from helpers import REPO_ROOT
+
+    plain = RunConfig.from_yaml(REPO_ROOT / "recipes" / "smollm2_calc_cpu.yaml")
+    privileged = RunConfig.from_yaml(REPO_ROOT / "recipes" / "smollm2_calc_cpu_privileged.yaml")
+    assert (plain.teacher.mode, privileged.teacher.mode) == ("standard", "privileged_context")
+    assert plain.models.runtime == privileged.models.runtime == "shared_backbone"
+    assert plain.models.teacher_fit.enabled and privileged.models.teacher_fit.enabled
+
+    def digest(cfg: RunConfig) -> str:
+        trainer = SimpleNamespace(config=cfg, tokenizer=SimpleNamespace(fingerprint="f"))
+        return teacher_adapter.fit_digest(teacher_adapter.fit_payload(trainer))  # type: ignore[arg-type]
+
+    assert digest(plain) == digest(privileged)
+    assert digest(plain) != digest(plain.with_overrides(["models.teacher.lora.r=4"]))
