@@ -42,7 +42,7 @@ from miniverl.environments.base import (
     ToolResult,
     ToolSpec,
 )
-from miniverl.environments.calculator import verify_number
+from miniverl.environments.calculator import calculator_expression, verify_number
 from miniverl.errors import ToolEnvironmentError
 from miniverl.schemas.trajectory import VerificationRecord
 
@@ -335,24 +335,9 @@ class CalcChainEnvironment(ToolEnvironment):
     def step(self, call: ToolCall) -> ToolResult:
         self._steps += 1
         state = f"chain:{self._steps}"
-        if call.name != "calculator":
-            return ToolResult(
-                ok=False,
-                error=f"unknown tool {call.name!r}; available: calculator",
-                env_state_id=state,
-            )
-        extra = set(call.arguments) - {"expression"}
-        if extra:
-            return ToolResult(
-                ok=False,
-                error=f"unexpected argument(s) {sorted(extra)}; calculator takes 'expression'",
-                env_state_id=state,
-            )
-        expression = call.arguments.get("expression")
-        if not isinstance(expression, str):
-            return ToolResult(
-                ok=False, error="missing string argument 'expression'", env_state_id=state
-            )
+        expression = calculator_expression(call, state)
+        if isinstance(expression, ToolResult):
+            return expression
         match = _CALL_PATTERN.match(expression)
         if match is None:
             shown = expression if len(expression) <= 40 else expression[:40] + "..."

@@ -209,6 +209,31 @@ _SYSTEM_PROMPTS = {
 }
 
 
+
+def calculator_expression(call: ToolCall, state: str) -> str | ToolResult:
+    """The ``expression`` of a well-formed ``calculator`` call, or the tool error to return.
+
+    Shared by every environment whose only tool is ``calculator`` (``calculator``,
+    ``calc_chain``), so a malformed call reads the same everywhere.
+    """
+    if call.name != "calculator":
+        return ToolResult(
+            ok=False,
+            error=f"unknown tool {call.name!r}; available: calculator",
+            env_state_id=state,
+        )
+    extra = set(call.arguments) - {"expression"}
+    if extra:
+        return ToolResult(
+            ok=False,
+            error=f"unexpected argument(s) {sorted(extra)}; calculator takes 'expression'",
+            env_state_id=state,
+        )
+    expression = call.arguments.get("expression")
+    if not isinstance(expression, str):
+        return ToolResult(ok=False, error="missing string argument 'expression'", env_state_id=state)
+    return expression
+
 class CalculatorEnvironment(ToolEnvironment):
     """Arithmetic tasks of three difficulties, solved with a safe calculator tool.
 
@@ -280,24 +305,9 @@ class CalculatorEnvironment(ToolEnvironment):
     def step(self, call: ToolCall) -> ToolResult:
         self._steps += 1
         state = f"calc:{self._steps}"
-        if call.name != "calculator":
-            return ToolResult(
-                ok=False,
-                error=f"unknown tool {call.name!r}; available: calculator",
-                env_state_id=state,
-            )
-        extra = set(call.arguments) - {"expression"}
-        if extra:
-            return ToolResult(
-                ok=False,
-                error=f"unexpected argument(s) {sorted(extra)}; calculator takes 'expression'",
-                env_state_id=state,
-            )
-        expression = call.arguments.get("expression")
-        if not isinstance(expression, str):
-            return ToolResult(
-                ok=False, error="missing string argument 'expression'", env_state_id=state
-            )
+        expression = calculator_expression(call, state)
+        if isinstance(expression, ToolResult):
+            return expression
         try:
             value = safe_evaluate(expression)
         except CalculatorError as exc:
