@@ -265,11 +265,20 @@ def run_batched_generation(
         while True:
             column = torch.full((rows, 1), int(pad_token_id), dtype=torch.long)
             alive = torch.zeros((rows, 1), dtype=torch.long)
+            greedy = (
+                logits.reshape(rows, -1, logits.shape[-1])[:, -1].argmax(dim=-1).tolist()
+                if temperature == 0
+                else None
+            )
             for r in range(rows):
                 if not active[r]:
                     continue
-                token = sample_next_token(
-                    logits[r], temperature=temperature, top_p=top_p, generator=generators[r]
+                token = (
+                    int(greedy[r])
+                    if greedy is not None
+                    else sample_next_token(
+                        logits[r], temperature=temperature, top_p=top_p, generator=generators[r]
+                    )
                 )
                 sampled[r].append(token)
                 if eos_token_id is not None and token == eos_token_id:
