@@ -30,7 +30,6 @@ from torch import nn
 
 from miniverl.errors import BackendError, ConfigError, TrajectoryError
 from miniverl.models.base import BackendCapabilities, GenerationResult, PaddedTrajectoryBatch
-from miniverl.models.batching import build_padded_trajectory_batch
 from miniverl.models.sampling import (
     PrefixCache,
     check_right_padded,
@@ -668,7 +667,7 @@ def fit_toy_model(
     ``on_step(step, loss)`` is told about every step (a progress bar listens).
     Parameters frozen for LoRA are unfrozen for the fit and frozen again afterwards.
     """
-    from miniverl.losses.chunked import chunked_selected_position_loss
+    from miniverl.models.fitting import cross_entropy_fit_step, draw_rows
 
     if steps < 0 or batch_size < 1 or check_every < 1 or chunk_size < 1:
         raise ConfigError(
@@ -696,32 +695,10 @@ def fit_toy_model(
     backend.set_train(True)
     try:
         for step in range(1, steps + 1):
-            picked = []
-            for _ in range(min(batch_size, len(rows))):
-                if not order:
-                    order = list(range(len(rows)))
-                    rng.shuffle(order)
-                picked.append(rows[order.pop()])
-            batch, target_ids, weights = _fit_batch(
-                picked, backend.tokenizer.pad_token_id, backend.device
+            picked = draw_rows(rows, batch_size, order, rng)
+            history.append(
+                cross_entropy_fit_step(backend, picked, params, optimizer, chunk_size=chunk_size)
             )
-            hidden = backend.hidden_states_at_batch(batch, with_grad=True)
-            result = chunked_selected_position_loss(
-                hidden_states=hidden,
-                lm_head=backend.project,
-                weights=weights,
-                weight_normalizer=float(len(picked)),
-                provider=None,
-                target_token_ids=target_ids,
-                ce_weight=1.0,
-                chunk_size=chunk_size,
-                backward=True,
-                loss_scale=1.0,
-            )
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            history.append(float(result.loss))
             if on_step is not None:
                 on_step(step, history[-1])
             if stop_when is not None and step % check_every == 0 and stop_when(step):
@@ -755,26 +732,6 @@ def _checked_example(
                 f"fit example {k}: target position {j} is outside [0, {len(ids)})"
             )
     return ids, targets
-
-
-def _fit_batch(
-    rows: Sequence[tuple[list[int], list[int]]], pad_id: int, device: str
-) -> tuple[PaddedTrajectoryBatch, torch.Tensor, torch.Tensor]:
-    """Right-padded batch, target ids ``[N]`` and per-row normalized weights ``[N]``.
-
-    Each example's targets ``j`` are gathered at prediction positions ``j - 1``
-    (``_checked_example`` has already refused ``j = 0``).
-    """
-    batch = build_padded_trajectory_batch(
-        [ids for ids, _ in rows], [[j - 1 for j in targets] for _, targets in rows], pad_id, device
-    )
-    target_ids = [ids[j] for ids, targets in rows for j in targets]
-    weights = [1.0 / len(targets) for _, targets in rows for _ in targets]
-    return (
-        batch,
-        torch.tensor(target_ids, dtype=torch.long, device=device),
-        torch.tensor(weights, dtype=torch.float32, device=device),
-    )
 
 
 def toy_preset(model_id: str) -> ToyModelConfig:

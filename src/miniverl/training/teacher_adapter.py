@@ -32,8 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from miniverl.environments.base import Task, sample_extra_tasks
 from miniverl.errors import CheckpointError
-from miniverl.losses.chunked import chunked_selected_position_loss
-from miniverl.models.batching import build_padded_trajectory_batch
+from miniverl.models.fitting import cross_entropy_fit_step, draw_rows
 from miniverl.schemas.trajectory import Trajectory
 from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.io import sha256_bytes, sha256_file
@@ -141,49 +140,15 @@ def fit_adapter(
     rng = random.Random(seed)
     order: list[int] = []
     history: list[float] = []
-    pad = view.tokenizer.pad_token_id
     owner = view.owner
     was_training = owner.model.training
     owner.set_train(True)
     try:
         for _ in range(steps):
-            picked = []
-            for _ in range(min(batch_size, len(examples))):
-                if not order:
-                    order = list(range(len(examples)))
-                    rng.shuffle(order)
-                picked.append(examples[order.pop()])
-            batch = build_padded_trajectory_batch(
-                [ids for ids, _ in picked],
-                [[j - 1 for j in targets] for _, targets in picked],
-                pad,
-                view.device,
+            picked = draw_rows(examples, batch_size, order, rng)
+            history.append(
+                cross_entropy_fit_step(view, picked, params, optimizer, chunk_size=chunk_size)
             )
-            target_ids = torch.tensor(
-                [ids[j] for ids, targets in picked for j in targets], device=view.device
-            )
-            weights = torch.tensor(
-                [1.0 / len(targets) for _, targets in picked for _ in targets],
-                dtype=torch.float32,
-                device=view.device,
-            )
-            hidden = view.hidden_states_at_batch(batch, with_grad=True)
-            result = chunked_selected_position_loss(
-                hidden_states=hidden,
-                lm_head=view.project,
-                weights=weights,
-                weight_normalizer=float(len(picked)),
-                provider=None,
-                target_token_ids=target_ids,
-                ce_weight=1.0,
-                chunk_size=chunk_size,
-                backward=True,
-                loss_scale=1.0,
-            )
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            history.append(float(result.loss))
             if advance is not None:
                 advance()
     finally:

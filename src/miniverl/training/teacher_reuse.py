@@ -44,6 +44,7 @@ META_FILE = "teacher.json"
 _PACKAGE = Path(__file__).resolve().parents[1]
 FIT_SOURCES = (
     "models/toy.py",
+    "models/fitting.py",
     "models/sampling.py",
     "losses/chunked.py",
     "agent/loop.py",
