@@ -22,7 +22,7 @@ from miniverl.agent.protocol import (
     stop_sequences,
     token_index_at_char,
 )
-from miniverl.agent.transcript import TokenizerLike, TranscriptBuilder
+from miniverl.agent.transcript import TranscriptBuilder
 from miniverl.config.models import RolloutConfig
 from miniverl.environments.base import (
     Task,
@@ -32,6 +32,7 @@ from miniverl.environments.base import (
     check_turn_budget,
 )
 from miniverl.models.fingerprint import backend_fingerprint
+from miniverl.schemas.text import TOOL_CALL_CLOSE, TokenizerLike
 from miniverl.schemas.trajectory import (
     SpanType,
     TerminationReason,
@@ -398,7 +399,7 @@ class RolloutRunner:
         oracle = self.environment.oracle_solution(task)
         first = oracle.tool_calls[0] if oracle.tool_calls else ToolCall("calculator", {})
         if noise == "malformed":
-            text = format_tool_call(first)[: -len("}\n</tool_call>")] + "\n</tool_call>"
+            text = format_tool_call(first)[: -len("}\n" + TOOL_CALL_CLOSE)] + "\n" + TOOL_CALL_CLOSE
             parsed = parse_assistant_text(text)
             builder.add_model(
                 SpanType.ASSISTANT_TEXT,

@@ -1,8 +1,8 @@
-"""The plain-text tool protocol: ``<tool_call>{json}</tool_call>`` and ``<final>…</final>``.
+"""The plain-text tool protocol: formatting and parsing tool-call and final-answer blocks.
 
-Deliberately not a vendor function-calling format: every supported model emits the
-same plain-text blocks, so one schema, parser and mask derivation works across model
-families without special-token surgery or an embedding resize.
+The tags themselves are the text contract of ``miniverl.schemas.text`` (why plain text and
+not a vendor function-calling format is said there); they are re-exported here for callers
+that import them from this module.
 """
 
 from __future__ import annotations
@@ -12,26 +12,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from miniverl.agent.transcript import IM_END, IM_START, TokenizerLike
 from miniverl.environments.base import ToolCall
+from miniverl.schemas.text import (
+    FINAL_CLOSE,
+    FINAL_OPEN,
+    PROTOCOL_TOKENS,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    TOOL_RESULT_CLOSE,
+    TOOL_RESULT_OPEN,
+    TokenizerLike,
+)
 from miniverl.utils.safe_load import json_depth
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-TOOL_RESULT_OPEN = "<tool_result>"
-TOOL_RESULT_CLOSE = "</tool_result>"
-FINAL_OPEN = "<final>"
-FINAL_CLOSE = "</final>"
-PROTOCOL_TOKENS = (
-    IM_START,
-    IM_END,
-    TOOL_CALL_OPEN,
-    TOOL_CALL_CLOSE,
-    TOOL_RESULT_OPEN,
-    TOOL_RESULT_CLOSE,
-    FINAL_OPEN,
-    FINAL_CLOSE,
-)
 MAX_TOOL_JSON_CHARS = 4096
 MAX_TOOL_JSON_DEPTH = 8
 """Deepest object/array nesting of a tool call (``{"arguments": {...}}`` needs 2)."""
@@ -155,3 +148,23 @@ def token_index_at_char(tokenizer: TokenizerLike, token_ids: Sequence[int], char
         else:
             lo = mid + 1
     return lo
+
+
+__all__ = [  # the tags are re-exported from miniverl.schemas.text for existing importers
+    "FINAL_CLOSE",
+    "FINAL_OPEN",
+    "MAX_TOOL_JSON_CHARS",
+    "MAX_TOOL_JSON_DEPTH",
+    "PROTOCOL_TOKENS",
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "TOOL_RESULT_CLOSE",
+    "TOOL_RESULT_OPEN",
+    "ParsedAssistant",
+    "format_final",
+    "format_observation",
+    "format_tool_call",
+    "parse_assistant_text",
+    "stop_sequences",
+    "token_index_at_char",
+]

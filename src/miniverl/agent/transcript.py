@@ -1,15 +1,27 @@
-"""Segment-wise transcript building and the tokenizer contract.
+"""Segment-wise transcript building.
 
-``TokenizerLike`` lives here, next to the code that defines what a tokenizer must do
-(docs/design.md §2.2); ``miniverl.models`` imports it.
+The text contract it builds on (``TokenizerLike``, the chat framing, the tool tags) lives in
+``miniverl.schemas.text``; the names are re-exported here for callers that import them from
+this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import Any
 
+from miniverl.schemas.text import (
+    ASSISTANT_HEADER,
+    CHAT_ROLES,
+    CHATML,
+    IM_END,
+    IM_START,
+    ChatFormat,
+    TokenizerLike,
+    chat_format_from_template,
+    chat_format_of,
+    render_message,
+)
 from miniverl.schemas.trajectory import (
     MODEL_GENERATED_SPAN_TYPES,
     Span,
@@ -21,114 +33,19 @@ from miniverl.schemas.trajectory import (
 )
 from miniverl.trajectory.masks import build_masks
 
-
-@runtime_checkable
-class TokenizerLike(Protocol):
-    """The six tokenizer members miniverl depends on.
-
-    ``fingerprint`` is behavioural: two tokenizers share it iff they encode a fixed probe
-    corpus to the same ids with the same special tokens. ``encode`` never adds BOS/EOS.
-    """
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    @property
-    def eos_token_id(self) -> int: ...
-
-    @property
-    def pad_token_id(self) -> int: ...
-
-    @property
-    def fingerprint(self) -> str: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
-
-
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-ASSISTANT_HEADER = f"{IM_START}assistant\n"
-
-
-def render_message(role: str, content: str) -> str:
-    """ChatML framing of one message, ending with ``<|im_end|>\\n``."""
-    return f"{IM_START}{role}\n{content}{IM_END}\n"
-
-
-CHAT_ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
-
-
-@dataclass(frozen=True)
-class ChatFormat:
-    """How one message is framed: ``prefix[role] + content + suffix[role]``.
-
-    ``assistant_header`` is the generation prompt that opens an assistant turn; the
-    sampled ids follow it verbatim and the turn is closed by ``suffix["assistant"]``.
-    ``source`` says where the framing came from (``chatml`` or ``chat_template``).
-    """
-
-    prefix: Mapping[str, str]
-    suffix: Mapping[str, str]
-    assistant_header: str
-    source: str = "chatml"
-
-    def render(self, role: str, content: str) -> str:
-        if role not in self.prefix:
-            raise ValueError(f"the chat format has no framing for role {role!r}")
-        return f"{self.prefix[role]}{content}{self.suffix[role]}"
-
-    @property
-    def assistant_close(self) -> str:
-        return self.suffix["assistant"]
-
-
-CHATML = ChatFormat(
-    prefix={role: f"{IM_START}{role}\n" for role in CHAT_ROLES},
-    suffix={role: f"{IM_END}\n" for role in CHAT_ROLES},
-    assistant_header=ASSISTANT_HEADER,
-)
-"""The built-in framing (used by the toy tokenizer and by HF tokenizers without a template)."""
-
-_SENTINEL = "\u2063MINIVERL-CONTENT\u2063"
-
-
-def chat_format_from_template(render: Callable[..., str]) -> ChatFormat:
-    """Derive the per-role framing from a chat template, by rendering a sentinel.
-
-    ``render(messages, add_generation_prompt=...)`` returns the template's text (for a
-    ``transformers`` tokenizer: ``apply_chat_template(..., tokenize=False)``). Every
-    message is rendered after a system message, so templates that inject a default
-    system prompt never do; the framing of role ``r`` is the text the second message
-    adds, split at the sentinel. Raises ``ValueError`` when the template is not a
-    per-message concatenation (then no segment-wise rendering can reproduce it).
-    """
-    system = {"role": "system", "content": "S"}
-    head = render([system], add_generation_prompt=False)
-    prefix: dict[str, str] = {}
-    suffix: dict[str, str] = {}
-    first = render([{"role": "system", "content": _SENTINEL}], add_generation_prompt=False)
-    if first.count(_SENTINEL) != 1:
-        raise ValueError("the chat template does not render the system content verbatim")
-    prefix["system"], suffix["system"] = first.split(_SENTINEL)
-    for role in CHAT_ROLES[1:]:
-        full = render([system, {"role": role, "content": _SENTINEL}], add_generation_prompt=False)
-        if not full.startswith(head) or full.count(_SENTINEL) != 1:
-            raise ValueError(f"the chat template does not append a {role} message to the text")
-        prefix[role], suffix[role] = full[len(head) :].split(_SENTINEL)
-    user = [system, {"role": "user", "content": "U"}]
-    plain = render(user, add_generation_prompt=False)
-    prompted = render(user, add_generation_prompt=True)
-    if not prompted.startswith(plain):
-        raise ValueError("the chat template's generation prompt is not a suffix")
-    return ChatFormat(prefix, suffix, prompted[len(plain) :], source="chat_template")
-
-
-def chat_format_of(tokenizer: Any) -> ChatFormat:
-    """The tokenizer's ``chat_format`` if it has one, else :data:`CHATML`."""
-    fmt = getattr(tokenizer, "chat_format", None)
-    return fmt if isinstance(fmt, ChatFormat) else CHATML
+__all__ = [  # the text contract is re-exported for existing importers
+    "ASSISTANT_HEADER",
+    "CHATML",
+    "CHAT_ROLES",
+    "IM_END",
+    "IM_START",
+    "ChatFormat",
+    "TokenizerLike",
+    "TranscriptBuilder",
+    "chat_format_from_template",
+    "chat_format_of",
+    "render_message",
+]
 
 
 class TranscriptBuilder:

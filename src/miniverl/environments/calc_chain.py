@@ -44,6 +44,7 @@ from miniverl.environments.base import (
 )
 from miniverl.environments.calculator import calculator_expression, verify_number
 from miniverl.errors import ToolEnvironmentError
+from miniverl.schemas.text import TOOL_PROTOCOL_HINT
 from miniverl.schemas.trajectory import VerificationRecord
 
 OPERAND_RANGE = (2, 99)
@@ -68,8 +69,7 @@ _SYSTEM_PROMPT = (
     "Use tools to solve the task.\n"
     "- calculator(expression): one step a + b, a - b or a * b; the result repeats it.\n"
     "Start each step from the previous result.\n"
-    'Call a tool: <tool_call>{"arguments": {...}, "name": ...}</tool_call>\n'
-    "Answer: <final>value</final>"
+    f"{TOOL_PROTOCOL_HINT}"
 )
 _CALL_PATTERN = re.compile(
     rf"^\s*([+-]?\d{{1,{MAX_OPERAND_DIGITS}}})\s*([-+*])\s*([+-]?\d{{1,{MAX_OPERAND_DIGITS}}})\s*$"

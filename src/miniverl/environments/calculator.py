@@ -28,6 +28,14 @@ from miniverl.environments.base import (
     oracle_from_task,
 )
 from miniverl.errors import ToolEnvironmentError
+from miniverl.schemas.text import (
+    FINAL_CLOSE,
+    FINAL_OPEN,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    TOOL_PROTOCOL_HINT,
+    TOOL_RESULT_OPEN,
+)
 from miniverl.schemas.trajectory import VerificationRecord
 
 MAX_EXPRESSION_CHARS = 200
@@ -195,16 +203,15 @@ _SYSTEM_PROMPTS = {
     "compact": (
         "Use tools to solve the task.\n"
         "- calculator(expression): evaluate arithmetic.\n"
-        'Call a tool: <tool_call>{"arguments": {...}, "name": ...}</tool_call>\n'
-        "Answer: <final>value</final>"
+        f"{TOOL_PROTOCOL_HINT}"
     ),
     "verbose": (
         "You are a careful assistant that solves arithmetic tasks with tools.\n"
         "Available tools:\n"
         "- calculator(expression): evaluates an arithmetic expression with + - * / // % ** and parentheses.\n"
-        'To call a tool, write <tool_call>{"arguments": {"expression": "..."}, "name": "calculator"}</tool_call> '
-        "and wait for the <tool_result>.\n"
-        "When you know the answer, write it as a number inside <final>...</final>."
+        f'To call a tool, write {TOOL_CALL_OPEN}{{"arguments": {{"expression": "..."}}, "name": "calculator"}}'
+        f"{TOOL_CALL_CLOSE} and wait for the {TOOL_RESULT_OPEN}.\n"
+        f"When you know the answer, write it as a number inside {FINAL_OPEN}...{FINAL_CLOSE}."
     ),
 }
 

@@ -32,6 +32,7 @@ from miniverl.environments.calculator import (
     verify_number,
 )
 from miniverl.errors import ToolEnvironmentError
+from miniverl.schemas.text import TOOL_PROTOCOL_HINT
 from miniverl.schemas.trajectory import VerificationRecord
 
 DEFAULT_PRICES: dict[str, int] = {
@@ -56,8 +57,7 @@ SYSTEM_PROMPT = (
     "Use tools to solve the task.\n"
     "- price(item): the unit price of an item.\n"
     "- calculator(expression): evaluate arithmetic.\n"
-    'Call a tool: <tool_call>{"arguments": {...}, "name": ...}</tool_call>\n'
-    "Answer: <final>value</final>"
+    f"{TOOL_PROTOCOL_HINT}"
 )
 
 

@@ -33,6 +33,7 @@ from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
 from miniverl.errors import BackendError, ConfigError
 from miniverl.evaluation.verl_tool import TOOL_CLASS_NAME
+from miniverl.schemas.text import FINAL_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_RESULT_OPEN
 
 VERL_VERSION = "0.9.1"
 EXPORT_DIR_ENV = "MINIVERL_VERL_EXPORT"
@@ -655,8 +656,8 @@ FIXED_NOTES = {
     "algorithm.adv_estimator": "grpo needs no critic; with use_task_rewards=false the distillation loss is the only training signal, as in miniverl opd",
     "distillation.distillation_loss.use_task_rewards": "miniverl opd trains on the divergence alone; the verifier only scores evaluation",
     "distillation.n_gpus_per_node": "teacher pool: 1 GPU to start; scale with trainer.n_gpus_per_node",
-    "actor_rollout_ref.rollout.multi_turn.format": "hermes parses <tool_call>{json}</tool_call>, the block miniverl's protocol emits",
-    "reward.custom_reward_function.path": "the environment's exact verifier on the last <final> block",
+    "actor_rollout_ref.rollout.multi_turn.format": f"hermes parses {TOOL_CALL_OPEN}{{json}}{TOOL_CALL_CLOSE}, the block miniverl's protocol emits",
+    "reward.custom_reward_function.path": f"the environment's exact verifier on the last {FINAL_OPEN} block",
     "trainer.test_freq": "train.cycles: evaluate once at the end, as miniverl's final evaluation",
     "data.train_files": f"files are found through ${EXPORT_DIR_ENV}, which run_verl.sh sets, so the directory can move",
 }
@@ -826,7 +827,7 @@ exec python3 -m verl.trainer.main_ppo \\
 """
 
 
-GUARANTEES = """\
+GUARANTEES = f"""\
 ## miniverl guarantees that do NOT carry over
 
 - **Policy-version / fingerprint contract.** miniverl refuses a teacher target produced
@@ -847,7 +848,7 @@ GUARANTEES = """\
   as a target. verl keeps a response mask (tool tokens masked) but no per-span provenance,
   no trajectory schema, and no alignment check between student and teacher renders.
 - **Protocol rendering.** miniverl renders tool results as a user turn wrapped in
-  `<tool_result>`; verl renders them as `tool` messages through the model's chat template
+  `{TOOL_RESULT_OPEN}`; verl renders them as `tool` messages through the model's chat template
   (the JSON inside is identical). Unknown tools and invalid JSON are answered by verl's
   ToolAgentLoop with its own messages before the adapter sees the call.
 - **Stop rules and evaluation.** `rollout.max_parse_errors`, `rollout.max_repeated_calls`

@@ -20,9 +20,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from miniverl.agent.protocol import FINAL_CLOSE, FINAL_OPEN
 from miniverl.environments.base import Task, ToolCall, ToolEnvironment, ToolResult
 from miniverl.environments.registry import make_environment
+from miniverl.schemas.text import FINAL_CLOSE, FINAL_OPEN
 
 TOOL_CLASS_NAME = "MiniverlEnvTool"
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from miniverl.agent.transcript import TokenizerLike
+    from miniverl.schemas.text import TokenizerLike
 
 FinishReason = Literal["stop_sequence", "eos", "max_new_tokens"]
 

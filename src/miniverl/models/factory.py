@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from miniverl.agent.transcript import TokenizerLike
 from miniverl.config.models import ModelSpec, RunConfig
 from miniverl.models.base import CausalLMBackend
 from miniverl.models.tokenizers import ToyTokenizer, check_same_tokenizer, load_hf_tokenizer
+from miniverl.schemas.text import TokenizerLike
 from miniverl.utils.lazy import import_torch
 from miniverl.utils.seeding import derive_seed
 

@@ -44,8 +44,8 @@ from miniverl.models.tokenizers import cached_snapshot, load_hf_tokenizer, load_
 from miniverl.utils.lazy import require
 
 if TYPE_CHECKING:
-    from miniverl.agent.transcript import TokenizerLike
     from miniverl.config.models import ModelSpec, RunConfig
+    from miniverl.schemas.text import TokenizerLike
 
 DEFAULT_LORA_TARGETS: tuple[str, ...] = (
     "q_proj",

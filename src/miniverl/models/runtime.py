@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from miniverl.agent.transcript import TokenizerLike
 from miniverl.config.models import RunConfig
 from miniverl.models.base import CausalLMBackend
 from miniverl.models.factory import build_student, build_teacher
+from miniverl.schemas.text import TokenizerLike
 
 ROLES = (
     "ActorPolicy",

@@ -20,7 +20,7 @@ from miniverl.errors import BackendError, CheckpointError, ConfigError
 from miniverl.models.base import FinishReason, GenerationResult
 
 if TYPE_CHECKING:
-    from miniverl.agent.transcript import TokenizerLike
+    from miniverl.schemas.text import TokenizerLike
 
 StepFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
 """``step(input_ids [1, t] long, cache) -> (logits of the last position [1, V] or [V], cache)``.

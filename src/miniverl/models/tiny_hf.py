@@ -11,27 +11,33 @@ markers and protocol tags as single tokens, builds a randomly initialised 2-laye
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any, Literal
 
 from miniverl.errors import ConfigError
+from miniverl.schemas.text import (
+    ASSISTANT_HEADER,
+    CHAT_MARKERS,
+    FINAL_CLOSE,
+    FINAL_OPEN,
+    IM_END,
+    IM_START,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    TOOL_RESULT_CLOSE,
+    TOOL_RESULT_OPEN,
+    TOOL_TAGS,
+)
 from miniverl.utils.lazy import import_torch, require
 
 EOS_TOKEN = "<|endoftext|>"
-CHAT_MARKERS: tuple[str, ...] = ("<|im_start|>", "<|im_end|>")
-PROTOCOL_TAGS: tuple[str, ...] = (
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_result>",
-    "</tool_result>",
-    "<final>",
-    "</final>",
-)
+PROTOCOL_TAGS: tuple[str, ...] = TOOL_TAGS
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% for message in messages %}" + IM_START + "{{ message['role'] }}\n"
+    "{{ message['content'] }}" + IM_END + "\n{% endfor %}"
+    "{% if add_generation_prompt %}" + ASSISTANT_HEADER + "{% endif %}"
 )
 
 _OPS = ("+", "-", "*", "/")
@@ -45,8 +51,8 @@ def tiny_corpus(seed: int = 0, size: int = 400) -> list[str]:
     """Calculator-flavoured training text for the tiny tokenizer (deterministic in ``seed``)."""
     rng = random.Random(seed)
     lines = [
-        "<|im_start|>system\nYou are a careful assistant. Call the calculator tool, "
-        "then write the answer inside <final> and </final>.<|im_end|>\n",
+        f"{IM_START}system\nYou are a careful assistant. Call the calculator tool, "
+        f"then write the answer inside {FINAL_OPEN} and {FINAL_CLOSE}.{IM_END}\n",
     ]
     for _ in range(size):
         a, b, c = rng.randint(0, 999), rng.randint(0, 99), rng.randint(1, 9)
@@ -55,11 +61,13 @@ def tiny_corpus(seed: int = 0, size: int = 400) -> list[str]:
             expr = f"({expr}) {rng.choice(_OPS)} {c}"
         verb, tail = rng.choice(_WORDS[:5]), rng.choice(_WORDS[5:])
         value = rng.randint(-500, 5000)
+        call = {"name": "calculator", "arguments": {"expression": expr}}
         lines += [
-            f"<|im_start|>user\n{verb} {expr} {tail}<|im_end|>\n<|im_start|>assistant\n",
-            f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expr}"}}}}\n</tool_call>',
-            f'<|im_end|>\n<|im_start|>user\n<tool_result>\n{{"ok": true, "result": "{value}"}}\n</tool_result>',
-            f"<final>\n{value}\n</final>",
+            f"{IM_START}user\n{verb} {expr} {tail}{IM_END}\n{ASSISTANT_HEADER}",
+            f"{TOOL_CALL_OPEN}\n{json.dumps(call)}\n{TOOL_CALL_CLOSE}",
+            f"{IM_END}\n{IM_START}user\n{TOOL_RESULT_OPEN}\n"
+            f'{{"ok": true, "result": "{value}"}}\n{TOOL_RESULT_CLOSE}',
+            f"{FINAL_OPEN}\n{value}\n{FINAL_CLOSE}",
         ]
     lines += [
         "0 1 2 3 4 5 6 7 8 9 10 100 1000",

@@ -24,23 +24,38 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from miniverl.agent.transcript import CHATML, ChatFormat, chat_format_from_template
 from miniverl.errors import BackendError, TokenizerMismatchError
+from miniverl.schemas.text import (
+    ASSISTANT_HEADER,
+    CHATML,
+    FINAL_CLOSE,
+    FINAL_OPEN,
+    IM_END,
+    IM_START,
+    PROTOCOL_TOKENS,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    TOOL_RESULT_CLOSE,
+    TOOL_RESULT_OPEN,
+    ChatFormat,
+    chat_format_from_template,
+)
 from miniverl.utils.lazy import require
 
 if TYPE_CHECKING:
-    from miniverl.agent.transcript import TokenizerLike
+    from miniverl.schemas.text import TokenizerLike
 
 FINGERPRINT_VERSION = 1
 
 PROBE_CORPUS: tuple[str, ...] = (
-    "<|im_start|>system\nYou are a careful assistant. Use the calculator tool.<|im_end|>\n",
-    "<|im_start|>user\nCompute 12 * (7 - 3) and report the value.<|im_end|>\n"
-    "<|im_start|>assistant\n",
-    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * (7 - 3)"}}\n</tool_call>',
-    '<|im_end|>\n<|im_start|>user\n<tool_result>\n{"ok": true, "result": "48"}\n</tool_result>',
-    "<final>\n48\n</final>",
-    "I will call the tool first.\n<tool_call>\n",
+    f"{IM_START}system\nYou are a careful assistant. Use the calculator tool.{IM_END}\n",
+    f"{IM_START}user\nCompute 12 * (7 - 3) and report the value.{IM_END}\n{ASSISTANT_HEADER}",
+    f'{TOOL_CALL_OPEN}\n{{"name": "calculator", "arguments": {{"expression": "12 * (7 - 3)"}}}}\n'
+    f"{TOOL_CALL_CLOSE}",
+    f"{IM_END}\n{IM_START}user\n"
+    f'{TOOL_RESULT_OPEN}\n{{"ok": true, "result": "48"}}\n{TOOL_RESULT_CLOSE}',
+    f"{FINAL_OPEN}\n48\n{FINAL_CLOSE}",
+    f"I will call the tool first.\n{TOOL_CALL_OPEN}\n",
     '{"ok": false, "error": "division by zero"}',
     "0 1 2 3 4 5 6 7 8 9 10 42 100 1000 65536 3.14159 -17 +5 1e-3 1,000,000 007",
     "((2 + 3) * 4 - 5) / 6 % 7 ** 2 = 11.5; 9//2 == 4",
@@ -76,18 +91,7 @@ def compute_fingerprint(
 
 # ---------------------------------------------------------------------------- toy tokenizer
 
-_SPECIAL_TOKENS: tuple[str, ...] = (
-    "<pad>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_result>",
-    "</tool_result>",
-    "<final>",
-    "</final>",
-    "<eos>",
-)
+_SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", *PROTOCOL_TOKENS, "<eos>")
 
 # Ids 10..88. The order fixes every id from here on (and so the fingerprint); it matches the
 # worked example of docs/trajectory-schema.md ("assistant" is 11, "system" 69, "\n" 89).

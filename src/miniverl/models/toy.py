@@ -45,7 +45,7 @@ from miniverl.models.sampling import (
 from miniverl.models.tokenizers import TOY_VOCAB_SIZE
 
 if TYPE_CHECKING:
-    from miniverl.agent.transcript import TokenizerLike
+    from miniverl.schemas.text import TokenizerLike
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 """Per layer ``(keys, values)``, each ``[B, num_heads, t_past, head_dim]``."""
