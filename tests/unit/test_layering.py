@@ -22,10 +22,82 @@ from helpers import SRC_DIR
 
 PACKAGE_ROOT = SRC_DIR / "miniverl"
 
-FOUNDATION = {"<root>", "errors", "utils", "config"}
-CONTRACTS = {"schemas", "environments"}
-SURFACES = {"reporting", "evaluation", "inspection", "cli"}
-HIGHER_THAN_OBJECTIVE = {"agent", "models", "teachers", "cache", "training"} | SURFACES
+# docs/design.md §2: the layers, lowest first, and the arrows between them. A package may
+# import any package of a layer its own layer reaches by following the arrows. Every other
+# cross-package import -- within one layer, or between the sibling layers execution and
+# objective -- is a *crossing*, and passes only if DECLARED_CROSSINGS names it, with its
+# reason. TYPE_CHECKING-only and function-local imports obey exactly the same rules.
+LAYERS: dict[str, frozenset[str]] = {
+    "foundation": frozenset({"<root>", "errors", "utils", "config", "recipes"}),  # recipes: YAML
+    "contracts": frozenset({"schemas", "environments"}),
+    "execution": frozenset({"models", "agent"}),
+    "objective": frozenset({"trajectory", "selection", "losses"}),
+    "supervision": frozenset({"teachers", "cache"}),
+    "orchestration": frozenset({"training"}),
+    "surfaces": frozenset({"reporting", "evaluation", "inspection", "cli"}),
+}
+LAYER_ARROWS: dict[str, frozenset[str]] = {
+    "foundation": frozenset(),
+    "contracts": frozenset({"foundation"}),
+    "execution": frozenset({"contracts"}),
+    "objective": frozenset({"contracts"}),
+    "supervision": frozenset({"execution", "objective"}),
+    "orchestration": frozenset({"supervision"}),
+    "surfaces": frozenset({"orchestration"}),
+}
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """One declared import between packages that the layer arrows alone do not allow.
+
+    ``modules`` (importer modules) and ``function`` (an enclosing function) narrow it;
+    ``None`` means any module of the package / any scope.
+    """
+
+    importer: str
+    imported: str
+    why: str
+    modules: tuple[str, ...] | None = None
+    function: str | None = None
+
+
+DECLARED_CROSSINGS: tuple[Crossing, ...] = (
+    Crossing("utils", "errors", "helpers raise the typed errors"),
+    Crossing("config", "errors", "validation problems become a ConfigError"),
+    Crossing("config", "utils", "loading reads YAML through utils"),
+    Crossing(
+        "environments", "schemas", "verifiers return VerificationRecord; prompts use schemas.text"
+    ),
+    Crossing(
+        "agent",
+        "models",
+        "the rollout loop drives a backend; models never imports agent (the text contract "
+        "both need is schemas/text.py)",
+    ),
+    Crossing(
+        "agent",
+        "trajectory",
+        "the j -> j-1 mask convention and segment keys live once, in trajectory/",
+        modules=("miniverl.agent.transcript", "miniverl.agent.loop"),
+    ),
+    Crossing(
+        "models",
+        "losses",
+        "the one cross-entropy fit step of the toy teacher and the HF teacher adapter "
+        "(docs/design.md §2.2)",
+        modules=("miniverl.models.fitting",),
+        function="cross_entropy_fit_step",
+    ),
+    Crossing("selection", "trajectory", "selectors pick among model target positions (masks)"),
+    Crossing("teachers", "cache", "the scorer writes targets in the cache's storage dtype"),
+    Crossing("evaluation", "reporting", "the benchmark reads runs and writes reports"),
+    Crossing("cli", "evaluation", "the benchmark, export and export-verl commands"),
+    Crossing("cli", "reporting", "the report command"),
+    Crossing("cli", "inspection", "the inspect command"),
+)
+
+SURFACES = LAYERS["surfaces"]
 TORCH_FREE_MODULES_PREFIXES = (
     "miniverl.errors",
     "miniverl.utils",
@@ -40,11 +112,6 @@ TORCH_FREE_MODULES_PREFIXES = (
     "miniverl.models.base",
     "miniverl.models.tokenizers",
 )
-# docs/design.md §2.2: models/fitting.py imports the objective inside cross_entropy_fit_step,
-# function-locally (the one fit step of the toy teacher and the HF teacher adapter).
-LOCAL_IMPORT_EXCEPTIONS = {
-    ("miniverl.models.fitting", "cross_entropy_fit_step"): {"losses", "trajectory", "selection"}
-}
 
 
 @dataclass(frozen=True)
@@ -83,9 +150,9 @@ def _is_subpackage(name: str) -> bool:
 
 
 class _Collector(ast.NodeVisitor):
-    def __init__(self, path: Path) -> None:
-        self.module = _module_name(path)
-        self.package = self.module if path.name == "__init__.py" else self.module.rpartition(".")[0]
+    def __init__(self, module: str, is_package: bool) -> None:
+        self.module = module
+        self.package = module if is_package else module.rpartition(".")[0]
         self.functions: list[str] = []
         self.type_checking = 0
         self.edges: list[ImportEdge] = []
@@ -133,10 +200,15 @@ class _Collector(ast.NodeVisitor):
         self._add(target, node.lineno)
 
 
-def _edges(path: Path) -> list[ImportEdge]:
-    collector = _Collector(path)
-    collector.visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+def _edges_of_source(module: str, source: str, *, is_package: bool = False) -> list[ImportEdge]:
+    collector = _Collector(module, is_package)
+    collector.visit(ast.parse(source, filename=module))
     return collector.edges
+
+
+def _edges(path: Path) -> list[ImportEdge]:
+    source = path.read_text(encoding="utf-8")
+    return _edges_of_source(_module_name(path), source, is_package=path.name == "__init__.py")
 
 
 def _layer(module: str) -> str | None:
@@ -150,27 +222,49 @@ def _layer(module: str) -> str | None:
 
 MODULE_FILES = sorted(PACKAGE_ROOT.rglob("*.py"))
 ALL_EDGES = [edge for path in MODULE_FILES for edge in _edges(path)]
+LAYER_OF = {package: layer for layer, packages in LAYERS.items() for package in packages}
 
 
-def _exception_allows(edge: ImportEdge, layer: str) -> bool:
-    return any(
-        edge.importer == module and function in edge.functions and layer in layers
-        for (module, function), layers in LOCAL_IMPORT_EXCEPTIONS.items()
-    )
+@functools.cache
+def _reachable(layer: str) -> frozenset[str]:
+    """The layers ``layer`` may import: those its arrows reach, transitively (not itself)."""
+    out: set[str] = set()
+    for lower in LAYER_ARROWS[layer]:
+        out |= {lower, *_reachable(lower)}
+    return frozenset(out)
 
 
-def _violations(
-    importer_layers: set[str], allowed: set[str] | None = None, forbidden: set[str] | None = None
-) -> list[str]:
-    bad = []
-    for edge in ALL_EDGES:
-        src, dst = _layer(edge.importer), _layer(edge.imported)
-        if src not in importer_layers or dst is None or dst == src or _exception_allows(edge, dst):
-            continue
-        if (allowed is not None and dst not in allowed) or (
-            forbidden is not None and dst in forbidden
+def _declared(edge: ImportEdge) -> Crossing | None:
+    src, dst = _layer(edge.importer), _layer(edge.imported)
+    for crossing in DECLARED_CROSSINGS:
+        if (
+            (crossing.importer, crossing.imported) == (src, dst)
+            and (crossing.modules is None or edge.importer in crossing.modules)
+            and (crossing.function is None or crossing.function in edge.functions)
         ):
-            bad.append(edge.where)
+            return crossing
+    return None
+
+
+def _layer_violations(edges: list[ImportEdge]) -> list[str]:
+    """One line per import the layer table forbids. No scope is exempt: module level,
+    function-local and ``if TYPE_CHECKING:`` imports are judged alike."""
+    bad = []
+    for edge in edges:
+        src, dst = _layer(edge.importer), _layer(edge.imported)
+        if dst is None or src == dst:
+            continue
+        if src not in LAYER_OF or dst not in LAYER_OF:
+            bad.append(f"{edge.where}: package {src or dst!r} is missing from LAYERS")
+            continue
+        if LAYER_OF[dst] in _reachable(LAYER_OF[src]) or _declared(edge) is not None:
+            continue
+        kind = "a TYPE_CHECKING-only import" if edge.type_checking else "an import"
+        bad.append(
+            f"{edge.where}: {kind} from {src} ({LAYER_OF[src]}) to {dst} ({LAYER_OF[dst]}) "
+            "that the layer table does not allow; move the shared name down a layer, or "
+            "declare the crossing in DECLARED_CROSSINGS with its reason"
+        )
     return bad
 
 
@@ -179,6 +273,7 @@ def test_the_parser_sees_the_tree() -> None:
     assert {
         "miniverl.errors",
         "miniverl.schemas.trajectory",
+        "miniverl.schemas.text",
         "miniverl.cli.main",
         "miniverl.agent.loop",
     } <= modules
@@ -199,37 +294,115 @@ def test_the_parser_sees_the_tree() -> None:
     assert any(e.functions == ("validate",) for e in cli_local)
 
 
-def test_foundation_imports_nothing_higher() -> None:
-    assert _violations({"errors", "utils", "config"}, allowed=FOUNDATION) == []
+def test_the_layer_table_covers_every_package_once() -> None:
+    packages = {_layer(_module_name(p)) for p in MODULE_FILES}
+    listed = [package for members in LAYERS.values() for package in members]
+    assert sorted(listed) == sorted(set(listed)), "a package sits in two layers"
+    assert packages <= set(listed), f"not in LAYERS: {sorted(packages - set(listed))}"
+    assert set(LAYER_ARROWS) == set(LAYERS)
+    for layer in LAYERS:
+        assert layer not in _reachable(layer), f"the layer arrows loop through {layer}"
 
 
-def test_contracts_import_only_foundation() -> None:
-    assert _violations(CONTRACTS, allowed=FOUNDATION | CONTRACTS) == []
+def test_every_import_follows_the_layer_table() -> None:
+    assert _layer_violations(ALL_EDGES) == []
 
 
-def test_objective_layer_does_not_import_execution_or_above() -> None:
-    assert _violations({"trajectory", "selection", "losses"}, forbidden=HIGHER_THAN_OBJECTIVE) == []
+def test_every_declared_crossing_is_a_real_crossing_and_is_used() -> None:
+    """No stale or redundant rule: each names an import that exists and needs it."""
+    for crossing in DECLARED_CROSSINGS:
+        src, dst = LAYER_OF[crossing.importer], LAYER_OF[crossing.imported]
+        assert crossing.importer != crossing.imported and dst not in _reachable(src), (
+            f"{crossing} is already allowed by the layer arrows"
+        )
+        assert crossing.why.strip(), f"{crossing} gives no reason"
+        used = [e for e in ALL_EDGES if _declared(e) is crossing]
+        assert used, f"{crossing} matches no import in src/: delete it"
 
 
-def test_execution_layer_does_not_import_supervision_or_above() -> None:
-    forbidden = {"teachers", "cache", "training"} | SURFACES
-    assert _violations({"agent", "models"}, forbidden=forbidden) == []
-    # models reaches the objective layer only inside cross_entropy_fit_step (docs/design.md §2.2).
-    assert _violations({"models"}, forbidden={"losses", "trajectory", "selection"}) == []
+def test_the_agent_trajectory_crossing_is_declared_not_implicit() -> None:
+    """agent (execution) and trajectory (objective) are sibling layers, so the import passes
+    only through its entry in DECLARED_CROSSINGS, and only from the modules named there."""
+    crossing = [
+        c for c in DECLARED_CROSSINGS if (c.importer, c.imported) == ("agent", "trajectory")
+    ]
+    assert len(crossing) == 1 and crossing[0].modules
+    assert "trajectory" not in {p for layer in _reachable(LAYER_OF["agent"]) for p in LAYERS[layer]}
+    edges = [
+        e for e in ALL_EDGES if (_layer(e.importer), _layer(e.imported)) == ("agent", "trajectory")
+    ]
+    assert edges and all(_declared(e) is crossing[0] for e in edges)
+    stray = _edges_of_source("miniverl.agent.protocol", "from miniverl.trajectory.masks import x\n")
+    assert len(_layer_violations(stray)) == 1  # the same import from another agent module fails
 
 
-def test_supervision_does_not_import_training() -> None:
-    assert _violations({"teachers", "cache"}, forbidden={"training"} | SURFACES) == []
+def test_no_package_import_cycle() -> None:
+    """Declared same-layer crossings may point one way only (e.g. agent -> models)."""
+    graph: dict[str, set[str]] = {}
+    for e in ALL_EDGES:
+        src, dst = _layer(e.importer), _layer(e.imported)
+        if dst is not None and src != dst:
+            graph.setdefault(src, set()).add(dst)
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(
+            nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt}))
+            for nxt in graph.get(start, ())
+        )
+
+    assert [p for p in graph if reaches(p, p, {p})] == []
 
 
-def test_only_orchestration_and_surfaces_import_training() -> None:
-    others = {_layer(_module_name(p)) for p in MODULE_FILES} - {
-        "cli",
-        "training",
-        "evaluation",
-        "reporting",
-    }
-    assert _violations(others, forbidden={"training"}) == []
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        (
+            "miniverl.agent.loop",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from miniverl.training.trainer import OPDTrainer\n",
+            "miniverl.agent.loop:3 imports miniverl.training.trainer: a TYPE_CHECKING-only "
+            "import from agent (execution) to training (orchestration)",
+        ),
+        (
+            "miniverl.models.base",
+            "import typing\nif typing.TYPE_CHECKING:\n    from miniverl.agent.transcript import T\n",
+            "a TYPE_CHECKING-only import from models (execution) to agent (execution)",
+        ),
+        (
+            "miniverl.schemas.trajectory",
+            "def f():\n    from miniverl.models.base import CausalLMBackend\n",
+            "miniverl.schemas.trajectory:2 in f() imports miniverl.models.base: an import from "
+            "schemas (contracts) to models (execution)",
+        ),
+        (
+            "miniverl.models.toy",
+            "from miniverl.losses.exact import kl\n",  # allowed only inside the fit step
+            "an import from models (execution) to losses (objective)",
+        ),
+        (
+            "miniverl.trajectory.masks",
+            "from miniverl.selection import selectors\n",  # same layer, undeclared
+            "an import from trajectory (objective) to selection (objective)",
+        ),
+    ],
+)
+def test_the_rules_reject_what_they_should(module: str, source: str, expected: str) -> None:
+    [message] = _layer_violations(_edges_of_source(module, source))
+    assert expected in message and "DECLARED_CROSSINGS" in message
+
+
+def test_the_rules_accept_declared_and_downward_imports() -> None:
+    ok = [
+        (
+            "miniverl.models.fitting",
+            "def cross_entropy_fit_step():\n    from miniverl.losses import x\n",
+        ),
+        ("miniverl.agent.loop", "from miniverl.models.base import CausalLMBackend\n"),
+        ("miniverl.training.trainer", "from miniverl.cache.store import TeacherCache\n"),
+        ("miniverl.schemas.text", "from miniverl.errors import ConfigError\n"),
+    ]
+    for module, source in ok:
+        assert _layer_violations(_edges_of_source(module, source)) == [], module
 
 
 def test_cli_imports_heavy_layers_only_inside_commands() -> None:
@@ -243,12 +416,92 @@ def test_cli_imports_heavy_layers_only_inside_commands() -> None:
 
 
 def test_inspection_stays_torch_free() -> None:
-    assert (
-        _violations(
-            {"inspection"}, forbidden={"models", "losses", "teachers", "training", "evaluation"}
-        )
-        == []
+    forbidden = {"models", "losses", "teachers", "training", "evaluation"}
+    bad = [
+        e.where
+        for e in ALL_EDGES
+        if _layer(e.importer) == "inspection" and _layer(e.imported) in forbidden
+    ]
+    assert bad == []
+
+
+# -- one text contract: each chat marker and tool tag is spelled out in one module ------------
+
+TEXT_CONTRACT_MODULE = "miniverl.schemas.text"
+VOCABULARY = (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_result>",
+    "</tool_result>",
+    "<final>",
+    "</final>",
+)
+
+
+def _code_strings(source: str) -> list[tuple[int, str]]:
+    """Every string constant in ``source`` (f-string pieces included) except docstrings:
+    prose may name a tag, code must take it from miniverl.schemas.text."""
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]
+
+
+def _vocabulary_copies(sources: dict[str, str]) -> dict[str, list[str]]:
+    """tag -> ["module:line", ...] for every code string that contains it."""
+    hits: dict[str, list[str]] = {tag: [] for tag in VOCABULARY}
+    for module, source in sources.items():
+        for lineno, text in _code_strings(source):
+            for tag in VOCABULARY:
+                if tag in text:
+                    hits[tag].append(f"{module}:{lineno}")
+    return hits
+
+
+SOURCES = {_module_name(p): p.read_text(encoding="utf-8") for p in MODULE_FILES}
+
+
+def test_the_vocabulary_is_the_text_contracts() -> None:
+    from miniverl.schemas.text import PROTOCOL_TOKENS
+
+    assert PROTOCOL_TOKENS == VOCABULARY
+
+
+def test_each_tag_is_spelled_out_in_exactly_one_module() -> None:
+    copies = _vocabulary_copies(SOURCES)
+    elsewhere = {
+        tag: [hit for hit in hits if not hit.startswith(TEXT_CONTRACT_MODULE + ":")]
+        for tag, hits in copies.items()
+    }
+    assert {tag: hits for tag, hits in elsewhere.items() if hits} == {}, (
+        f"import these from {TEXT_CONTRACT_MODULE} instead of spelling them out"
     )
+    assert all(copies[tag] for tag in VOCABULARY)  # and they are defined there
+
+
+def test_the_vocabulary_scan_sees_copies_but_not_prose() -> None:
+    source = '''"""Module docs may say <final> and <tool_call>."""
+def f():
+    """So may a function's: ``</tool_result>``."""
+    return f"{x}</final>" + "<|im_end|>\\n"
+'''
+    copies = _vocabulary_copies({"m": source})
+    assert copies["</final>"] == ["m:4"] and copies["<|im_end|>"] == ["m:4"]
+    assert copies["<final>"] == copies["<tool_call>"] == copies["</tool_result>"] == []
 
 
 def test_torch_free_modules_do_not_import_torch_at_module_level() -> None:
