@@ -1,0 +1,58 @@
+"""The text contract (schemas/text.py): one vocabulary, re-exported under the old names."""
+
+from __future__ import annotations
+
+import miniverl.agent.protocol as protocol
+import miniverl.agent.transcript as transcript
+import miniverl.models.tiny_hf as tiny_hf
+import miniverl.schemas.text as text
+from miniverl.environments.calc_chain import CalcChainEnvironment
+from miniverl.environments.calculator import CalculatorEnvironment
+from miniverl.environments.shop import ShopEnvironment
+from miniverl.models.tokenizers import ToyTokenizer
+
+
+def test_old_import_paths_are_the_same_objects() -> None:
+    for name in ("TokenizerLike", "IM_START", "IM_END", "ASSISTANT_HEADER", "CHATML", "ChatFormat"):
+        assert getattr(transcript, name) is getattr(text, name), name
+    for name in ("chat_format_of", "chat_format_from_template", "render_message"):
+        assert getattr(transcript, name) is getattr(text, name), name
+    for name in (
+        "TOOL_CALL_OPEN",
+        "TOOL_CALL_CLOSE",
+        "FINAL_OPEN",
+        "FINAL_CLOSE",
+        "PROTOCOL_TOKENS",
+    ):
+        assert getattr(protocol, name) is getattr(text, name), name
+    assert tiny_hf.CHAT_MARKERS is text.CHAT_MARKERS and tiny_hf.PROTOCOL_TAGS is text.TOOL_TAGS
+
+
+def test_the_vocabulary_values() -> None:
+    assert text.PROTOCOL_TOKENS == (
+        "<|im_start|>",
+        "<|im_end|>",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_result>",
+        "</tool_result>",
+        "<final>",
+        "</final>",
+    )
+    assert text.ASSISTANT_HEADER == "<|im_start|>assistant\n"
+    assert text.render_message("user", "hi") == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_the_toy_tokenizer_gives_the_vocabulary_ids_1_to_8() -> None:
+    tok = ToyTokenizer()
+    assert [tok.encode(tag) for tag in text.PROTOCOL_TOKENS] == [[i] for i in range(1, 9)]
+
+
+def test_every_builtin_prompt_ends_with_the_protocol_hint() -> None:
+    hint = (
+        'Call a tool: <tool_call>{"arguments": {...}, "name": ...}</tool_call>\n'
+        "Answer: <final>value</final>"
+    )
+    assert hint == text.TOOL_PROTOCOL_HINT
+    for env in (CalculatorEnvironment(), ShopEnvironment(), CalcChainEnvironment()):
+        assert env.system_prompt().endswith(hint), type(env).__name__
