@@ -44,8 +44,11 @@ def test_the_vocabulary_values() -> None:
 
 
 def test_the_toy_tokenizer_gives_the_vocabulary_ids_1_to_8() -> None:
+    """The order fixes the toy ids (and so every fingerprint and docs/trajectory-schema.md)."""
     tok = ToyTokenizer()
-    assert [tok.encode(tag) for tag in text.PROTOCOL_TOKENS] == [[i] for i in range(1, 9)]
+    expected = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+    expected += ["<tool_result>", "</tool_result>", "<final>", "</final>"]
+    assert [tok.encode(tag) for tag in expected] == [[i] for i in range(1, 9)]
 
 
 def test_every_builtin_prompt_ends_with_the_protocol_hint() -> None:
