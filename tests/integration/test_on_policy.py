@@ -129,7 +129,7 @@ def test_trainer_checks_the_alignment_digest_on_every_cache_read(
     original = TeacherCache.write
 
     def write_for_another_alignment(self, key, targets, **kwargs):  # type: ignore[no-untyped-def]
-        tensors = targets.cache_tensors(self.provenance.dtype)
+        tensors = targets.cache_tensors()
         return original(
             self, key, tensors, trajectory_id=targets.trajectory_id,
             policy_version=targets.policy_version, alignment_digest="f" * 64,

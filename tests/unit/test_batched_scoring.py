@@ -53,7 +53,7 @@ def items():
 
 
 def _tensors(result) -> dict[str, torch.Tensor]:
-    return {**result.cache_tensors("float32"), "entropy": result.teacher_entropy}
+    return {**result.cache_tensors(), "entropy": result.teacher_entropy}
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -141,6 +141,7 @@ TORCH_FREE = textwrap.dedent(
         code = 0
     assert "torch" not in sys.modules, "torch was imported"
     assert "safetensors" not in sys.modules, "safetensors was imported"
+    assert "miniverl.cache.maintenance" in sys.modules, "the torch-free maintenance module was not used"
     print("TORCH-FREE", code)
     sys.exit(code)
     """

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from miniverl.cache.store import TeacherCache
+from miniverl.cache import maintenance
 from miniverl.cli.common import console, handles_errors
 from miniverl.errors import ConfigError
 from miniverl.utils.versions import all_version_counts, summarize_version_counts
@@ -52,7 +52,7 @@ def stats(
     ] = False,
 ) -> None:
     """Entries, positions, K, bytes per position, policy versions and shards, from the index."""
-    info = TeacherCache.open(directory).stats()
+    info = maintenance.stats(directory)
     if json_out:
         sys.stdout.write(json.dumps(info, indent=2, sort_keys=True) + "\n")
         return
@@ -103,7 +103,7 @@ def stats(
 @handles_errors
 def validate(directory: DirArgument) -> None:
     """Recompute every shard and entry SHA-256 and check the structure; non-zero exit on any problem."""
-    report = TeacherCache.open(directory).validate()
+    report = maintenance.validate(directory)
     console.print(report.summary(), markup=False, soft_wrap=True)
 
 
@@ -120,8 +120,8 @@ def prune(
     ],
 ) -> None:
     """Remove entries of every policy version not kept; compact or delete the affected shards."""
-    cache = TeacherCache.open(directory)
-    present = sorted(int(v) for v in cache.stats().get("versions", {}))
+    index = maintenance.open_index(directory)
+    present = sorted(int(v) for v in maintenance.stats(directory, index)["versions"])
     negative = sorted(v for v in keep_version if v < 0)
     if negative:
         raise ConfigError(
@@ -135,7 +135,7 @@ def prune(
             "pruning would keep nothing you asked for",
             hint=f"versions present: {present or 'none'} (see 'miniverl cache stats {directory}')",
         )
-    result = cache.prune(keep_version)
+    result = maintenance.prune(directory, keep_version, index=index)
     console.print(
         f"pruned {directory}: removed {result['removed_entries']} entries, kept {result['kept_entries']} "
         f"(versions {result['kept_versions'] or 'none'}); deleted {len(result['deleted_shards'])} shard(s), "

@@ -8,7 +8,6 @@ the training layer resolves them and writes the decision to ``config.resolved.ya
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -19,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from miniverl.errors import ConfigError
+from miniverl.utils.hashing import sha256_text
 from miniverl.utils.safe_load import load_yaml_file, loads_yaml
 
 ENVIRONMENT_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
@@ -651,7 +651,7 @@ class RunConfig(_Section):
 
     def digest(self) -> str:
         """SHA-256 of :meth:`to_yaml`; identical configs have identical digests."""
-        return hashlib.sha256(self.to_yaml().encode("utf-8")).hexdigest()
+        return sha256_text(self.to_yaml())
 
     def with_overrides(self, overrides: Iterable[str]) -> RunConfig:
         return RunConfig.from_mapping(

@@ -18,7 +18,6 @@ them at once, before anything is built. The tasks are shuffled with
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from miniverl.config.models import EnvironmentConfig
 from miniverl.environments.base import SPLITS, Task, ToolEnvironment, check_turn_budget, make_splits
 from miniverl.errors import ConfigError, ToolEnvironmentError
+from miniverl.utils.hashing import sha256_bytes, sha256_file
 
 MAX_TASK_FILE_BYTES = 64 << 20
 
@@ -128,7 +128,7 @@ def load_task_file(path: str | Path) -> LoadedTaskFile:
         )
     if not lines:
         raise ConfigError(f"{path}: the task file holds no tasks")
-    return LoadedTaskFile(path=path, sha256=hashlib.sha256(raw).hexdigest(), lines=lines)
+    return LoadedTaskFile(path=path, sha256=sha256_bytes(raw), lines=lines)
 
 
 def task_file_splits(
@@ -189,7 +189,7 @@ def task_file_digest(path: str | None) -> str | None:
     """SHA-256 of a task file (recorded in the manifest), or None without one."""
     if path is None:
         return None
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return sha256_file(path)
 
 
 def check_environment(cfg: EnvironmentConfig, max_turns: int | None = None) -> str:

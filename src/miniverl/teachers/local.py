@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from miniverl.cache.store import CACHE_DTYPE_CODES, index_dtype_code
 from miniverl.errors import AlignmentError, BackendError, ConfigError
 from miniverl.losses import (
     BucketedTargetProvider,
@@ -93,12 +92,14 @@ class TeacherScoreResult:
     def teacher_entropy_mean(self) -> float | None:
         return float(self.teacher_entropy.double().mean()) if self.num_positions else None
 
-    def cache_tensors(self, dtype: str = "float32") -> dict[str, Tensor]:
-        """CPU tensors as the cache stores them (bucketed shape only).
+    def cache_tensors(self) -> dict[str, Tensor]:
+        """The bucketed targets as computed, for :meth:`TeacherCache.write` (bucketed shape only).
 
-        ``topk_indices [N, K]`` int32 (int64 when V ≥ 2**31), ``topk_log_probs [N, K]`` and
-        ``tail_log_prob [N]`` in ``dtype`` (``float32``, ``float16`` or ``bfloat16``), and
-        ``teacher_entropy [N]`` float32.
+        ``topk_indices [N, K]`` (int64), ``topk_log_probs [N, K]`` and ``tail_log_prob [N]``
+        in the scorer's compute dtype (float32 from :func:`teacher_topk_targets`) on the
+        teacher's device, and ``teacher_entropy [N]`` float32 on the CPU. No storage dtype
+        is applied here: the cache converts once, to its provenance dtype
+        (:func:`miniverl.cache.targets.to_storage`), so targets are never rounded twice.
         """
         if self.shape != "bucketed" or not isinstance(self.provider, BucketedTargetProvider):
             raise ConfigError(
@@ -106,26 +107,12 @@ class TeacherScoreResult:
                 "live teacher and cannot be cached",
                 hint="use loss.mode: bucketed, or keep the teacher resident and do not cache exact targets",
             )
-        if dtype not in CACHE_DTYPE_CODES:
-            raise ConfigError(
-                f"cache.dtype must be one of {', '.join(CACHE_DTYPE_CODES)}; got {dtype!r}"
-            )
-        index_dtype = torch.int32 if index_dtype_code(self.vocab_size) == "I32" else torch.int64
-        log_dtype = getattr(torch, dtype)
         p = self.provider
         return {
-            "topk_indices": p.topk_indices.detach()
-            .to(device="cpu", dtype=index_dtype)
-            .contiguous(),
-            "topk_log_probs": p.topk_log_probs.detach()
-            .to(device="cpu", dtype=log_dtype)
-            .contiguous(),
-            "tail_log_prob": p.tail_log_prob.detach()
-            .to(device="cpu", dtype=log_dtype)
-            .contiguous(),
-            "teacher_entropy": self.teacher_entropy.detach()
-            .to(device="cpu", dtype=torch.float32)
-            .contiguous(),
+            "topk_indices": p.topk_indices.detach(),
+            "topk_log_probs": p.topk_log_probs.detach(),
+            "tail_log_prob": p.tail_log_prob.detach(),
+            "teacher_entropy": self.teacher_entropy.detach(),
         }
 
 

@@ -35,7 +35,7 @@ from miniverl.errors import CheckpointError
 from miniverl.models.fitting import cross_entropy_fit_step, draw_rows
 from miniverl.schemas.trajectory import Trajectory
 from miniverl.trajectory.masks import model_target_positions
-from miniverl.utils.io import sha256_bytes, sha256_file
+from miniverl.utils.hashing import sha256_file, sha256_json
 from miniverl.utils.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def fit_payload(trainer: OPDTrainer) -> dict[str, Any]:
 
 
 def fit_digest(payload: dict[str, Any]) -> str:
-    return sha256_bytes(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode())
+    return sha256_json(payload)
 
 
 def fit_examples(trainer: OPDTrainer) -> tuple[list[tuple[list[int], list[int]]], dict[str, int]]:

@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from miniverl import __version__
-from miniverl.utils.io import read_json, sha256_file, write_json
+from miniverl.utils.hashing import sha256_file, sha256_json
+from miniverl.utils.io import read_json, write_json
 from miniverl.utils.logging import utc_now
 
 CACHE_ENV = "MINIVERL_CACHE_DIR"
@@ -92,7 +93,7 @@ def code_sha256(files: Sequence[str] = FIT_SOURCES) -> str:
 
 def teacher_digest(inputs: Mapping[str, Any]) -> str:
     """SHA-256 of the canonical JSON of the digest inputs."""
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    return sha256_json(inputs, compact=False)
 
 
 def _tasks_sha256(tasks: Sequence[Any]) -> str:
@@ -100,7 +101,7 @@ def _tasks_sha256(tasks: Sequence[Any]) -> str:
         {"task_id": t.task_id, "prompt": t.prompt, "answer": t.answer, "data": dict(t.data)}
         for t in tasks
     ]
-    return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
+    return sha256_json(rows, compact=False, default=str)
 
 
 def toy_teacher_digest_inputs(

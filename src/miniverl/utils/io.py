@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -20,9 +19,9 @@ from typing import Any
 
 from miniverl.errors import MiniverlError, RunDirectoryError, RunStorageError
 from miniverl.utils.failpoints import failpoint
+from miniverl.utils.hashing import sha256_bytes as sha256_bytes  # re-exported
+from miniverl.utils.hashing import sha256_file as sha256_file  # re-exported
 from miniverl.utils.safe_load import load_json_file
-
-_HASH_BLOCK = 1 << 20
 
 
 def _current_umask() -> int:
@@ -124,18 +123,6 @@ def read_json(
     """A JSON artifact through :mod:`miniverl.utils.safe_load` (regular file, size and depth
     limits); every failure is ``error`` naming ``path``. ``expect``: required top-level type."""
     return load_json_file(path, error=error, expect=expect)
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(_HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def append_jsonl(path: str | os.PathLike[str], records: list[dict[str, Any]]) -> None:
