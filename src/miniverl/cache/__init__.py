@@ -1,7 +1,7 @@
 """The teacher-target cache: safetensors shards plus a JSON index (docs/design.md §3.6).
 
 Importing this package does not import torch: ``miniverl cache stats|validate|prune`` run
-from a base install. torch and safetensors are imported inside the methods that build
+from a base install through :mod:`miniverl.cache.maintenance`. torch and safetensors are imported inside the methods that build
 tensors (:meth:`TeacherCache.write`, :meth:`TeacherCache.flush`, :meth:`TeacherCache.read`).
 """
 
