@@ -90,7 +90,6 @@ DECLARED_CROSSINGS: tuple[Crossing, ...] = (
         function="cross_entropy_fit_step",
     ),
     Crossing("selection", "trajectory", "selectors pick among model target positions (masks)"),
-    Crossing("teachers", "cache", "the scorer writes targets in the cache's storage dtype"),
     Crossing("evaluation", "reporting", "the benchmark reads runs and writes reports"),
     Crossing("cli", "evaluation", "the benchmark, export and export-verl commands"),
     Crossing("cli", "reporting", "the report command"),
