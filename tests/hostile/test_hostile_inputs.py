@@ -26,7 +26,7 @@ from miniverl.errors import (
     SchemaValidationError,
 )
 
-BOUND = "raise the constant in src/miniverl/config/models.py"
+BOUND = "raise the constant in src/miniverl/config/limits.py"
 
 
 def _alias_bomb(levels: int = 9) -> str:
