@@ -137,7 +137,9 @@ def make_select_and_align(
 ) -> SelectAndAlign:
     """Selection, the privileged teacher render (if any) and the alignment of one trajectory."""
 
-    def select_and_align(traj: Trajectory, version: int) -> tuple[TrainingSample, Trajectory | None]:
+    def select_and_align(
+        traj: Trajectory, version: int
+    ) -> tuple[TrainingSample, Trajectory | None]:
         selection = select_positions(traj, config.selection, run_seed=config.run.seed)
         teacher_view = privileged_render(traj) if privileged_render is not None else None
         alignment = build_alignment_map(
@@ -425,7 +427,10 @@ class OnPolicySource:
         version = self.version()
         trajectories = self.collect(tasks, cycle)
         samples = self.targets.score(
-            trajectories, cycle=cycle, version=version, expect_version=self.expected_version(version)
+            trajectories,
+            cycle=cycle,
+            version=version,
+            expect_version=self.expected_version(version),
         )
         if self.supervision.strict_on_policy:
             check_on_policy([s for s in samples if s.trainable], self.fingerprint())
