@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -285,3 +286,62 @@ def test_the_cycle_never_reads_the_mode(name: str) -> None:
         )
     ]
     assert reads == [] and compares == []
+
+
+class OracleKDSource(S.OracleSource):
+    """kd_oracle: teacher KL targets at the oracle's states (the example of docs/design.md §4)."""
+
+    supervision = S.Supervision(phase="kd_oracle", teacher_targets=True)
+
+    def __init__(self, *, targets: S.TeacherTargets, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.targets = targets
+
+    def samples(self, cycle: int, tasks: Any) -> S.CycleSamples:
+        oracle = super().samples(cycle, tasks).samples
+        v = self.version()
+        trajectories = [s.trajectory for s in oracle]
+        return S.CycleSamples(
+            self.targets.score(trajectories, cycle=cycle, version=v, expect_version=v)
+        )
+
+
+def test_a_new_arm_is_a_small_source(tmp_path: Path) -> None:
+    runner = _runner(Policy("7", 1.0))
+    scorer = FakeScorer()
+    source = OracleKDSource(
+        targets=_targets(tmp_path, scorer),
+        runner=runner,
+        version=lambda: 0,
+        trajectory_log=tmp_path / "t.jsonl",
+        tasks_per_cycle=2,
+    )
+    tasks = calculator_tasks(2)
+    batch = source.samples(0, tasks)
+    assert [s.trajectory.token_ids for s in batch.samples] == [
+        runner.oracle_rollout(t).token_ids for t in tasks
+    ]
+    assert scorer.scored == [s.trajectory_id for s in batch.samples]
+    assert all(s.teacher_entropy for s in batch.samples)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "round_trip"),
+    [(("memory.strategy=resident",), True), (("cache.enabled=false",), False)],
+    ids=["cached", "no-cache"],
+)
+def test_the_teacher_target_path_is_recorded(
+    tmp_path: Path, overrides: tuple[str, ...], round_trip: bool
+) -> None:
+    trainer = OPDTrainer(
+        tiny_config("train.cycles=1", *overrides), output_dir=tmp_path / "run", quiet=True
+    )
+    trainer.train()
+    events = [
+        json.loads(line) for line in trainer.paths.events.read_text().splitlines() if line.strip()
+    ]
+    [path] = [e for e in events if e["event"] == "teacher_targets_path"]
+    assert path["teacher_resident"] is trainer.memory_plan.teacher_resident
+    assert path["cache"] is round_trip and path["disk_round_trip"] is round_trip
+    assert (path["reason"] == S.RESIDENT_ROUND_TRIP_REASON) is round_trip
+    assert (trainer.paths.teacher_cache / "index.json").exists() is round_trip

@@ -580,6 +580,11 @@ class OPDTrainer:
         self.live = LiveSinks(
             cfg.logging, self.paths.root, run_name=self.paths.root.name, run_config=cfg.to_dict()
         )
+        if self.scorer is not None:
+            self.events.emit(
+                "teacher_targets_path",
+                **self.teacher_targets.describe(teacher_resident=self.memory_plan.teacher_resident),
+            )
         if (mismatch := temperature_mismatch(cfg)) is not None:
             self.events.emit(
                 "temperature_mismatch", echo=mismatch["explanation"], level="warning", **mismatch
