@@ -224,11 +224,6 @@ def test_offline_pool_resumes_at_the_same_position(tmp_path: Path) -> None:
         assert sample.rollout_fingerprint == backend_fingerprint(teacher)
 
 
-def test_checkpoints_before_sources_restore_the_offline_pool_key() -> None:
-    source = inspect.getsource(OPDTrainer.load_from_checkpoint)
-    assert 'state.get("source") or state.get("offline_kd")' in source
-
-
 # ------------------------------------------------------------------ the recipe
 
 
