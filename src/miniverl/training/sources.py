@@ -10,7 +10,7 @@ Two pieces compose:
 - a **prefix provider** chooses the trajectories: oracle traces (:class:`OracleSource`), one
   fixed pool of teacher rollouts (:class:`OfflinePoolSource`), fresh student rollouts
   (:class:`OnPolicySource`);
-- :class:`TeacherTargets` turns trajectories into teacher-scored samples (select -> privileged
+- :class:`~miniverl.training.targets.TeacherTargets` (``training/targets.py``) turns trajectories into teacher-scored samples (select -> privileged
   render -> align -> score -> cache write -> read back through the cache's checks). A source
   without it trains on hard labels (the trajectory's own tokens, cross-entropy).
 
@@ -23,92 +23,35 @@ the mode either.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task
-from miniverl.losses import ChunkTargetProvider, DivergenceSpec
-from miniverl.schemas.alignment import AlignmentMap
 from miniverl.schemas.trajectory import Trajectory
-from miniverl.selection.selectors import SelectionResult, select_positions
 from miniverl.training.memory import split_on_oom
 from miniverl.training.onpolicy import check_on_policy
-from miniverl.trajectory.alignment import build_alignment_map
+from miniverl.training.samples import (
+    CycleSamples,
+    Supervision,
+    TrainingSample,
+    hard_label_sample,
+    summarize_rollouts,
+)
+from miniverl.training.targets import (
+    RESIDENT_ROUND_TRIP_REASON,
+    TeacherTargets,
+    cache_key,
+    make_select_and_align,
+)
 from miniverl.trajectory.io import append_trajectories, read_trajectories
-from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.logging import EventLog
 from miniverl.utils.seeding import derive_seed
 
 OFFLINE_POOL_CYCLE = -1
 """Cache keys of the offline_kd pool carry this cycle: it is scored once, before cycle 0."""
-
-RESIDENT_ROUND_TRIP_REASON = (
-    "teacher targets are read back from the cache even when the teacher is resident: the read "
-    "is where the policy-version, alignment-digest and fingerprint checks run, and the update "
-    "then trains on exactly the stored (storage-dtype) targets that a resume or a replay reads, "
-    "so a resumed run stays bit-identical to an uninterrupted one"
-)
-"""Why the device -> disk -> device trip of teacher targets is kept (docs/on-policy.md)."""
-
-
-@dataclass
-class TrainingSample:
-    """One trajectory ready for an update: selection, alignment and targets."""
-
-    trajectory: Trajectory
-    selection: SelectionResult
-    alignment: AlignmentMap
-    rollout_policy_version: int
-    provider: ChunkTargetProvider | None = None
-    cache_key: str | None = None
-    teacher_entropy: list[float] = field(default_factory=list)
-    rollout_fingerprint: str | None = None
-    target_fingerprint: str | None = None
-    entropy_is_lower_bound: bool = False
-
-    @property
-    def trajectory_id(self) -> str:
-        return self.trajectory.trajectory_id
-
-    @property
-    def num_positions(self) -> int:
-        return self.alignment.num_positions
-
-    @property
-    def trainable(self) -> bool:
-        """Rows with nothing selected are removed *before* the group size G is counted."""
-        return self.alignment.num_positions > 0 and self.alignment.total_weight > 0
-
-
-@dataclass(frozen=True)
-class Supervision:
-    """What a source's samples mean to the optimizer.
-
-    ``teacher_targets=False`` is cross-entropy on the trajectory's own tokens with weight 1
-    (no divergence term); ``passes`` is how many times the cycle's rows are optimized over
-    (``opd`` replay); ``strict_on_policy`` runs :func:`check_on_policy` before every group.
-    """
-
-    phase: str
-    teacher_targets: bool
-    passes: int = 1
-    strict_on_policy: bool = False
-
-
-@dataclass
-class CycleSamples:
-    """One cycle's samples, the rollout statistics for the cycle record, and the version the
-    trajectories were sampled at (``None`` when the source sampled nothing this cycle)."""
-
-    samples: list[TrainingSample]
-    rollout_stats: dict[str, Any] = field(default_factory=dict)
-    rollout_version: int | None = None
 
 
 class SampleSource(Protocol):
@@ -129,57 +72,6 @@ class SampleSource(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-SelectAndAlign = Callable[[Trajectory, int], tuple[TrainingSample, Trajectory | None]]
-
-
-def make_select_and_align(
-    config: RunConfig, privileged_render: Callable[[Trajectory], Trajectory] | None
-) -> SelectAndAlign:
-    """Selection, the privileged teacher render (if any) and the alignment of one trajectory."""
-
-    def select_and_align(
-        traj: Trajectory, version: int
-    ) -> tuple[TrainingSample, Trajectory | None]:
-        selection = select_positions(traj, config.selection, run_seed=config.run.seed)
-        teacher_view = privileged_render(traj) if privileged_render is not None else None
-        alignment = build_alignment_map(
-            traj, selection.positions, selection.weights, teacher=teacher_view
-        )
-        sample = TrainingSample(traj, selection, alignment, version)
-        sample.rollout_fingerprint = traj.metadata.get("policy_fingerprint")
-        return sample, teacher_view
-
-    return select_and_align
-
-
-def cache_key(trajectory_id: str, cycle: int) -> str:
-    """One cache entry per trajectory and cycle (a skipped cycle can repeat seeds)."""
-    return f"{trajectory_id}@c{cycle}"
-
-
-def summarize_rollouts(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-    """Success rate, token counts and the exact failure taxonomy of a batch of rollouts."""
-    n = len(trajectories)
-    solved = sum(1 for t in trajectories if t.solved)
-    termination = Counter(t.termination_reason.value for t in trajectories)
-    failures = Counter(
-        t.verification.failure_category
-        for t in trajectories
-        if t.verification and t.verification.failure_category
-    )
-    generated = [t.generated_token_count for t in trajectories]
-    return {
-        "tasks": n,
-        "solved": solved,
-        "success_rate": solved / n if n else 0.0,
-        "mean_generated_tokens": sum(generated) / n if n else 0.0,
-        "generated_tokens": sum(generated),
-        "invalid_tool_calls": sum(t.invalid_tool_calls for t in trajectories),
-        "termination": dict(sorted(termination.items())),
-        "failure_categories": dict(sorted(failures.items())),
-    }
-
-
 def oom_splitter(events: EventLog, what: str) -> Any:
     """A ``rollout_batch`` splitter that halves a decode round on out-of-memory (recorded)."""
 
@@ -189,117 +81,7 @@ def oom_splitter(events: EventLog, what: str) -> Any:
     return split
 
 
-# ====================================================================== targets
-
-
-class TeacherTargets:
-    """Trajectories -> teacher-scored samples: select, render, align, score, cache, read back.
-
-    ``swap`` is entered around alignment, scoring and the cache flush (the ``swap`` memory
-    strategy moves the student off the device and the teacher on); with a resident teacher
-    it is a null context. With a cache, targets always come back through
-    ``TeacherCache.read`` (:data:`RESIDENT_ROUND_TRIP_REASON`).
-    """
-
-    def __init__(
-        self,
-        *,
-        scorer: Any,
-        cache: Any,
-        spec: DivergenceSpec,
-        select_and_align: SelectAndAlign,
-        batch_size: int,
-        events: EventLog,
-        swap: Callable[[], AbstractContextManager[None]] | None = None,
-    ) -> None:
-        self.scorer = scorer
-        self.cache = cache
-        self.spec = spec
-        self.select_and_align = select_and_align
-        self.batch_size = batch_size
-        self.events = events
-        self.swap = swap or nullcontext
-
-    def score(
-        self, trajectories: Sequence[Trajectory], *, cycle: int, version: int, expect_version: int
-    ) -> list[TrainingSample]:
-        """Samples of ``trajectories`` sampled at ``version``; the cache read expects ``expect_version``."""
-        with self.swap():
-            aligned = [self.select_and_align(traj, version) for traj in trajectories]
-            to_score = [(sample, view) for sample, view in aligned if sample.num_positions]
-            assert self.scorer is not None or not to_score
-            for start in range(0, len(to_score), self.batch_size):
-                group = to_score[start : start + self.batch_size]
-                results = split_on_oom(
-                    lambda items: self.scorer.score_batch(items),
-                    [(s.trajectory, s.alignment, view) for s, view in group],
-                    what="teacher scoring",
-                    events=self.events,
-                )
-                for (sample, _), result in zip(group, results, strict=True):
-                    sample.provider = result.provider
-                    sample.teacher_entropy = [float(x) for x in result.teacher_entropy]
-                    sample.target_fingerprint = result.policy_fingerprint
-                    sample.entropy_is_lower_bound = result.entropy_is_lower_bound
-                    if self.cache is not None and result.shape == "bucketed":
-                        sample.cache_key = cache_key(sample.trajectory.trajectory_id, cycle)
-                        self.cache.write(sample.cache_key, result, policy_version=version)
-            if self.cache is not None:
-                self.cache.flush()
-        samples = [sample for sample, _ in aligned]
-        self.reload(samples, expect_policy_version=expect_version)
-        return samples
-
-    def reload(self, samples: Sequence[TrainingSample], *, expect_policy_version: int) -> None:
-        """Re-attach providers from disk: the policy-version check happens here."""
-        if self.cache is None:
-            return
-        for sample in samples:
-            if sample.cache_key is not None:
-                cached = self.cache.read(
-                    sample.cache_key,
-                    expect_policy_version=expect_policy_version,
-                    expect_alignment_digest=sample.alignment.digest(),
-                    expect_policy_fingerprint=sample.rollout_fingerprint,
-                )
-                sample.provider = cached.provider(self.spec)
-                sample.target_fingerprint = cached.record.policy_fingerprint
-                sample.entropy_is_lower_bound = cached.entropy_is_lower_bound
-                if cached.teacher_entropy is not None:
-                    sample.teacher_entropy = [float(x) for x in cached.teacher_entropy]
-
-    def describe(self, *, teacher_resident: bool) -> dict[str, Any]:
-        """The recorded supervision path (event ``teacher_targets_path``)."""
-        cached = self.cache is not None
-        return {
-            "teacher_resident": teacher_resident,
-            "cache": cached,
-            "disk_round_trip": cached,
-            "reason": RESIDENT_ROUND_TRIP_REASON
-            if cached
-            else "no cache: targets stay where the scorer produced them",
-        }
-
-
 # ====================================================================== sources
-
-
-def hard_label_sample(traj: Trajectory) -> TrainingSample:
-    """Every model-generated token of ``traj``, weight 1: the sample of cross-entropy arms."""
-    targets = model_target_positions(traj.model_generated_mask)
-    weights = [1.0] * len(targets)
-    selection = SelectionResult(
-        traj.trajectory_id,
-        "all_model_tokens",
-        targets,
-        weights,
-        len(targets),
-        sum(traj.critical_mask),
-        traj.span_types_at(targets),
-    )
-    return TrainingSample(
-        traj, selection, build_alignment_map(traj, targets, weights), traj.policy_version
-    )
 
 
 class OracleSource:
