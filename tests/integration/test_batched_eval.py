@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers import tiny_config
+from miniverl.training.sources import OnPolicySource
 from miniverl.training.trainer import OPDTrainer
 from miniverl.trajectory.io import read_trajectories
 
@@ -44,6 +45,22 @@ def test_batched_evaluation_equals_unbatched(tmp_path: Path) -> None:
     assert dumps[4] == dumps[1] and dumps[32] == dumps[1]
 
 
+def _student_collector(trainer: OPDTrainer) -> OnPolicySource:
+    """The opd source's rollout collection on an sft trainer (no teacher is needed to sample)."""
+    return OnPolicySource(
+        runner=trainer.runner,
+        student=trainer.student,
+        targets=None,  # type: ignore[arg-type]
+        config=trainer.config,
+        version=lambda: trainer.parameter_version,
+        step=lambda: trainer.global_step,
+        fingerprint=lambda: trainer.policy_fingerprint,
+        events=trainer.events,
+        progress=trainer.progress,
+        trajectory_log=trainer.paths.trajectories,
+    )
+
+
 def test_batched_training_rollouts_equal_sequential(tmp_path: Path) -> None:
     collected = {}
     for size in ("1", "null"):
@@ -51,6 +68,6 @@ def test_batched_training_rollouts_equal_sequential(tmp_path: Path) -> None:
             tmp_path, f"roll-{size}", f"rollout.batch_size={size}", "rollout.temperature=1.0"
         )
         tasks = trainer._next_tasks(6)
-        collected[size] = [t.model_dump(mode="json") for t in trainer._collect(tasks, cycle=0)]
+        collected[size] = [t.model_dump(mode="json") for t in _student_collector(trainer).collect(tasks, cycle=0)]
     assert collected["1"] == collected["null"]
     assert len({tuple(t["token_ids"]) for t in collected["1"]}) > 1

@@ -154,7 +154,7 @@ def test_the_group_loss_does_not_depend_on_the_micro_batch_layout(
     trainer._run_sft_warmup(1)
     samples = [
         s
-        for s in trainer._build_samples(trainer._collect(trainer._next_tasks(4), cycle=0), cycle=0)
+        for s in trainer.source.samples(0, trainer._next_tasks(4)).samples
         if s.trainable
     ]
     assert len(samples) >= 3

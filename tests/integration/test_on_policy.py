@@ -19,6 +19,7 @@ from helpers import tiny_config
 from miniverl.cache.store import TeacherCache
 from miniverl.errors import OffPolicyError, StaleCacheError
 from miniverl.models.fingerprint import backend_fingerprint, tensor_fingerprint
+from miniverl.training.sources import OnPolicySource
 from miniverl.training.trainer import OPDTrainer
 from miniverl.trajectory.io import read_trajectories
 
@@ -38,17 +39,14 @@ def _records(path: Path, kind: str) -> list[dict]:
 
 def _roll_out_with_the_teacher(monkeypatch: pytest.MonkeyPatch) -> None:
     """The one-line bug of the review: the collection step samples from the teacher."""
-    original = OPDTrainer._collect
+    original = OPDTrainer._build_source
 
-    def collect(self: OPDTrainer, tasks, cycle):  # type: ignore[no-untyped-def]
-        student_runner = self.runner
-        self.runner = self._teacher_runner()
-        try:
-            return original(self, tasks, cycle)
-        finally:
-            self.runner = student_runner
+    def build(self: OPDTrainer):  # type: ignore[no-untyped-def]
+        source = original(self)
+        source.runner = self._teacher_runner()
+        return source
 
-    monkeypatch.setattr(OPDTrainer, "_collect", collect)
+    monkeypatch.setattr(OPDTrainer, "_build_source", build)
 
 
 @pytest.mark.parametrize("overrides", list(PATHS.values()), ids=list(PATHS))
@@ -67,15 +65,15 @@ def test_opd_rollouts_of_weights_changed_since_sampling_are_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Same counter, different weights: the counter check cannot see this, the fingerprint does."""
-    original = OPDTrainer._build_samples
+    original = OnPolicySource.samples
 
-    def build_then_nudge(self: OPDTrainer, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def build_then_nudge(self: OnPolicySource, *args, **kwargs):  # type: ignore[no-untyped-def]
         samples = original(self, *args, **kwargs)
         with torch.no_grad():
             self.student.trainable_parameters()[0].view(-1)[0] += 1e-3
         return samples
 
-    monkeypatch.setattr(OPDTrainer, "_build_samples", build_then_nudge)
+    monkeypatch.setattr(OnPolicySource, "samples", build_then_nudge)
     trainer = OPDTrainer(
         tiny_config("cache.enabled=false"), output_dir=tmp_path / "run", quiet=True
     )

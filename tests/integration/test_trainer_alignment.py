@@ -57,7 +57,9 @@ def test_trainer_student_and_teacher_gathers_are_j_minus_1_aligned(
     trainer.setup()
     task = trainer.splits["train"][0]
     trajectory = trainer.runner.oracle_rollout(task, policy_version=0)
-    [sample] = trainer._build_samples([trajectory], cycle=0)
+    [sample] = trainer.teacher_targets.score(
+        [trajectory], cycle=0, version=0, expect_version=0
+    )
     sample.rollout_fingerprint = sample.target_fingerprint = trainer.policy_fingerprint
 
     captured: list[torch.Tensor] = []

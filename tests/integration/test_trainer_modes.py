@@ -10,6 +10,7 @@ import pytest
 from helpers import tiny_config
 from miniverl.cache.store import TeacherCache
 from miniverl.errors import StaleCacheError
+from miniverl.training.sources import OnPolicySource
 from miniverl.training.trainer import OPDTrainer
 from miniverl.trajectory.io import read_trajectories
 
@@ -81,7 +82,9 @@ def test_opd_trainer_refuses_targets_of_another_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trainer = OPDTrainer(tiny_config(), output_dir=tmp_path / "run", quiet=True)
-    monkeypatch.setattr(trainer, "_expected_version", lambda rollout_version: rollout_version + 1)
+    monkeypatch.setattr(
+        OnPolicySource, "expected_version", lambda self, rollout_version: rollout_version + 1
+    )
     with pytest.raises(StaleCacheError):
         trainer.train()
     assert trainer.parameter_version == 1, "no update may be committed from stale targets"
@@ -106,11 +109,11 @@ def test_offline_kd_reuses_one_frozen_cache(tmp_path: Path) -> None:
     assert names.count("offline_kd_reuse") == 2
     cache = TeacherCache.open(trainer.paths.teacher_cache)
     versions = cache.stats()["versions"]
-    assert versions == {trainer.offline_version: trainer.config.environment.train_tasks}
+    assert versions == {trainer.source.pool_version: trainer.config.environment.train_tasks}
     assert len(cache) == trainer.config.environment.train_tasks
     steps = _records(trainer.paths.metrics, "step")
     kd = [s for s in steps if s["phase"] == "offline_kd"]
-    assert len(kd) == 3 and {s["rollout_policy_version"] for s in kd} == {trainer.offline_version}
+    assert len(kd) == 3 and {s["rollout_policy_version"] for s in kd} == {trainer.source.pool_version}
     assert [s["parameter_version"] for s in kd] == [2, 3, 4]
 
 

@@ -1,14 +1,17 @@
-"""``OPDTrainer``: one class for the three modes (docs/design.md §3, §4).
+"""``OPDTrainer``: one recipe for every mode (docs/design.md §3, §4).
 
-The modes differ only in where trajectories come from and where targets come from:
+The modes differ only in where trajectories come from and where targets come from, and
+that lives in a :class:`~miniverl.training.sources.SampleSource` chosen once at setup:
 
-- ``sft``: oracle traces, cross-entropy on their tokens;
-- ``offline_kd``: one fixed set of teacher rollouts, one frozen teacher cache;
+- ``sft``: oracle traces, cross-entropy on their tokens (:class:`OracleSource`);
+- ``offline_kd``: one fixed set of teacher rollouts, one frozen teacher cache
+  (:class:`OfflinePoolSource`);
 - ``opd``: fresh student rollouts every cycle, scored by the teacher at exactly those
   states; targets are read back through the cache, whose policy-version check makes
-  "on-policy" an enforced property rather than a convention.
+  "on-policy" an enforced property rather than a convention (:class:`OnPolicySource`).
 
-Read :meth:`OPDTrainer.train` top to bottom: it is the cycle of docs/design.md §3 in order.
+Read :meth:`OPDTrainer.train` top to bottom: it is the cycle of docs/design.md §3 in order
+(tasks -> ``source.samples`` -> optimize -> commit -> log/evaluate), with no mode branch.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import math
 import random
 import subprocess
 import time
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +38,6 @@ from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits, task_file_digest
 from miniverl.errors import CheckpointError, ConfigError, GpuMemoryError, RunDirectoryError
 from miniverl.losses import (
-    ChunkTargetProvider,
     DivergenceSpec,
     chunked_selected_position_loss,
     concat_providers,
@@ -46,13 +48,8 @@ from miniverl.models.batching import build_padded_trajectory_batch, length_bucke
 from miniverl.models.factory import build_tokenizer, resolve_device
 from miniverl.models.fingerprint import backend_fingerprint
 from miniverl.models.runtime import LocalRoleGraph, build_runtime
-from miniverl.schemas.alignment import AlignmentMap
 from miniverl.schemas.trajectory import Trajectory
-from miniverl.selection.selectors import (
-    SelectionResult,
-    aggregate_selection_stats,
-    select_positions,
-)
+from miniverl.selection.selectors import aggregate_selection_stats
 from miniverl.teachers.local import LocalTeacherScorer
 from miniverl.training.checkpoint import (
     load_checkpoint,
@@ -68,7 +65,6 @@ from miniverl.training.memory import (
     resolve_strategy,
     resolve_trajectory_batch_size,
     run_with_oom_retry,
-    split_on_oom,
 )
 from miniverl.training.onpolicy import check_on_policy
 from miniverl.training.optim import (
@@ -85,10 +81,22 @@ from miniverl.training.recovery import (
     prepare_clean_restart,
     remove_stale_temporaries,
 )
+from miniverl.training.sources import (
+    OFFLINE_POOL_CYCLE,
+    CycleSamples,
+    OracleSource,
+    SampleSource,
+    Supervision,
+    TeacherTargets,
+    TrainingSample,
+    build_source,
+    make_select_and_align,
+    oom_splitter,
+    summarize_rollouts,
+)
 from miniverl.training.teacher_adapter import prepare_teacher_adapter
 from miniverl.training.temperatures import temperature_fields, temperature_mismatch
-from miniverl.trajectory.alignment import build_alignment_map
-from miniverl.trajectory.io import append_trajectories, read_trajectories
+from miniverl.trajectory.io import append_trajectories
 from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils import gpu
 from miniverl.utils.env import collect_environment
@@ -115,38 +123,15 @@ from miniverl.utils.seeding import (
 TOY_TEACHER_FILE = "toy-teacher.safetensors"
 COLD_START_STUDENT = "student.safetensors"
 COLD_START_MARKER = "cold_start.json"
-OFFLINE_POOL_CYCLE = -1
-"""Cache keys of the offline_kd pool carry this cycle: it is scored once, before cycle 0."""
 DEFAULT_TOP_K = 64
-
-
-@dataclass
-class TrainingSample:
-    """One trajectory ready for an update: selection, alignment and targets."""
-
-    trajectory: Trajectory
-    selection: SelectionResult
-    alignment: AlignmentMap
-    rollout_policy_version: int
-    provider: ChunkTargetProvider | None = None
-    cache_key: str | None = None
-    teacher_entropy: list[float] = field(default_factory=list)
-    rollout_fingerprint: str | None = None
-    target_fingerprint: str | None = None
-    entropy_is_lower_bound: bool = False
-
-    @property
-    def trajectory_id(self) -> str:
-        return self.trajectory.trajectory_id
-
-    @property
-    def num_positions(self) -> int:
-        return self.alignment.num_positions
-
-    @property
-    def trainable(self) -> bool:
-        """Rows with nothing selected are removed *before* the group size G is counted."""
-        return self.alignment.num_positions > 0 and self.alignment.total_weight > 0
+__all__ = [
+    "OFFLINE_POOL_CYCLE",
+    "GroupResult",
+    "OPDTrainer",
+    "TrainingSample",
+    "load_resolved_config",
+    "summarize_rollouts",
+]
 
 
 @dataclass
@@ -196,9 +181,6 @@ class OPDTrainer:
         self.cycle = -1
         self._start_cycle = 0
         self.eval_results: dict[str, dict[str, Any]] = {}
-        self.offline_pool: list[str] = []
-        self.offline_version: int | None = None
-        self.offline_cursor = 0
         self.toy_teacher_report: dict[str, Any] | None = None
         self.teacher_adapter_report: dict[str, Any] | None = None
         self._in_warmup = False
@@ -270,6 +252,7 @@ class OPDTrainer:
             total_steps=max(1, self._planned_steps()),
             min_lr_ratio=cfg.train.min_lr_ratio,
         )
+        self.source = self._build_source()
         self.resolved_config = self._resolved_config()
         self.role_graph = LocalRoleGraph.for_trainer(self)
         self._refresh_fingerprint()
@@ -363,6 +346,42 @@ class OPDTrainer:
                 max_entries_per_shard=cfg.cache.max_entries_per_shard,
                 journal=cfg.cache.journal,
             )
+
+    def _build_source(self) -> SampleSource:
+        """Where this run's samples come from; the only reader of ``run.mode`` for the cycle."""
+        cfg = self.config
+        runner = self.runner
+        render = None
+        if cfg.teacher.mode == "privileged_context":
+
+            def render(traj: Any) -> Any:
+                return runner.privileged_render(traj, self.tasks_by_id[traj.task_id])
+
+        self.teacher_targets = TeacherTargets(
+            scorer=self.scorer,
+            cache=self.cache,
+            spec=self.spec,
+            select_and_align=make_select_and_align(cfg, render),
+            batch_size=cfg.teacher.batch_size,
+            events=self.events,
+            swap=None if self.memory_plan.teacher_resident else self._teacher_on_device,
+        )
+        return build_source(
+            cfg.run.mode,
+            config=cfg,
+            student_runner=runner,
+            student=self.student,
+            teacher_runner=self._teacher_runner,
+            targets=self.teacher_targets,
+            train_tasks=self.splits["train"],
+            version=lambda: self.parameter_version,
+            step=lambda: self.global_step,
+            fingerprint=lambda: self.policy_fingerprint,
+            events=self.events,
+            progress=self.progress,
+            trajectory_log=self.paths.trajectories,
+            vocab_size=self.vocab_size,
+        )
 
     def _planned_steps(self) -> int:
         tr = self.config.train
@@ -561,6 +580,11 @@ class OPDTrainer:
         self.live = LiveSinks(
             cfg.logging, self.paths.root, run_name=self.paths.root.name, run_config=cfg.to_dict()
         )
+        if self.scorer is not None:
+            self.events.emit(
+                "teacher_targets_path",
+                **self.teacher_targets.describe(teacher_resident=self.memory_plan.teacher_resident),
+            )
         if (mismatch := temperature_mismatch(cfg)) is not None:
             self.events.emit(
                 "temperature_mismatch", echo=mismatch["explanation"], level="warning", **mismatch
@@ -659,12 +683,7 @@ class OPDTrainer:
         return sum(int(t.solved) for t in trajectories) / len(tasks)
 
     def _oom_splitter(self, what: str) -> Any:
-        """A ``rollout_batch`` splitter that halves a decode round on out-of-memory (recorded)."""
-
-        def split(decode: Any, requests: list[Any]) -> Any:
-            return split_on_oom(decode, requests, what=what, events=self.events)
-
-        return split
+        return oom_splitter(self.events, what)
 
     def _prepare_toy_teacher(self) -> None:
         """Toy backend only: fit the toy teacher on oracle traces until it solves its tasks."""
@@ -945,54 +964,27 @@ class OPDTrainer:
             summary["seconds"] = round(seconds, 2)
         return summary
 
-    # ---------------------------------------------------------------- SFT
-
-    def _oracle_samples(self, tasks: Sequence[Task], suffix: str) -> list[TrainingSample]:
-        trajectories = [
-            self.runner.oracle_rollout(
-                t,
-                trajectory_id=f"{t.task_id}:oracle:{suffix}",
-                policy_version=self.parameter_version,
-            )
-            for t in tasks
-        ]
-        append_trajectories(self.paths.trajectories, trajectories)
-        samples = []
-        for traj in trajectories:
-            targets = model_target_positions(traj.model_generated_mask)
-            weights = [1.0] * len(targets)
-            selection = SelectionResult(
-                traj.trajectory_id,
-                "all_model_tokens",
-                targets,
-                weights,
-                len(targets),
-                sum(traj.critical_mask),
-                traj.span_types_at(targets),
-            )
-            samples.append(
-                TrainingSample(
-                    traj,
-                    selection,
-                    build_alignment_map(traj, targets, weights),
-                    traj.policy_version,
-                )
-            )
-        return samples
+    # ---------------------------------------------------------------- SFT warm-up
 
     def _run_sft_warmup(self, cycles: int) -> None:
         """Oracle-trace cross-entropy before KD/OPD: gets the policy emitting valid calls."""
         self.events.emit("sft_warmup_start", echo=f"{cycles} cycles", cycles=cycles)
+        source = OracleSource(
+            runner=self.runner,
+            version=lambda: self.parameter_version,
+            trajectory_log=self.paths.trajectories,
+            tasks_per_cycle=self.config.train.rollouts_per_cycle,
+        )
         self._in_warmup = True
         try:
             with self.progress.task("SFT warm-up", cycles) as advance:
                 for k in range(cycles):
-                    tasks = self._next_tasks(self.config.train.rollouts_per_cycle)
-                    samples = self._oracle_samples(tasks, f"c-{cycles - k}")
-                    records = self._optimize(samples, phase="sft", cycle=k - cycles)
+                    cycle = k - cycles
+                    batch = source.samples(cycle, self._next_tasks(source.tasks_per_cycle))
+                    records = self._optimize(batch.samples, source.supervision, cycle=cycle)
                     self.events.emit(
                         "sft_warmup_cycle",
-                        cycle=k - cycles,
+                        cycle=cycle,
                         steps=len(records),
                         loss=records[-1]["loss"] if records else None,
                     )
@@ -1004,31 +996,24 @@ class OPDTrainer:
     # ---------------------------------------------------------------- one cycle
 
     def _run_cycle(self, cycle: int) -> None:
-        """collect -> select -> (privileged render) -> align -> score -> cache -> optimize."""
+        """tasks -> source samples (collect, select, align, score, cache) -> optimize -> log."""
         cfg = self.config
         self.cycle = cycle
         started = time.perf_counter()
-        mode = cfg.run.mode
-        rollout_stats: dict[str, Any] = {}
-        if mode == "sft":
-            samples = self._oracle_samples(
-                self._next_tasks(cfg.train.rollouts_per_cycle), f"c{cycle}"
-            )
-        elif mode == "offline_kd":
-            samples = self._offline_kd_samples(cycle)
-        else:
-            tasks = self._next_tasks(cfg.train.rollouts_per_cycle)
-            trajectories = self._collect(tasks, cycle)
-            rollout_stats = summarize_rollouts(trajectories)
-            samples = self._build_samples(trajectories, cycle)
+        source = self.source
+        phase = source.supervision.phase
+        batch: CycleSamples = source.samples(cycle, self._next_tasks(source.tasks_per_cycle))
+        if batch.rollout_version is not None:
+            self._rollout_version = batch.rollout_version
+        samples, rollout_stats = batch.samples, batch.rollout_stats
         selection = aggregate_selection_stats(s.selection for s in samples)
         record: dict[str, Any] = {
             "kind": "cycle",
             "cycle": cycle,
-            "mode": mode,
+            "mode": phase,
             "parameter_version_before": self.parameter_version,
             "policy_fingerprint_before": self.policy_fingerprint,
-            **temperature_fields(cfg, mode),
+            **temperature_fields(cfg, phase),
             "rollouts": rollout_stats,
             "selection": selection,
         }
@@ -1048,10 +1033,10 @@ class OPDTrainer:
             )
             self.metrics.write(record)
             return
-        steps = self._optimize(samples, phase=mode, cycle=cycle)
+        steps = self._optimize(samples, source.supervision, cycle=cycle)
         if cycle == cfg.train.cycles - 1:
             self._write_token_analysis(samples, cycle)
-        self._prune_cache()
+        source.finish_cycle(cycle)
         live = cycle_summary(steps, rollout_stats)
         record.update(
             skipped=False,
@@ -1078,238 +1063,43 @@ class OPDTrainer:
             "cycle_end", echo=f"cycle {cycle}: {format_live_line(live)}", cycle=cycle, **live
         )
 
-    def _collect(self, tasks: Sequence[Task], cycle: int) -> list[Trajectory]:
-        """Sample one rollout per task from the current student."""
-        cfg = self.config
-        self.student.set_train(False)
-        self._rollout_version = self.parameter_version
-        requests = [
-            EpisodeRequest(
-                task,
-                cfg.run.seed + self.global_step * 1013 + offset,
-                extra_metadata={"cycle": cycle},
-            )
-            for offset, task in enumerate(tasks)
-        ]
-        size = cfg.rollout.batch_size or len(requests)
-        trajectories: list[Trajectory] = []
-        with self.progress.task(f"rollouts cycle {cycle}", len(tasks)) as advance:
-            for start in range(0, len(requests), size):
-                batch = self.runner.rollout_batch(
-                    requests[start : start + size],
-                    batch_size=size,
-                    policy_version=self.parameter_version,
-                    split=self._oom_splitter("rollout"),
-                )
-                trajectories.extend(batch)
-                for _ in batch:
-                    advance()
-        append_trajectories(self.paths.trajectories, trajectories)
-        stats = summarize_rollouts(trajectories)
-        self.events.emit(
-            "rollouts_collected",
-            echo=f"cycle {cycle}: {stats['solved']}/{stats['tasks']} solved at version {self.parameter_version}",
-            cycle=cycle,
-            policy_version=self.parameter_version,
-            **stats,
-        )
-        return trajectories
-
-    def _build_samples(
-        self, trajectories: Sequence[Trajectory], cycle: int, *, rollout_version: int | None = None
-    ) -> list[TrainingSample]:
-        """select -> privileged render -> align -> score -> cache write + flush -> providers."""
-        version = self.parameter_version if rollout_version is None else rollout_version
-        samples: list[TrainingSample] = []
-        swap = not self.memory_plan.teacher_resident
-        if swap:
-            self._student_off_device()
-        aligned = [self._select_and_align(traj, version) for traj in trajectories]
-        to_score = [(sample, view) for sample, view in aligned if sample.num_positions]
-        assert self.scorer is not None or not to_score
-        size = self.config.teacher.batch_size
-        for start in range(0, len(to_score), size):
-            group = to_score[start : start + size]
-            results = split_on_oom(
-                lambda items: self.scorer.score_batch(items),  # type: ignore[union-attr]
-                [(s.trajectory, s.alignment, view) for s, view in group],
-                what="teacher scoring",
-                events=self.events,
-            )
-            for (sample, _), result in zip(group, results, strict=True):
-                sample.provider = result.provider
-                sample.teacher_entropy = [float(x) for x in result.teacher_entropy]
-                sample.target_fingerprint = result.policy_fingerprint
-                sample.entropy_is_lower_bound = result.entropy_is_lower_bound
-                if self.cache is not None and result.shape == "bucketed":
-                    sample.cache_key = _cache_key(sample.trajectory.trajectory_id, cycle)
-                    self.cache.write(sample.cache_key, result, policy_version=version)
-        samples.extend(sample for sample, _ in aligned)
-        if self.cache is not None:
-            self.cache.flush()
-        if swap:
-            self._student_on_device()
-        self._reload_targets_from_cache(
-            samples, expect_policy_version=self._expected_version(version)
-        )
-        return samples
-
-    def _select_and_align(
-        self, traj: Trajectory, version: int
-    ) -> tuple[TrainingSample, Trajectory | None]:
-        """Selection, the privileged render (if any) and the alignment of one trajectory."""
-        cfg = self.config
-        selection = select_positions(traj, cfg.selection, run_seed=cfg.run.seed)
-        teacher_view = None
-        if cfg.teacher.mode == "privileged_context":
-            teacher_view = self.runner.privileged_render(traj, self.tasks_by_id[traj.task_id])
-        alignment = build_alignment_map(
-            traj, selection.positions, selection.weights, teacher=teacher_view
-        )
-        sample = TrainingSample(traj, selection, alignment, version)
-        sample.rollout_fingerprint = traj.metadata.get("policy_fingerprint")
-        return sample, teacher_view
-
-    def _expected_version(self, rollout_version: int) -> int:
-        """Strict OPD: the current parameters; replay and offline KD: the data's version."""
-        if self.config.run.mode == "opd" and self.config.train.opd_freshness == "strict":
-            return self.parameter_version
-        return rollout_version
-
-    def _reload_targets_from_cache(
-        self, samples: Sequence[TrainingSample], *, expect_policy_version: int
-    ) -> None:
-        """Re-attach providers from disk: the policy-version check happens here."""
-        if self.cache is None:
-            return
-        for sample in samples:
-            if sample.cache_key is not None:
-                cached = self.cache.read(
-                    sample.cache_key,
-                    expect_policy_version=expect_policy_version,
-                    expect_alignment_digest=sample.alignment.digest(),
-                    expect_policy_fingerprint=sample.rollout_fingerprint,
-                )
-                sample.provider = cached.provider(self.spec)
-                sample.target_fingerprint = cached.record.policy_fingerprint
-                sample.entropy_is_lower_bound = cached.entropy_is_lower_bound
-                if cached.teacher_entropy is not None:
-                    sample.teacher_entropy = [float(x) for x in cached.teacher_entropy]
-
-    def _student_off_device(self) -> None:
-        """swap: student weights and optimizer moments to host memory, teacher on."""
+    @contextmanager
+    def _teacher_on_device(self) -> Iterator[None]:
+        """``swap`` strategy: student and its optimizer moments to host, teacher on; then back."""
         self.student.to_device("cpu")
         move_optimizer_state(self.optimizer, "cpu")
         if self.teacher is not None:
             self.teacher.to_device(self.device)
-
-    def _student_on_device(self) -> None:
-        """swap: teacher off the accelerator, student and its moments back."""
+        yield
         if self.teacher is not None:
             self.teacher.to_device("cpu")
         self.student.to_device(self.device)
         move_optimizer_state(self.optimizer, self.device)
 
-    # ---------------------------------------------------------------- offline KD
-
-    def _offline_kd_samples(self, cycle: int) -> list[TrainingSample]:
-        """One fixed set of teacher rollouts and one frozen cache, reused every cycle."""
-        cfg = self.config
-        if not self.offline_pool:
-            tasks = self.splits["train"]
-            runner = self._teacher_runner()
-            self._rollout_version = self.parameter_version
-            trajectories = runner.rollout_batch(
-                [
-                    EpisodeRequest(
-                        t,
-                        derive_seed(cfg.run.seed, "offline", i),
-                        extra_metadata={"offline_kd_pool": True},
-                    )
-                    for i, t in enumerate(tasks)
-                ],
-                batch_size=cfg.rollout.batch_size or cfg.train.rollouts_per_cycle,
-                policy_version=self.parameter_version,
-                split=self._oom_splitter("offline rollout"),
-            )
-            append_trajectories(self.paths.trajectories, trajectories)
-            self.offline_version = self.parameter_version
-            samples = self._build_samples(
-                trajectories, cycle=OFFLINE_POOL_CYCLE, rollout_version=self.offline_version
-            )
-            self.offline_pool = [s.trajectory.trajectory_id for s in samples]
-            self._offline_samples = {s.trajectory.trajectory_id: s for s in samples}
-            self.events.emit(
-                "rollouts_collected",
-                echo=f"offline_kd: {len(trajectories)} fixed teacher rollouts",
-                cycle=cycle,
-                offline_kd_pool=True,
-                **summarize_rollouts(trajectories),
-            )
-        else:
-            self.events.emit(
-                "offline_kd_reuse",
-                echo=f"cycle {cycle}: reusing the frozen cache",
-                cycle=cycle,
-                pool=len(self.offline_pool),
-                cache_policy_version=self.offline_version,
-                parameter_version=self.parameter_version,
-            )
-        picked = []
-        for _ in range(cfg.train.rollouts_per_cycle):
-            picked.append(
-                self._offline_samples[
-                    self.offline_pool[self.offline_cursor % len(self.offline_pool)]
-                ]
-            )
-            self.offline_cursor += 1
-        return picked
-
-    def _restore_offline_pool(self) -> None:
-        """Resume of offline_kd: the fixed rollouts from the log, their targets from the cache."""
-        if self.config.run.mode != "offline_kd" or not self.offline_pool:
-            return
-        by_id = {
-            t.trajectory_id: t
-            for t in read_trajectories(self.paths.trajectories, vocab_size=self.vocab_size)
-            if t.metadata.get("offline_kd_pool")
-        }
-        version = int(self.offline_version or 0)
-        samples = {}
-        for tid in self.offline_pool:
-            sample, _ = self._select_and_align(by_id[tid], version)
-            if sample.num_positions and self.cache is not None:
-                sample.cache_key = _cache_key(tid, OFFLINE_POOL_CYCLE)
-            samples[tid] = sample
-        self._reload_targets_from_cache(list(samples.values()), expect_policy_version=version)
-        self._offline_samples = samples
-
     # ---------------------------------------------------------------- update
 
     def _optimize(
-        self, samples: Sequence[TrainingSample], *, phase: str, cycle: int
+        self, samples: Sequence[TrainingSample], supervision: Supervision, *, cycle: int
     ) -> list[dict[str, Any]]:
         """Optimizer groups of ``group_size`` trainable rows; one commit per group."""
         cfg = self.config
         rows = [s for s in samples if s.trainable]
         group = cfg.train.group_size()
-        passes = (
-            cfg.train.replay_passes
-            if (phase == "opd" and cfg.train.opd_freshness == "replay")
-            else 1
-        )
+        phase = supervision.phase
         records = []
         self.student.set_train(True)
         step_in_cycle = 0
-        for _ in range(passes):
+        for _ in range(supervision.passes):
             for start in range(0, len(rows), group):
                 members = rows[start : start + group]
-                if phase == "opd" and cfg.train.opd_freshness == "strict":
+                if supervision.strict_on_policy:
                     self._refresh_fingerprint()
                     check_on_policy(members, self.policy_fingerprint)
                 t0 = time.perf_counter()
                 gpu.reset_peak(self.device if self.device.startswith("cuda") else None)
-                result, used_chunk = self._group_gradients_fitting_memory(members, phase)
+                result, used_chunk = self._group_gradients_fitting_memory(
+                    members, supervision.teacher_targets
+                )
                 self.chunk_size = used_chunk
                 committed, grad_norm, lr = self._commit_update()
                 seconds = time.perf_counter() - t0
@@ -1360,7 +1150,7 @@ class OPDTrainer:
         return records
 
     def _group_gradients_fitting_memory(
-        self, members: Sequence[TrainingSample], phase: str
+        self, members: Sequence[TrainingSample], teacher_targets: bool
     ) -> tuple[GroupResult, int]:
         """The OOM retry halves the loss chunk; once it cannot, halve the trajectory batch.
 
@@ -1371,7 +1161,7 @@ class OPDTrainer:
         while True:
             try:
                 return run_with_oom_retry(
-                    lambda chunk: self._compute_group_gradients(members, chunk, phase),
+                    lambda chunk: self._compute_group_gradients(members, chunk, teacher_targets),
                     chunk_size=self.chunk_size,
                     min_chunk_size=cfg.memory.min_chunk_size,
                     retries=cfg.memory.oom_retries,
@@ -1393,13 +1183,16 @@ class OPDTrainer:
                 self.trajectory_batch_size = smaller
 
     def _compute_group_gradients(
-        self, group: Sequence[TrainingSample], chunk_size: int, phase: str
+        self, group: Sequence[TrainingSample], chunk_size: int, teacher_targets: bool
     ) -> GroupResult:
-        """Accumulate the gradient of L = (1/G) sum_r L_r over length-bucketed micro-batches."""
+        """Accumulate the gradient of L = (1/G) sum_r L_r over length-bucketed micro-batches.
+
+        Without teacher targets the loss is cross-entropy on the trajectory's tokens (weight 1).
+        """
         cfg = self.config
         self.optimizer.zero_grad(set_to_none=True)
         batch_rows = self.trajectory_batch_size
-        ce_weight = 1.0 if phase == "sft" else cfg.loss.sampled_token_nll_weight
+        ce_weight = cfg.loss.sampled_token_nll_weight if teacher_targets else 1.0
         out = GroupResult()
         for bucket in length_buckets([s.trajectory.length for s in group], int(batch_rows)):
             rows = [group[i] for i in bucket]
@@ -1413,7 +1206,7 @@ class OPDTrainer:
             weights = torch.cat(
                 normalize_trajectory_weights([r.alignment.token_weights for r in rows])
             ).to(hidden.device)
-            provider = None if phase == "sft" else concat_providers([r.provider for r in rows])
+            provider = concat_providers([r.provider for r in rows]) if teacher_targets else None
             targets = torch.tensor(
                 [t for r in rows for t in r.alignment.target_token_ids],
                 dtype=torch.long,
@@ -1533,17 +1326,6 @@ class OPDTrainer:
         append_jsonl(self.paths.token_analysis, records)
         self.events.emit("token_analysis_written", cycle=cycle, positions=len(records))
 
-    def _prune_cache(self) -> None:
-        keep = self.config.cache.keep_versions
-        if self.cache is None or keep is None or self.config.run.mode == "offline_kd":
-            return
-        versions = self.cache.stats().get("versions", {})
-        present = sorted(int(v) for v in versions)
-        keep_set = set(present[-keep:])
-        if set(present) - keep_set:
-            report = self.cache.prune(keep_versions=keep_set)
-            self.events.emit("cache_pruned", kept_versions=sorted(keep_set), report=report)
-
     # ================================================================== checkpoints
 
     def _jsonl_sizes(self) -> dict[str, int]:
@@ -1569,11 +1351,7 @@ class OPDTrainer:
             "optimizer": optimizer_meta,
             "eval_results": self.eval_results,
             "jsonl_sizes": self._jsonl_sizes(),
-            "offline_kd": {
-                "pool": self.offline_pool,
-                "version": self.offline_version,
-                "cursor": self.offline_cursor,
-            },
+            "source": self.source.state_dict(),
             "toy_teacher": self.toy_teacher_report,
             "miniverl_version": __version__,
         }
@@ -1628,10 +1406,6 @@ class OPDTrainer:
         self.chunk_size = int(state["chunk_size"])
         self.main_start_step = int(state.get("main_start_step", 0))
         self.eval_results = dict(state.get("eval_results") or {})
-        offline = state.get("offline_kd") or {}
-        self.offline_pool = list(offline.get("pool") or [])
-        self.offline_version = offline.get("version")
-        self.offline_cursor = int(offline.get("cursor") or 0)
         sizes = {
             getattr(self.paths, n): int(v) for n, v in (state.get("jsonl_sizes") or {}).items()
         }
@@ -1650,7 +1424,8 @@ class OPDTrainer:
         self.cycle = int(state["cycle"])  # eval records after a resume name the right cycle
         # Killed after the final checkpoint: only eval.json and the manifest remain to write.
         self._training_finished = path.name == "final"
-        self._restore_offline_pool()
+        # Checkpoints before sample sources kept the offline pool under "offline_kd".
+        self.source.load_state_dict(state.get("source") or state.get("offline_kd") or {})
         self.events.emit(
             "checkpoint_loaded", name=path.name, global_optimizer_step=self.global_step
         )
@@ -1663,34 +1438,6 @@ class OPDTrainer:
 
 
 # ====================================================================== helpers
-
-
-def summarize_rollouts(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-    """Success rate, token counts and the exact failure taxonomy of a batch of rollouts."""
-    n = len(trajectories)
-    solved = sum(1 for t in trajectories if t.solved)
-    termination = Counter(t.termination_reason.value for t in trajectories)
-    failures = Counter(
-        t.verification.failure_category
-        for t in trajectories
-        if t.verification and t.verification.failure_category
-    )
-    generated = [t.generated_token_count for t in trajectories]
-    return {
-        "tasks": n,
-        "solved": solved,
-        "success_rate": solved / n if n else 0.0,
-        "mean_generated_tokens": sum(generated) / n if n else 0.0,
-        "generated_tokens": sum(generated),
-        "invalid_tool_calls": sum(t.invalid_tool_calls for t in trajectories),
-        "termination": dict(sorted(termination.items())),
-        "failure_categories": dict(sorted(failures.items())),
-    }
-
-
-def _cache_key(trajectory_id: str, cycle: int) -> str:
-    """One cache entry per trajectory and cycle (a skipped cycle can repeat seeds)."""
-    return f"{trajectory_id}@c{cycle}"
 
 
 def _truncate(path: Path, size: int) -> None:
