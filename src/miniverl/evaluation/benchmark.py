@@ -322,14 +322,15 @@ def resolve_arms(
 
 def measure_arm(run_dir: Path) -> dict[str, Any]:
     """What one finished arm run measured, read back from its artifacts."""
-    from miniverl.reporting.report import read_jsonl
+    from miniverl.reporting.load import read_events, read_metrics
+    from miniverl.schemas.records import CycleRecord, StepRecord
 
     paths = RunPaths(run_dir)
-    metrics = read_jsonl(paths.metrics)
-    events = read_jsonl(paths.events)
+    metrics = read_metrics(paths.metrics)
+    events = read_events(paths.events)
     summary = read_json(paths.eval_json)
-    steps = [r for r in metrics if r.get("kind") == "step"]
-    cycles = [r for r in metrics if r.get("kind") == "cycle"]
+    steps = [r for r in metrics if isinstance(r, StepRecord)]
+    cycles = [r for r in metrics if isinstance(r, CycleRecord)]
     mode = summary.get("mode")
     model_tokens = sum(int((c.get("selection") or {}).get("model_tokens") or 0) for c in cycles)
     selected_in_cycles = sum(
