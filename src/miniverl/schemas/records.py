@@ -25,13 +25,20 @@ the report reads optional keys without caring which version wrote them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
 from miniverl.errors import RunDirectoryError
 
-Number: TypeAlias = int | float
+
+def _json_number(value: Any) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"Input should be a number, got {type(value).__name__}")
+    return value
+
+
+Number: TypeAlias = Annotated[int | float, PlainValidator(_json_number)]
 """A JSON number as written: ints stay ints (``fmt_num`` renders ``3`` and ``3.0`` differently)."""
 
 # -- events.jsonl names (every ``EventLog.emit`` name in src/) ---------------------------
@@ -233,8 +240,9 @@ class CheckpointState(RunRecord):
 def _error(where: str, exc: ValidationError) -> RunDirectoryError:
     first = exc.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "(record)"
+    message = first["msg"].removeprefix("Value error, ")
     return RunDirectoryError(
-        f"{where}: field {field!r}: {first['msg']}",
+        f"{where}: field {field!r}: {message}",
         hint="the file was edited or corrupted; restore it from the run that wrote it",
     )
 
