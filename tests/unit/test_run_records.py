@@ -11,7 +11,7 @@ import pytest
 from test_report import _cycle, _eval, _step, build_run
 
 from helpers import SRC_DIR
-from miniverl.errors import RunDirectoryError
+from miniverl.errors import CheckpointError, RunDirectoryError
 from miniverl.reporting.load import (
     load_run,
     read_events,
@@ -179,6 +179,10 @@ def test_event_without_a_name_and_non_objects_are_refused() -> None:
         parse_metric([1], "metrics.jsonl:1")
     with pytest.raises(RunDirectoryError, match=r"state.json: field 'task_cursor'"):
         parse_state({k: v for k, v in STATE.items() if k != "task_cursor"}, "state.json")
+    with pytest.raises(
+        CheckpointError, match=r"state.json: field 'chunk_size': Input should be a valid integer"
+    ):
+        parse_state({**STATE, "chunk_size": "1024"}, "state.json", error=CheckpointError)
 
 
 # ---------------------------------------------------------------------- the reader

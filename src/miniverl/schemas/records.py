@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
-from miniverl.errors import RunDirectoryError
+from miniverl.errors import MiniverlError, RunDirectoryError
 
 
 def _json_number(value: Any) -> int | float:
@@ -217,31 +217,37 @@ class EventRecord(RunRecord):
 
 
 class CheckpointState(RunRecord):
-    """``checkpoints/<name>/state.json``: every counter a resume restores."""
+    """``checkpoints/<name>/state.json``: every counter a resume restores.
 
+    The required fields are the ones ``training.checkpoint.load_checkpoint`` has always
+    demanded; the rest were added over time and are optional on read.
+    """
+
+    config_digest: str
     cycle: int
     global_step: int
     parameter_version: int
-    rollout_policy_version: int | None = None
     task_cursor: int
     chunk_size: int
+    rng: dict[str, Any]
+    optimizer: dict[str, Any]
+    rollout_policy_version: int | None = None
     schedule: dict[str, Any] | None = None
     main_start_step: int | None = None
-    rng: dict[str, Any]
-    optimizer: dict[str, Any] | None = None
     eval_results: dict[str, Any] | None = None
     jsonl_sizes: dict[str, int] | None = None
     offline_kd: dict[str, Any] | None = None
     toy_teacher: dict[str, Any] | None = None
     miniverl_version: str | None = None
-    config_digest: str | None = None
 
 
-def _error(where: str, exc: ValidationError) -> RunDirectoryError:
+def _error(
+    where: str, exc: ValidationError, error: type[MiniverlError] = RunDirectoryError
+) -> MiniverlError:
     first = exc.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "(record)"
     message = first["msg"].removeprefix("Value error, ")
-    return RunDirectoryError(
+    return error(
         f"{where}: field {field!r}: {message}",
         hint="the file was edited or corrupted; restore it from the run that wrote it",
     )
@@ -268,12 +274,15 @@ def parse_event(raw: Any, where: str) -> EventRecord:
         raise _error(where, exc) from None
 
 
-def parse_state(raw: Any, where: str) -> CheckpointState:
-    """A checkpoint ``state.json`` as :class:`CheckpointState`."""
+def parse_state(
+    raw: Any, where: str, *, error: type[MiniverlError] = RunDirectoryError
+) -> CheckpointState:
+    """A checkpoint ``state.json`` as :class:`CheckpointState`; failures are ``error``
+    (``CheckpointError`` when a resume reads it)."""
     try:
-        return CheckpointState.model_validate(raw)
+        return CheckpointState.model_validate(raw, strict=True)
     except ValidationError as exc:
-        raise _error(where, exc) from None
+        raise _error(where, exc, error) from None
 
 
 __all__ = [
