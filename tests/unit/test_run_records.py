@@ -319,3 +319,15 @@ def test_the_one_reader_check_sees_a_second_parser(tmp_path: Path) -> None:
         "rogue.py:5 open()",
         "rogue.py:6 defines read_jsonl",
     ]
+
+
+def test_writers_build_what_the_reader_accepts() -> None:
+    """``build`` validates strictly (as the reader does) and always writes the ``kind``."""
+    fields = {k: v for k, v in FULL_STEP.items() if k != "kind"}
+    record = StepRecord.build(**fields)
+    assert record.to_json() == FULL_STEP
+    assert parse_metric(json.loads(_wire(record.to_json())), "m:1") == record
+    assert EvalRecord.build(tag="final").to_json() == {"kind": "eval", "tag": "final"}
+    assert CycleRecord.build(cycle=0).to_json() == {"kind": "cycle", "cycle": 0}
+    with pytest.raises(RuntimeError, match=r"StepRecord being written: field 'step': .*integer"):
+        StepRecord.build(step=1.0)

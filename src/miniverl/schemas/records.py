@@ -25,7 +25,7 @@ the report reads optional keys without caring which version wrote them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
 
@@ -82,6 +82,20 @@ class RunRecord(BaseModel):
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
+    _always: ClassVar[tuple[str, ...]] = ()
+    """Fields written even when left at their default (the ``kind`` discriminator)."""
+
+    def model_post_init(self, context: Any, /) -> None:
+        self.model_fields_set.update(self._always)
+
+    @classmethod
+    def build(cls, **fields: Any) -> Self:
+        """A record for writing, validated exactly as the reader will validate it (strict)."""
+        try:
+            return cls.model_validate(fields, strict=True)
+        except ValidationError as exc:
+            raise _error(f"{cls.__name__} being written", exc, RuntimeError) from None
+
     def _present(self) -> list[str]:
         extra = list((self.__pydantic_extra__ or {}).keys())
         return [k for k in type(self).model_fields if k in self.model_fields_set] + extra
@@ -125,6 +139,8 @@ class RolloutStats(RunRecord):
 class StepRecord(RunRecord):
     """One optimizer step (``kind == "step"``)."""
 
+    _always = ("kind",)
+
     kind: Literal["step"] = "step"
     phase: str | None = None
     cycle: int | None = None
@@ -158,6 +174,8 @@ class StepRecord(RunRecord):
 class CycleRecord(RunRecord):
     """One training cycle (``kind == "cycle"``); ``rollouts`` is empty for sft / offline_kd."""
 
+    _always = ("kind",)
+
     kind: Literal["cycle"] = "cycle"
     cycle: int | None = None
     mode: str | None = None
@@ -179,6 +197,8 @@ class CycleRecord(RunRecord):
 
 class EvalRecord(RolloutStats):
     """One held-out evaluation (``kind == "eval"`` in metrics.jsonl; also an ``eval.json`` entry)."""
+
+    _always = ("kind",)
 
     kind: Literal["eval"] = "eval"
     cycle: int | None = None
@@ -242,15 +262,16 @@ class CheckpointState(RunRecord):
 
 
 def _error(
-    where: str, exc: ValidationError, error: type[MiniverlError] = RunDirectoryError
-) -> MiniverlError:
+    where: str, exc: ValidationError, error: type[Exception] = RunDirectoryError
+) -> Exception:
     first = exc.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "(record)"
-    message = first["msg"].removeprefix("Value error, ")
-    return error(
-        f"{where}: field {field!r}: {message}",
-        hint="the file was edited or corrupted; restore it from the run that wrote it",
-    )
+    message = f"{where}: field {field!r}: {first['msg'].removeprefix('Value error, ')}"
+    if issubclass(error, MiniverlError):
+        return error(
+            message, hint="the file was edited or corrupted; restore it from the run that wrote it"
+        )
+    return error(message)
 
 
 def parse_metric(raw: Any, where: str) -> RunRecord:
@@ -275,7 +296,7 @@ def parse_event(raw: Any, where: str) -> EventRecord:
 
 
 def parse_state(
-    raw: Any, where: str, *, error: type[MiniverlError] = RunDirectoryError
+    raw: Any, where: str, *, error: type[Exception] = RunDirectoryError
 ) -> CheckpointState:
     """A checkpoint ``state.json`` as :class:`CheckpointState`; failures are ``error``
     (``CheckpointError`` when a resume reads it)."""
