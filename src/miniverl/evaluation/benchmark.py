@@ -322,13 +322,13 @@ def resolve_arms(
 
 def measure_arm(run_dir: Path) -> dict[str, Any]:
     """What one finished arm run measured, read back from its artifacts."""
-    from miniverl.reporting.load import read_events, read_metrics
+    from miniverl.reporting.load import read_eval_summary, read_events, read_metrics
     from miniverl.schemas.records import CycleRecord, StepRecord
 
     paths = RunPaths(run_dir)
     metrics = read_metrics(paths.metrics)
     events = read_events(paths.events)
-    summary = read_json(paths.eval_json)
+    summary = read_eval_summary(paths)
     steps = [r for r in metrics if isinstance(r, StepRecord)]
     cycles = [r for r in metrics if isinstance(r, CycleRecord)]
     mode = summary.get("mode")

@@ -82,6 +82,11 @@ def read_json_or_none(path: Path) -> Any:
     return read_json(path)
 
 
+def read_eval_summary(paths: RunPaths) -> dict[str, Any]:
+    """``eval.json`` of a finished run; a missing file is a :class:`RunDirectoryError`."""
+    return read_json(paths.eval_json)
+
+
 def read_config(paths: RunPaths) -> tuple[dict[str, Any] | None, str | None]:
     """``config.resolved.yaml`` as (mapping, verbatim text); ``(None, None)`` when absent."""
     if not _present(paths.config_resolved):
@@ -195,6 +200,7 @@ __all__ = [
     "eval_tag_files",
     "load_run",
     "read_config",
+    "read_eval_summary",
     "read_events",
     "read_json_or_none",
     "read_jsonl",
