@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.errors import CheckpointError
-from miniverl.schemas.records import parse_state
+from miniverl.schemas.records import CheckpointState, parse_state
 from miniverl.utils.io import (
     atomic_path,
     checked_failpoint,
@@ -78,7 +78,8 @@ def save_checkpoint(
     try:
         save_tensors(trainable, staging / ADAPTER_FILE)
         save_tensors(optimizer_tensors, staging / OPTIMIZER_FILE)
-        write_json(staging / STATE_FILE, {**state, "config_digest": config_digest})
+        record = CheckpointState.build(**{**state, "config_digest": config_digest})
+        write_json(staging / STATE_FILE, record.to_json())
         marker = {
             "format": CHECKPOINT_FORMAT,
             "name": target.name,
