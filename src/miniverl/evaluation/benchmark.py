@@ -336,7 +336,7 @@ def measure_arm(run_dir: Path) -> dict[str, Any]:
     selected_in_cycles = sum(
         int((c.get("selection") or {}).get("selected_positions") or 0) for c in cycles
     )
-    loaded = [e for e in events if e.get("event") == "benchmark_cold_start_loaded"]
+    loaded = [e for e in events if e.event == "benchmark_cold_start_loaded"]
     final = summary.get("final") or {}
     baseline = summary.get("baseline") or {}
     return {
@@ -353,7 +353,7 @@ def measure_arm(run_dir: Path) -> dict[str, Any]:
         "teacher_generated_tokens": sum(
             int(e.get("generated_tokens") or 0)
             for e in events
-            if e.get("event") == "rollouts_collected" and e.get("offline_kd_pool")
+            if e.event == "rollouts_collected" and e.get("offline_kd_pool")
         ),
         "selected_training_tokens": sum(int(s.get("selected_positions") or 0) for s in steps),
         "teacher_query_ratio": None

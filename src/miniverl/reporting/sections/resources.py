@@ -123,7 +123,7 @@ def memory_section(data: RunData) -> Section:
         ],
         [
             "OOM chunk retries",
-            str(sum(1 for e in data.events if e.get("event") == "oom_chunk_retry")),
+            str(sum(1 for e in data.events if e.event == "oom_chunk_retry")),
         ],
     ]
     if measured:

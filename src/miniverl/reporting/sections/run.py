@@ -22,7 +22,7 @@ def identity_section(data: RunData) -> Section:
         section.notes.append(
             f"{data.paths.manifest.name} not found: identity fields are limited to what the other artifacts record."
         )
-    run_end = [e for e in data.events if e.get("event") == "run_end"]
+    run_end = [e for e in data.events if e.event == "run_end"]
     status = (
         run_end[-1].get("status")
         if run_end
@@ -172,7 +172,7 @@ def events_section(data: RunData) -> Section:
     if not data.events:
         section.notes.append(f"{data.paths.events.name} not found.")
         return section
-    counts = Counter(str(e.get("event")) for e in data.events)
+    counts = Counter(e.event for e in data.events)
     section.tables.append(
         Table(
             ["event", "count"],
@@ -180,7 +180,7 @@ def events_section(data: RunData) -> Section:
             caption=f"From {data.paths.events.name}, in order of first occurrence.",
         )
     )
-    skipped = [e for e in data.events if e.get("event") == "cycle_skipped_no_selected_positions"]
+    skipped = [e for e in data.events if e.event == "cycle_skipped_no_selected_positions"]
     if skipped:
         section.notes.append(
             f"{len(skipped)} cycle(s) were skipped because the selector found nothing to supervise: "
