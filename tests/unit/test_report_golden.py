@@ -9,6 +9,7 @@ lands, and review the diff.
 
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 from pathlib import Path
@@ -41,5 +42,13 @@ def test_report_output_is_byte_identical_to_the_golden_files(tmp_path: Path, cas
         expected.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(md_path, expected / "summary.md")
         shutil.copyfile(html_path, expected / "report.html")
-    assert md_path.read_bytes() == (expected / "summary.md").read_bytes()
-    assert html_path.read_bytes() == (expected / "report.html").read_bytes()
+    for got, name in ((md_path, "summary.md"), (html_path, "report.html")):
+        want = (expected / name).read_text(encoding="utf-8")
+        diff = difflib.unified_diff(
+            want.splitlines(),
+            got.read_text(encoding="utf-8").splitlines(),
+            "golden",
+            "now",
+            lineterm="",
+        )
+        assert got.read_text(encoding="utf-8") == want, "\n".join(list(diff)[:60])
