@@ -322,20 +322,21 @@ def resolve_arms(
 
 def measure_arm(run_dir: Path) -> dict[str, Any]:
     """What one finished arm run measured, read back from its artifacts."""
-    from miniverl.reporting.report import read_jsonl
+    from miniverl.reporting.load import read_eval_summary, read_events, read_metrics
+    from miniverl.schemas.records import CycleRecord, StepRecord
 
     paths = RunPaths(run_dir)
-    metrics = read_jsonl(paths.metrics)
-    events = read_jsonl(paths.events)
-    summary = read_json(paths.eval_json)
-    steps = [r for r in metrics if r.get("kind") == "step"]
-    cycles = [r for r in metrics if r.get("kind") == "cycle"]
+    metrics = read_metrics(paths.metrics)
+    events = read_events(paths.events)
+    summary = read_eval_summary(paths)
+    steps = [r for r in metrics if isinstance(r, StepRecord)]
+    cycles = [r for r in metrics if isinstance(r, CycleRecord)]
     mode = summary.get("mode")
     model_tokens = sum(int((c.get("selection") or {}).get("model_tokens") or 0) for c in cycles)
     selected_in_cycles = sum(
         int((c.get("selection") or {}).get("selected_positions") or 0) for c in cycles
     )
-    loaded = [e for e in events if e.get("event") == "benchmark_cold_start_loaded"]
+    loaded = [e for e in events if e.event == "benchmark_cold_start_loaded"]
     final = summary.get("final") or {}
     baseline = summary.get("baseline") or {}
     return {
@@ -352,7 +353,7 @@ def measure_arm(run_dir: Path) -> dict[str, Any]:
         "teacher_generated_tokens": sum(
             int(e.get("generated_tokens") or 0)
             for e in events
-            if e.get("event") == "rollouts_collected" and e.get("offline_kd_pool")
+            if e.event == "rollouts_collected" and e.get("offline_kd_pool")
         ),
         "selected_training_tokens": sum(int(s.get("selected_positions") or 0) for s in steps),
         "teacher_query_ratio": None

@@ -19,11 +19,16 @@ from typing import Any
 
 from miniverl import __version__
 from miniverl.errors import RunDirectoryError
+from miniverl.reporting.load import (
+    eval_tag_files,
+    read_config,
+    read_json_or_none,
+    require_directory,
+)
 from miniverl.utils.env import NUMERIC_ENV_VARS, TRACKED_PACKAGES
-from miniverl.utils.io import read_json, write_json
+from miniverl.utils.io import write_json
 from miniverl.utils.logging import utc_now
 from miniverl.utils.runs import RunPaths
-from miniverl.utils.safe_load import load_yaml_file
 
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9 _.,:;+=()\-]{0,128}$")
 _POSIX_PATH = re.compile(r"(?<![\w.~/-])(?:~/?|/)[^\s/\\\"'<>|]+(?:/[^\s/\\\"'<>|]*)*")
@@ -162,8 +167,8 @@ def _present(path: Path) -> bool:
 
 def _evaluations(paths: RunPaths) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    if _present(paths.eval_json):
-        summary = read_json(paths.eval_json)
+    summary = read_json_or_none(paths.eval_json)
+    if summary is not None:
         out["summary"] = {
             key: summary.get(key)
             for key in (
@@ -176,14 +181,10 @@ def _evaluations(paths: RunPaths) -> dict[str, Any]:
             )
         }
         out["stages"] = summary.get("evaluations") or {}
-    head, _, tail = paths.eval_tag_json("TAG").name.partition("TAG")
-    tagged = {}
-    for candidate in sorted(paths.root.glob(f"{head}*{tail}")):
-        tag = candidate.name[len(head) : len(candidate.name) - len(tail)]
-        if tag:
-            payload = read_json(candidate)
-            if isinstance(payload, Mapping):
-                tagged[tag] = {k: v for k, v in payload.items() if k != "path"}
+    tagged = {
+        tag: {k: v for k, v in payload.items() if k != "path"}
+        for tag, payload in eval_tag_files(paths).items()
+    }
     if tagged:
         out["tagged"] = tagged
     return out
@@ -191,14 +192,9 @@ def _evaluations(paths: RunPaths) -> dict[str, Any]:
 
 def build_result(run_dir: str | Path) -> dict[str, Any]:
     """The shareable result of a run or benchmark directory (not yet written)."""
-    paths = RunPaths(run_dir)
-    if not paths.root.is_dir():
-        raise RunDirectoryError(
-            f"{paths.root} is not a directory",
-            hint="pass a run directory written by 'miniverl train' or 'miniverl benchmark'",
-        )
-    manifest = read_json(paths.manifest) if _present(paths.manifest) else None
-    benchmark = read_json(paths.benchmark_json) if _present(paths.benchmark_json) else None
+    paths = require_directory(run_dir)
+    manifest = read_json_or_none(paths.manifest)
+    benchmark = read_json_or_none(paths.benchmark_json)
     if manifest is None and benchmark is None and not _present(paths.eval_json):
         raise RunDirectoryError(
             f"{paths.root} holds no {paths.manifest.name}, {paths.eval_json.name} or {paths.benchmark_json.name}",
@@ -224,19 +220,16 @@ def build_result(run_dir: str | Path) -> dict[str, Any]:
         }
         result["environment"] = _environment_block(manifest)
         result["toy_teacher"] = _toy_teacher(manifest.get("toy_teacher"))
-    if _present(paths.config_resolved):
-        config = load_yaml_file(paths.config_resolved)
-        if not isinstance(config, Mapping):
-            raise RunDirectoryError(f"{paths.config_resolved} is not a mapping of config sections")
-        if isinstance(config, Mapping):
-            run_section = config.get("run")
-            if isinstance(run_section, dict) and run_section.get("output_dir") is not None:
-                run_section["output_dir"] = Path(str(run_section["output_dir"])).name
-            result["config"] = config
+    config, _ = read_config(paths)
+    if config is not None:
+        run_section = config.get("run")
+        if isinstance(run_section, dict) and run_section.get("output_dir") is not None:
+            run_section["output_dir"] = Path(str(run_section["output_dir"])).name
+        result["config"] = config
     result["evaluations"] = _evaluations(paths)
     if benchmark is not None:
         result["benchmark"] = benchmark
-    environment = read_json(paths.environment) if _present(paths.environment) else {}
+    environment = read_json_or_none(paths.environment) or {}
     result["hardware"] = sanitize_hardware(environment if isinstance(environment, Mapping) else {})
     return scrub(result)
 

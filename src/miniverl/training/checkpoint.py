@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.errors import CheckpointError
+from miniverl.schemas.records import CheckpointState, parse_state
 from miniverl.utils.io import (
     atomic_path,
     checked_failpoint,
@@ -77,7 +78,8 @@ def save_checkpoint(
     try:
         save_tensors(trainable, staging / ADAPTER_FILE)
         save_tensors(optimizer_tensors, staging / OPTIMIZER_FILE)
-        write_json(staging / STATE_FILE, {**state, "config_digest": config_digest})
+        record = CheckpointState.build(**{**state, "config_digest": config_digest})
+        write_json(staging / STATE_FILE, record.to_json())
         marker = {
             "format": CHECKPOINT_FORMAT,
             "name": target.name,
@@ -175,6 +177,7 @@ def load_checkpoint(directory: str | os.PathLike[str], *, device: str = "cpu") -
     missing = [k for k in _STATE_KEYS if k not in state]
     if missing:
         raise CheckpointError(f"{path / STATE_FILE} lacks {', '.join(missing)}")
+    parse_state(state, str(path / STATE_FILE), error=CheckpointError)
     if state.get("config_digest") != marker.get("config_digest"):
         raise CheckpointError(
             f"{path}: state.json and {MARKER_FILE} disagree about the config digest"

@@ -48,6 +48,7 @@ from miniverl.models.batching import build_padded_trajectory_batch, length_bucke
 from miniverl.models.factory import build_tokenizer, resolve_device
 from miniverl.models.fingerprint import backend_fingerprint
 from miniverl.models.runtime import LocalRoleGraph, build_runtime
+from miniverl.schemas.records import CycleRecord, EvalRecord, StepRecord
 from miniverl.schemas.trajectory import Trajectory
 from miniverl.selection.selectors import aggregate_selection_stats
 from miniverl.teachers.local import LocalTeacherScorer
@@ -937,7 +938,7 @@ class OPDTrainer:
         self.events.emit(
             "eval", echo=f"{tag}: {result['solved']}/{result['tasks']} solved", **result
         )
-        self.metrics.write({"kind": "eval", "cycle": self.cycle, **result})
+        self.metrics.write(EvalRecord.build(cycle=self.cycle, **result).to_json())
         if self.live is not None:
             self.live.scalars(
                 self.global_step, {f"eval/{split}_success_rate": result["success_rate"]}
@@ -1008,7 +1009,6 @@ class OPDTrainer:
         samples, rollout_stats = batch.samples, batch.rollout_stats
         selection = aggregate_selection_stats(s.selection for s in samples)
         record: dict[str, Any] = {
-            "kind": "cycle",
             "cycle": cycle,
             "mode": phase,
             "parameter_version_before": self.parameter_version,
@@ -1031,7 +1031,7 @@ class OPDTrainer:
                 parameter_version=self.parameter_version,
                 seconds=round(time.perf_counter() - started, 3),
             )
-            self.metrics.write(record)
+            self.metrics.write(CycleRecord.build(**record).to_json())
             return
         steps = self._optimize(samples, source.supervision, cycle=cycle)
         if cycle == cfg.train.cycles - 1:
@@ -1048,7 +1048,7 @@ class OPDTrainer:
             mean_divergence=live["mean_divergence"],
             seconds=round(time.perf_counter() - started, 3),
         )
-        self.metrics.write(record)
+        self.metrics.write(CycleRecord.build(**record).to_json())
         self.last_cycle_summary = live
         if self.live is not None:
             self.live.scalars(
@@ -1104,43 +1104,42 @@ class OPDTrainer:
                 committed, grad_norm, lr = self._commit_update()
                 seconds = time.perf_counter() - t0
                 positions = result.positions
-                record = {
-                    "kind": "step",
-                    "phase": phase,
-                    "cycle": cycle,
-                    "step": step_in_cycle,
-                    "global_optimizer_step": self.global_step,
-                    "parameter_version": self.parameter_version,
-                    "policy_version": self.parameter_version,
-                    "rollout_policy_version": members[0].rollout_policy_version,
-                    "policy_fingerprint": self.policy_fingerprint,
-                    "rollout_policy_fingerprint": members[0].rollout_fingerprint,
-                    "committed": committed,
-                    "loss": result.loss,
-                    "divergence_loss": result.divergence_loss,
-                    "sampled_token_nll": result.sampled_token_nll,
-                    "grad_norm": grad_norm,
-                    "lr": lr,
-                    "selected_positions": positions,
-                    "trajectories_in_step": len(members),
-                    "teacher_entropy_mean": (result.entropy_sum / result.entropy_positions)
+                record = StepRecord.build(
+                    phase=phase,
+                    cycle=cycle,
+                    step=step_in_cycle,
+                    global_optimizer_step=self.global_step,
+                    parameter_version=self.parameter_version,
+                    policy_version=self.parameter_version,
+                    rollout_policy_version=members[0].rollout_policy_version,
+                    policy_fingerprint=self.policy_fingerprint,
+                    rollout_policy_fingerprint=members[0].rollout_fingerprint,
+                    committed=committed,
+                    loss=result.loss,
+                    divergence_loss=result.divergence_loss,
+                    sampled_token_nll=result.sampled_token_nll,
+                    grad_norm=grad_norm,
+                    lr=lr,
+                    selected_positions=positions,
+                    trajectories_in_step=len(members),
+                    teacher_entropy_mean=(result.entropy_sum / result.entropy_positions)
                     if result.entropy_positions
                     else None,
-                    "teacher_entropy_is_lower_bound": result.entropy_lower_bound
+                    teacher_entropy_is_lower_bound=result.entropy_lower_bound
                     if result.entropy_positions
                     else None,
                     **temperature_fields(cfg, phase),
-                    "high_entropy_fraction": (result.high_entropy_sum / result.entropy_positions)
+                    high_entropy_fraction=(result.high_entropy_sum / result.entropy_positions)
                     if result.entropy_positions
                     else None,
-                    "loss_by_span_type": result.loss_by_span_type,
-                    "seconds": round(seconds, 4),
-                    "train_selected_tokens_per_second": round(positions / seconds, 2)
+                    loss_by_span_type=result.loss_by_span_type,
+                    seconds=round(seconds, 4),
+                    train_selected_tokens_per_second=round(positions / seconds, 2)
                     if seconds > 0
                     else None,
-                    "projection_chunk_size": used_chunk,
-                    "gpu": gpu.snapshot(self.device),
-                }
+                    projection_chunk_size=used_chunk,
+                    gpu=gpu.snapshot(self.device),
+                ).to_json()
                 self.metrics.write(record)
                 if self.live is not None:
                     self.live.scalars(self.global_step, step_scalars(record))

@@ -1,0 +1,41 @@
+"""Report sections: each builder turns :class:`~miniverl.reporting.load.RunData` into one
+:class:`~miniverl.reporting.tables.Section`; :func:`build_sections` lists them in reading order.
+"""
+
+from __future__ import annotations
+
+from miniverl.reporting.load import RunData
+from miniverl.reporting.sections.benchmark import benchmark_sections
+from miniverl.reporting.sections.common import collect_evaluations
+from miniverl.reporting.sections.curves import curves_section, failures_section, success_section
+from miniverl.reporting.sections.resources import memory_section, selection_section
+from miniverl.reporting.sections.run import events_section, identity_section, objective_section
+from miniverl.reporting.sections.tokens import entropy_section, provenance_section, tokens_section
+from miniverl.reporting.tables import Section
+
+
+def build_sections(data: RunData) -> list[Section]:
+    """Every section the directory supports, in reading order."""
+    sections: list[Section] = []
+    if data.is_training_run:
+        evaluations = collect_evaluations(data)
+        sections += [
+            identity_section(data),
+            objective_section(data),
+            curves_section(data, evaluations),
+            success_section(data, evaluations),
+            failures_section(data, evaluations),
+            provenance_section(data),
+            tokens_section(data),
+            entropy_section(data),
+            selection_section(data),
+            memory_section(data),
+        ]
+    if data.benchmark is not None:
+        sections += benchmark_sections(data.benchmark)
+    if data.is_training_run:
+        sections.append(events_section(data))
+    return sections
+
+
+__all__ = ["build_sections"]
