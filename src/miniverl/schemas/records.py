@@ -66,6 +66,7 @@ EVENT_NAMES: frozenset[str] = frozenset(
         "sft_warmup_start",
         "teacher_adapter_fitted",
         "teacher_adapter_loaded",
+        "teacher_targets_path",
         "temperature_mismatch",
         "token_analysis_written",
         "toy_teacher_fitted",
@@ -256,6 +257,7 @@ class CheckpointState(RunRecord):
     main_start_step: int | None = None
     eval_results: dict[str, Any] | None = None
     jsonl_sizes: dict[str, int] | None = None
+    source: dict[str, Any] | None = None
     offline_kd: dict[str, Any] | None = None
     toy_teacher: dict[str, Any] | None = None
     miniverl_version: str | None = None
