@@ -685,8 +685,17 @@ class OPDTrainer:
             exclude=[t for split in self.splits.values() for t in split],
         )
         pool = train + extra
-        oracle = [self.runner.oracle_rollout(t) for t in pool]
-        examples = [(t.token_ids, model_target_positions(t.model_generated_mask)) for t in oracle]
+        from miniverl.training.noisy_traces import toy_fit_traces
+
+        examples = [
+            trace.example
+            for trace in toy_fit_traces(
+                self.runner,
+                pool,
+                noise_fraction=fit.noise_fraction,
+                seed=derive_seed(self.config.run.seed, "toy-teacher-noise"),
+            )
+        ]
         runner = self._teacher_runner()
         probe = random.Random(derive_seed(self.config.run.seed, "toy-teacher-probe")).sample(
             pool, min(len(pool), fit.probe_tasks)
