@@ -54,9 +54,7 @@ def tasks() -> list[Task]:
 
 
 def _model_spans(traj: Trajectory, turn: int) -> list[range]:
-    return [
-        range(s.start, s.end) for s in traj.spans if s.is_model_generated and s.turn_id == turn
-    ]
+    return [range(s.start, s.end) for s in traj.spans if s.is_model_generated and s.turn_id == turn]
 
 
 def _assistant_texts(traj: Trajectory) -> list[str]:
@@ -205,9 +203,7 @@ def test_calculator_traces_work_too() -> None:
     env = runner.environment
     calc_tasks = [
         Task(task_id=f"c{i}", prompt=p, answer=a, difficulty="easy", split="train", data=d)
-        for i, (p, a, d) in enumerate(
-            env.sample_task(random.Random(i), "hard") for i in range(6)
-        )
+        for i, (p, a, d) in enumerate(env.sample_task(random.Random(i), "hard") for i in range(6))
     ]
     for task in calc_tasks:
         for kind in CORRUPTION_KINDS:
