@@ -208,8 +208,9 @@ def noisy_oracle_trace(
             f"the noise-injected trace of task {task.task_id} did not finish "
             f"({trajectory.termination_reason}, {len(trajectory.turns)} of {len(script)} turns)",
             hint="a corrupted step needs one spare turn, its tokens and (for a malformed call) a "
-            "parse error the episode survives: raise rollout.max_turns, rollout.max_total_tokens "
-            "or rollout.max_parse_errors (>= 2), or set models.toy_fit.noise_fraction: 0",
+            "parse error the episode survives: raise rollout.max_turns, rollout.max_new_tokens_per_turn, "
+            "rollout.max_total_tokens or rollout.max_parse_errors (>= 2), or set "
+            "models.toy_fit.noise_fraction: 0",
         )
     expected = oracle_tool_results(environment, task)
     if oracle_steps_done(expected, trajectory.turns[: step + 1]) != step:
