@@ -115,6 +115,12 @@ class ToolEnvironmentError(MiniverlError):
     default_hint = "run 'miniverl doctor' to list the registered environments"
 
 
+class TeacherGateError(MiniverlError):
+    """The teacher is not competent enough at the student's states to start a benchmark."""
+
+    default_hint = "fit the teacher longer or on more noise-injected traces (models.toy_fit)"
+
+
 class BackendError(MiniverlError):
     """A model backend could not be built or used as asked (missing extra, no CUDA, ...)."""
 

@@ -124,3 +124,35 @@ def test_fit_progress_reports_steps_loss_and_probe_accuracy(
     if report["steps"] > last_check["step"]:
         assert f"probe accuracy {last_check['probe_success']:.0%}" in fit[-1]
     assert any("probe accuracy" in s for s in fit[1:])
+
+
+def test_the_noise_settings_enter_the_digest(tmp_path: Path, cache_dir: Path) -> None:
+    """A teacher fitted without noise-injected traces is never reused for a noisy fit."""
+    # a spare turn, a parse error the episode survives, and room for a whole call per turn
+    room = (
+        "rollout.max_turns=4",
+        "rollout.max_parse_errors=2",
+        "rollout.max_new_tokens_per_turn=40",
+        "rollout.max_total_tokens=600",
+    )
+    clean = _train(tmp_path / "clean", *room).toy_teacher_report
+    noisy = _train(
+        tmp_path / "noisy", *room, "models.toy_fit.noise_fraction=0.5"
+    ).toy_teacher_report
+    assert clean is not None and noisy is not None
+    assert noisy["reused"] is False and noisy["cache_digest"] != clean["cache_digest"]
+    stored = json.loads(
+        (cache_dir / "toy-teachers" / noisy["cache_digest"] / "teacher.json").read_text()
+    )
+    assert stored["inputs"]["fit"]["noise_fraction"] == 0.5
+    assert (
+        stored["inputs"]["fit_targets_sha256"]
+        != json.loads(
+            (cache_dir / "toy-teachers" / clean["cache_digest"] / "teacher.json").read_text()
+        )["inputs"]["fit_targets_sha256"]
+    )
+    again = _train(
+        tmp_path / "again", *room, "models.toy_fit.noise_fraction=0.5"
+    ).toy_teacher_report
+    assert again is not None and again["reused"] is True
+    assert again["cache_digest"] == noisy["cache_digest"]

@@ -173,6 +173,12 @@ class ToyFitConfig(_Section):
         le=MAX_TASKS,
         description="Further oracle tasks (disjoint from eval/test) in the teacher's fitting data, standing in for the broader training a real teacher has.",
     )
+    noise_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Fraction of the fitting traces that get one tool call corrupted (a changed digit or a malformed call), the tool's real response, then the oracle's corrective re-call; the corrupted step is not supervised (training/noisy_traces.py).",
+    )
     probe_tasks: int = Field(
         16,
         ge=1,
@@ -539,6 +545,18 @@ class EvalConfig(_Section):
     )
     temperature: float = Field(
         0.0, ge=0, le=MAX_TEMPERATURE, description="Evaluation sampling temperature (0 = greedy)."
+    )
+    teacher_gate_threshold: float = Field(
+        0.95,
+        ge=0,
+        le=1,
+        description="The benchmark refuses to start when the teacher's top-1 accuracy on the correct next action at student-visited states is below this (evaluation/teacher_gate.py).",
+    )
+    teacher_gate_tasks: int = Field(
+        64,
+        ge=1,
+        le=MAX_TASKS,
+        description="Validation tasks the cold-start student is rolled out on for the teacher gate.",
     )
     baseline: bool = Field(True, description="Evaluate before training.")
     after_warmup: bool = Field(True, description="Evaluate after the SFT warm-up.")

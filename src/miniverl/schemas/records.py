@@ -66,6 +66,7 @@ EVENT_NAMES: frozenset[str] = frozenset(
         "sft_warmup_start",
         "teacher_adapter_fitted",
         "teacher_adapter_loaded",
+        "teacher_gate",
         "teacher_targets_path",
         "temperature_mismatch",
         "token_analysis_written",

@@ -51,6 +51,8 @@ FIT_SOURCES = (
     "agent/loop.py",
     "training/trainer.py",
     "training/teacher_reuse.py",
+    "training/noisy_traces.py",
+    "environments/oracle_state.py",
 )
 """Source files whose text enters the digest: the fit, the probe rollouts, the loss."""
 

@@ -67,6 +67,7 @@ from miniverl.training.memory import (
     resolve_trajectory_batch_size,
     run_with_oom_retry,
 )
+from miniverl.training.noisy_traces import toy_fit_traces
 from miniverl.training.onpolicy import check_on_policy
 from miniverl.training.optim import (
     Schedule,
@@ -98,7 +99,6 @@ from miniverl.training.sources import (
 from miniverl.training.teacher_adapter import prepare_teacher_adapter
 from miniverl.training.temperatures import temperature_fields, temperature_mismatch
 from miniverl.trajectory.io import append_trajectories
-from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils import gpu
 from miniverl.utils.env import collect_environment
 from miniverl.utils.io import (
@@ -705,8 +705,15 @@ class OPDTrainer:
             exclude=[t for split in self.splits.values() for t in split],
         )
         pool = train + extra
-        oracle = [self.runner.oracle_rollout(t) for t in pool]
-        examples = [(t.token_ids, model_target_positions(t.model_generated_mask)) for t in oracle]
+        examples = [
+            trace.example
+            for trace in toy_fit_traces(
+                self.runner,
+                pool,
+                noise_fraction=fit.noise_fraction,
+                seed=derive_seed(self.config.run.seed, "toy-teacher-noise"),
+            )
+        ]
         runner = self._teacher_runner()
         probe = random.Random(derive_seed(self.config.run.seed, "toy-teacher-probe")).sample(
             pool, min(len(pool), fit.probe_tasks)

@@ -1,0 +1,349 @@
+"""The teacher gate: is the teacher competent at the states the *student* visits?
+
+On-policy distillation asks the teacher for targets at the student's own states, which leave
+the oracle's path (a miscopied number, a broken call). A teacher that is perfect on oracle
+traces but lost after an error gives the student wrong targets exactly where on-policy
+training is supposed to help, and a benchmark of OPD against off-policy arms would then
+measure the teacher, not the method. So before any arm runs, the benchmark measures:
+
+    gate = (actions whose correct next action the teacher reproduces) / (actions scored)
+
+over every assistant turn of student rollouts on validation tasks. Precisely, for turn ``t`` of
+a student episode:
+
+- the *state* is the transcript before the turn: the token ids up to the start of the turn's
+  first model-generated span (it ends with the assistant header the policy continues from);
+- the *correct next action* is the oracle's from that state
+  (:func:`~miniverl.environments.oracle_state.next_oracle_action`: the next oracle call not yet
+  done, which after an error is the corrective re-call, or the final answer), rendered exactly
+  as oracle traces render it (``format_tool_call`` / ``format_final``);
+- the teacher *reproduces* it when, teacher-forced on ``state + action``, its argmax at every
+  action position is that action's token (so greedy decoding from the state emits the action
+  verbatim, up to its closing tag, where decoding stops).
+
+A state is *off path* when some earlier turn did not advance the oracle (``steps_done <
+t``); the result reports accuracy on those separately, and on oracle-trace states for
+comparison. The benchmark calls :func:`evaluate_teacher_gate`, stores the result with
+:func:`record_teacher_gate` and refuses to start with :func:`require_teacher_gate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from miniverl.agent.loop import EpisodeRequest, RolloutRunner
+from miniverl.agent.protocol import format_final, format_tool_call
+from miniverl.config.models import RolloutConfig
+from miniverl.environments.base import Task, ToolEnvironment
+from miniverl.environments.oracle_state import next_oracle_action, oracle_tool_results
+from miniverl.errors import TeacherGateError
+from miniverl.schemas.trajectory import Trajectory
+from miniverl.utils.io import read_json, write_json
+from miniverl.utils.seeding import derive_seed
+
+DEFAULT_THRESHOLD = 0.95
+"""Default minimum gate value (``eval.teacher_gate_threshold``)."""
+TEACHER_GATE_FILE = "teacher-gate.json"
+"""Where :func:`record_teacher_gate` stores the result inside a run (or cold-start) directory."""
+SCHEMA = "miniverl.teacher_gate/1"
+
+
+@dataclass(frozen=True)
+class GateState:
+    """One scored state: a prefix the student reached and the action the oracle takes there."""
+
+    task_id: str
+    turn: int
+    steps_done: int
+    off_path: bool
+    prefix: list[int] = field(repr=False)
+    action_text: str = ""
+
+
+@dataclass(frozen=True)
+class TeacherGateResult:
+    """The gate value and its breakdown; ``value`` is the number the threshold applies to."""
+
+    value: float
+    actions: int
+    correct: int
+    token_accuracy: float
+    off_path_actions: int
+    off_path_correct: int
+    oracle_state_actions: int
+    oracle_state_correct: int
+    episodes: int
+    student_solved: int
+    temperature: float
+    per_action: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+    @property
+    def off_path_accuracy(self) -> float | None:
+        return self.off_path_correct / self.off_path_actions if self.off_path_actions else None
+
+    @property
+    def oracle_state_accuracy(self) -> float | None:
+        if not self.oracle_state_actions:
+            return None
+        return self.oracle_state_correct / self.oracle_state_actions
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            **asdict(self),
+            "off_path_accuracy": self.off_path_accuracy,
+            "oracle_state_accuracy": self.oracle_state_accuracy,
+        }
+
+
+def action_text(
+    environment: ToolEnvironment, task: Task, turns: Sequence[Any], expected: Sequence[str]
+) -> tuple[str, int]:
+    """The rendered correct next action after ``turns`` and the oracle steps already done."""
+    action = next_oracle_action(environment, task, turns, expected_results=expected)
+    text = (
+        format_final(action.answer or "") if action.call is None else format_tool_call(action.call)
+    )
+    return text, action.steps_done
+
+
+def gate_states(
+    environment: ToolEnvironment, tasks_by_id: dict[str, Task], trajectories: Sequence[Trajectory]
+) -> list[GateState]:
+    """Every assistant-turn state of ``trajectories`` with its correct next action."""
+    states: list[GateState] = []
+    expected_cache: dict[str, list[str]] = {}
+    for traj in trajectories:
+        task = tasks_by_id[traj.task_id]
+        if task.task_id not in expected_cache:
+            expected_cache[task.task_id] = oracle_tool_results(environment, task)
+        expected = expected_cache[task.task_id]
+        starts: dict[int, int] = {}
+        for span in traj.spans:
+            if span.is_model_generated and span.turn_id not in starts:
+                starts[span.turn_id] = span.start
+        for turn, start in sorted(starts.items()):
+            before = [t for t in traj.turns if t.turn_id < turn]
+            text, done = action_text(environment, task, before, expected)
+            states.append(
+                GateState(
+                    task_id=task.task_id,
+                    turn=turn,
+                    steps_done=done,
+                    off_path=done != len(before),
+                    prefix=list(traj.token_ids[:start]),
+                    action_text=text,
+                )
+            )
+    return states
+
+
+def teacher_reproduces(
+    teacher: Any, states: Sequence[GateState], *, batch_rows: int = 16
+) -> list[tuple[bool, int, int]]:
+    """Per state ``(all action tokens are argmax, argmax-correct tokens, action tokens)``.
+
+    ``teacher`` is any backend with ``tokenizer``, ``device``, ``hidden_states_at_batch`` and
+    ``project``; rows are scored ``batch_rows`` at a time without gradients.
+    """
+    import torch
+
+    from miniverl.models.batching import build_padded_trajectory_batch
+
+    tokenizer = teacher.tokenizer
+    rows: list[tuple[list[int], list[int]]] = []
+    for state in states:
+        action = tokenizer.encode(state.action_text)
+        ids = state.prefix + action
+        rows.append((ids, list(range(len(state.prefix), len(ids)))))
+    out: list[tuple[bool, int, int]] = []
+    with torch.no_grad():
+        for begin in range(0, len(rows), batch_rows):
+            chunk = rows[begin : begin + batch_rows]
+            batch = build_padded_trajectory_batch(
+                [ids for ids, _ in chunk],
+                [[j - 1 for j in targets] for _, targets in chunk],
+                tokenizer.pad_token_id,
+                teacher.device,
+            )
+            predicted = (
+                teacher.project(teacher.hidden_states_at_batch(batch)).argmax(dim=-1).tolist()
+            )
+            cursor = 0
+            for ids, targets in chunk:
+                hits = [predicted[cursor + i] == ids[j] for i, j in enumerate(targets)]
+                cursor += len(targets)
+                out.append((all(hits), sum(hits), len(targets)))
+    return out
+
+
+def score_teacher_gate(
+    teacher: Any,
+    environment: ToolEnvironment,
+    tasks: Sequence[Task],
+    student_trajectories: Sequence[Trajectory],
+    oracle_trajectories: Sequence[Trajectory] = (),
+    *,
+    temperature: float = 1.0,
+    batch_rows: int = 16,
+) -> TeacherGateResult:
+    """The gate over given student episodes (and, for comparison, oracle episodes)."""
+    by_id = {t.task_id: t for t in tasks}
+    states = gate_states(environment, by_id, student_trajectories)
+    scored = teacher_reproduces(teacher, states, batch_rows=batch_rows)
+    oracle_scored = teacher_reproduces(
+        teacher, gate_states(environment, by_id, oracle_trajectories), batch_rows=batch_rows
+    )
+    correct = sum(ok for ok, _, _ in scored)
+    tokens = sum(n for _, _, n in scored)
+    return TeacherGateResult(
+        value=correct / len(scored) if scored else 0.0,
+        actions=len(scored),
+        correct=correct,
+        token_accuracy=sum(k for _, k, _ in scored) / tokens if tokens else 0.0,
+        off_path_actions=sum(s.off_path for s in states),
+        off_path_correct=sum(
+            ok for s, (ok, _, _) in zip(states, scored, strict=True) if s.off_path
+        ),
+        oracle_state_actions=len(oracle_scored),
+        oracle_state_correct=sum(ok for ok, _, _ in oracle_scored),
+        episodes=len(student_trajectories),
+        student_solved=sum(int(t.solved) for t in student_trajectories),
+        temperature=float(temperature),
+        per_action=[
+            {
+                "task_id": s.task_id,
+                "turn": s.turn,
+                "steps_done": s.steps_done,
+                "off_path": s.off_path,
+                "action": s.action_text,
+                "reproduced": ok,
+                "tokens_correct": k,
+                "tokens": n,
+            }
+            for s, (ok, k, n) in zip(states, scored, strict=True)
+        ],
+    )
+
+
+def evaluate_teacher_gate(
+    teacher: Any,
+    student: Any,
+    environment: ToolEnvironment,
+    tasks: Sequence[Task],
+    rollout: RolloutConfig,
+    *,
+    seed: int,
+    temperature: float | None = None,
+    batch_size: int | None = None,
+) -> TeacherGateResult:
+    """Roll the student out on ``tasks`` (validation tasks) and score the teacher at its states.
+
+    ``temperature`` defaults to ``rollout.temperature``: the states a sampling arm's student
+    visits. Episode ``i`` uses seed ``derive_seed(seed, "teacher-gate", i)``.
+    """
+    runner = RolloutRunner(student, environment, rollout)
+    temp = rollout.temperature if temperature is None else float(temperature)
+    requests = [
+        EpisodeRequest(
+            task, derive_seed(seed, "teacher-gate", i), trajectory_id=f"{task.task_id}:gate"
+        )
+        for i, task in enumerate(tasks)
+    ]
+    students = runner.rollout_batch(requests, batch_size=batch_size, temperature=temp)
+    oracles = [runner.oracle_rollout(task) for task in tasks]
+    return score_teacher_gate(teacher, environment, tasks, students, oracles, temperature=temp)
+
+
+def require_teacher_gate(result: TeacherGateResult, threshold: float = DEFAULT_THRESHOLD) -> None:
+    """Raise :class:`TeacherGateError` unless ``result.value >= threshold`` over at least one action."""
+    if result.actions and result.value >= threshold:
+        return
+    raise TeacherGateError(
+        f"teacher gate failed: the teacher reproduces the correct next action at "
+        f"{result.correct} of {result.actions} student-visited states ({result.value:.3f}), "
+        f"under the threshold {threshold:.3f}",
+        hint="fit the toy teacher longer (models.toy_fit.max_steps, models.toy_fit.target_success) "
+        "or on more noise-injected traces (models.toy_fit.noise_fraction, "
+        "models.toy_fit.extra_tasks); lower eval.teacher_gate_threshold only knowingly",
+    )
+
+
+def record_teacher_gate(
+    result: TeacherGateResult, threshold: float, directory: str | Path, events: Any = None
+) -> Path:
+    """Write ``teacher-gate.json`` (value, threshold, passed, breakdown) and emit an event.
+
+    ``events`` is an optional event log with ``emit(name, **fields)`` (a run's ``EventLog``).
+    """
+    path = Path(directory) / TEACHER_GATE_FILE
+    passed = bool(result.actions) and result.value >= threshold
+    write_json(path, {**result.to_dict(), "threshold": threshold, "passed": passed})
+    if events is not None:
+        events.emit(
+            "teacher_gate",
+            echo=f"teacher top-1 on the correct next action at student states {result.value:.3f} "
+            f"({result.correct}/{result.actions}; threshold {threshold:.2f})",
+            value=result.value,
+            threshold=threshold,
+            passed=passed,
+            actions=result.actions,
+            off_path_actions=result.off_path_actions,
+            off_path_accuracy=result.off_path_accuracy,
+            oracle_state_accuracy=result.oracle_state_accuracy,
+        )
+    return path
+
+
+def trainer_teacher_gate(trainer: Any, *, record: bool = True) -> TeacherGateResult:
+    """The gate of a set-up trainer (e.g. the benchmark's cold-start run, after ``train()``).
+
+    The student is the trainer's current student (the cold start), the teacher its teacher,
+    the tasks the first ``eval.teacher_gate_tasks`` of the ``eval`` split. With ``record`` the
+    result goes to ``<run dir>/teacher-gate.json`` and the run's event log.
+    """
+    cfg = trainer.config
+    if trainer.teacher is None:
+        raise TeacherGateError(
+            "the teacher gate needs a teacher, and this run has none",
+            hint="the gate applies to distillation runs (run.mode other than sft)",
+        )
+    tasks = trainer.splits["eval"][: cfg.eval.teacher_gate_tasks]
+    result = evaluate_teacher_gate(
+        trainer.teacher,
+        trainer.student,
+        trainer.environment,
+        tasks,
+        cfg.rollout,
+        seed=cfg.run.seed,
+        batch_size=cfg.eval.batch_size,
+    )
+    if record:
+        record_teacher_gate(
+            result, cfg.eval.teacher_gate_threshold, trainer.paths.root, trainer.events
+        )
+    return result
+
+
+def load_teacher_gate(directory: str | Path) -> dict[str, Any]:
+    """The stored gate record of a run directory (JSON only)."""
+    return dict(read_json(Path(directory) / TEACHER_GATE_FILE))
+
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "TEACHER_GATE_FILE",
+    "GateState",
+    "TeacherGateResult",
+    "evaluate_teacher_gate",
+    "gate_states",
+    "load_teacher_gate",
+    "record_teacher_gate",
+    "require_teacher_gate",
+    "score_teacher_gate",
+    "teacher_reproduces",
+    "trainer_teacher_gate",
+]

@@ -1,0 +1,271 @@
+"""Noise-injected toy-teacher fitting traces (issue 15, item 2): provenance, masks, recovery."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from helpers import make_runner, toy_tokenizer
+from miniverl.agent.loop import RolloutRunner
+from miniverl.agent.protocol import format_final, format_tool_call
+from miniverl.config.models import RolloutConfig
+from miniverl.environments.base import Task
+from miniverl.environments.calc_chain import generate_tasks
+from miniverl.environments.oracle_state import next_oracle_action
+from miniverl.environments.registry import make_environment
+from miniverl.errors import ConfigError
+from miniverl.schemas.trajectory import SpanType, Trajectory
+from miniverl.training import teacher_reuse
+from miniverl.training.noisy_traces import (
+    CORRUPTION_KINDS,
+    FitTrace,
+    corrupt_call_text,
+    noisy_oracle_trace,
+    toy_fit_traces,
+)
+
+CONFIG = RolloutConfig(
+    max_turns=9, max_new_tokens_per_turn=40, max_total_tokens=900, max_parse_errors=3
+)
+
+
+class _NoPolicy:
+    """The runner's own backend is never asked to generate by these functions."""
+
+    def generate(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("noisy traces must not sample from the runner's policy")
+
+
+def _runner(env_name: str = "calc_chain", config: RolloutConfig = CONFIG) -> RolloutRunner:
+    return RolloutRunner(
+        _NoPolicy(),  # type: ignore[arg-type]
+        make_environment(env_name),
+        config,
+        tokenizer=toy_tokenizer(),
+        model_id="toy-teacher",
+    )
+
+
+@pytest.fixture(scope="module")
+def tasks() -> list[Task]:
+    return generate_tasks("train", 30, 5, (1, 2, 3))
+
+
+def _model_spans(traj: Trajectory, turn: int) -> list[range]:
+    return [range(s.start, s.end) for s in traj.spans if s.is_model_generated and s.turn_id == turn]
+
+
+def _assistant_texts(traj: Trajectory) -> list[str]:
+    """What the policy 'generated' in each turn, read back from the transcript's tokens."""
+    tok = toy_tokenizer()
+    turns = sorted({s.turn_id for s in traj.spans if s.is_model_generated})
+    return [
+        "".join(tok.decode(traj.token_ids[r.start : r.stop]) for r in _model_spans(traj, t))
+        for t in turns
+    ]
+
+
+def _observations(traj: Trajectory) -> list[dict]:
+    return [
+        json.loads(s.text.split("<tool_result>\n")[1].split("\n</tool_result>")[0])
+        for s in traj.spans_of("tool_result")
+    ]
+
+
+def _all_noisy(tasks: list[Task]) -> list[tuple[Task, FitTrace]]:
+    runner = _runner()
+    out = []
+    for i, task in enumerate(tasks):
+        for kind in CORRUPTION_KINDS:
+            for step in range(task.data["k"]):
+                trace = noisy_oracle_trace(runner, task, random.Random(i), kind=kind, step=step)
+                out.append((task, trace))
+    return out
+
+
+def test_the_corrupted_step_never_enters_the_loss_and_the_correction_does(
+    tasks: list[Task],
+) -> None:
+    tok = toy_tokenizer()
+    for task, trace in _all_noisy(tasks[:9]):
+        traj, (ids, targets) = trace.trajectory, trace.example
+        bad = trace.corrupted_turn
+        assert bad is not None and ids == traj.token_ids
+        mask = [0] * len(ids)
+        for j in targets:
+            mask[j] = 1
+        corrupted = [j for r in _model_spans(traj, bad) for j in r]
+        corrective = [j for r in _model_spans(traj, bad + 1) for j in r]
+        # provenance: the excluded tokens ARE the corrupted text, the re-call IS the oracle's call
+        assert tok.decode([ids[j] for j in corrupted]) == trace.corrupted_text
+        oracle_call = task.data["expressions"][bad]
+        assert tok.decode([ids[j] for j in corrective]) == format_tool_call(
+            make_environment("calc_chain").oracle_solution(task).tool_calls[bad]
+        )
+        assert oracle_call in tok.decode([ids[j] for j in corrective])
+        assert corrupted and all(mask[j] == 0 for j in corrupted)
+        assert corrective and all(mask[j] == 1 for j in corrective)
+        # every other model-generated token (oracle steps before, continuation, answer) is a target
+        model = {j for j, m in enumerate(traj.model_generated_mask) if m and j > 0}
+        assert set(targets) == model - set(corrupted)
+
+
+def test_the_noisy_prefix_is_the_oracle_render_token_for_token(tasks: list[Task]) -> None:
+    runner = _runner()
+    for task, trace in _all_noisy(tasks[:6]):
+        oracle = runner.oracle_rollout(task)
+        cut = min(r.start for r in _model_spans(trace.trajectory, trace.corrupted_turn))
+        assert trace.trajectory.token_ids[:cut] == oracle.token_ids[:cut]
+        # and the end (final answer) renders as the oracle's
+        final = trace.trajectory.spans_of(SpanType.ASSISTANT_FINAL)[-1]
+        assert trace.trajectory.token_ids[final.start : final.end] == toy_tokenizer().encode(
+            format_final(task.answer)
+        )
+
+
+def test_the_corrective_continuation_solves_the_task_in_the_environment(
+    tasks: list[Task],
+) -> None:
+    env = make_environment("calc_chain")
+    for task, trace in _all_noisy(tasks[:9]):
+        texts = _assistant_texts(trace.trajectory)
+        # replay the trace's actions through a fresh environment and a scripted policy
+        replay = make_runner(texts, environment=make_environment("calc_chain"), config=CONFIG)
+        traj = replay.rollout(task, seed=0)
+        assert traj.solved and traj.token_ids == trace.trajectory.token_ids
+        bad = trace.corrupted_turn
+        observed = _observations(traj)[bad]
+        if trace.kind == "operand_digit":  # a valid call: the echo shows the wrong expression
+            wrong = json.loads(texts[bad].split("\n")[1])["arguments"]["expression"]
+            assert observed["ok"] and observed["result"].startswith(f"{wrong} = ")
+            assert wrong != task.data["expressions"][bad]
+        else:
+            assert observed["ok"] is False and observed["error"]
+        # every action after the corruption is the oracle's action from that state
+        for t in range(bad + 1, len(texts)):
+            action = next_oracle_action(env, task, traj.turns[:t])
+            expected = (
+                format_final(action.answer) if action.is_final else format_tool_call(action.call)
+            )
+            assert texts[t] == expected
+
+
+def test_the_noise_fraction_is_honoured_and_zero_means_the_oracle_traces(
+    tasks: list[Task],
+) -> None:
+    runner = _runner()
+    for fraction, expected in ((0.0, 0), (0.2, 6), (0.5, 15), (1.0, 30)):
+        traces = toy_fit_traces(runner, tasks, noise_fraction=fraction, seed=3)
+        # count by provenance: a trace with a failed or off-oracle call, not by its label
+        noisy = [
+            t
+            for t, task in zip(traces, tasks, strict=True)
+            if len(t.trajectory.turns) != task.data["k"] + 1
+        ]
+        assert len(noisy) == expected, fraction
+        assert all(t.corrupted_turn is not None for t in noisy)
+        assert all(t.trajectory.solved for t in traces)
+    clean = toy_fit_traces(runner, tasks, noise_fraction=0.0, seed=3)
+    for trace, task in zip(clean, tasks, strict=True):
+        oracle = runner.oracle_rollout(task)
+        assert trace.example == (
+            oracle.token_ids,
+            [j for j, m in enumerate(oracle.model_generated_mask) if m and j > 0],
+        )
+    with pytest.raises(ConfigError, match=r"noise_fraction must be in \[0, 1\], got 1.5"):
+        toy_fit_traces(runner, tasks, noise_fraction=1.5, seed=3)
+
+
+def test_corruption_kinds_change_what_they_say() -> None:
+    env = make_environment("calc_chain")
+    task = generate_tasks("train", 1, 1, (2,))[0]
+    call = env.oracle_solution(task).tool_calls[1]
+    for seed in range(40):
+        text, kind = corrupt_call_text(call, "operand_digit", random.Random(seed))
+        expr = json.loads(text.split("\n")[1])["arguments"]["expression"]
+        left, op, right = expr.split(" ")
+        good_left, good_op, good_right = call.arguments["expression"].split(" ")
+        assert kind == "operand_digit" and op == good_op
+        assert (left != good_left) ^ (right != good_right)
+        assert not left.startswith("0") and not right.startswith("0")
+    text, kind = corrupt_call_text(call, "malformed_json", random.Random(0))
+    assert text == format_tool_call(call).replace('"}\n</tool_call>', '"\n</tool_call>')
+    text, kind = corrupt_call_text(call, "bad_expression", random.Random(0))
+    assert json.loads(text.split("\n")[1])["arguments"]["expression"] == " ".join(
+        call.arguments["expression"].split(" ")[:2]
+    )
+
+
+def test_calculator_traces_work_too() -> None:
+    runner = _runner("calculator", RolloutConfig(max_turns=6, max_parse_errors=2))
+    env = runner.environment
+    calc_tasks = [
+        Task(task_id=f"c{i}", prompt=p, answer=a, difficulty="easy", split="train", data=d)
+        for i, (p, a, d) in enumerate(env.sample_task(random.Random(i), "hard") for i in range(6))
+    ]
+    for task in calc_tasks:
+        for kind in CORRUPTION_KINDS:
+            trace = noisy_oracle_trace(runner, task, random.Random(0), kind=kind)
+            assert trace.trajectory.solved
+            corrupted = [j for r in _model_spans(trace.trajectory, trace.corrupted_turn) for j in r]
+            assert corrupted and not set(corrupted) & set(trace.example[1])
+
+
+def test_a_turn_budget_without_room_for_the_correction_is_a_clear_error(
+    tasks: list[Task],
+) -> None:
+    task = next(t for t in tasks if t.data["k"] == 3)
+    runner = RolloutRunner(
+        _NoPolicy(),  # type: ignore[arg-type]
+        make_environment("calc_chain", spare_turns=0),
+        CONFIG,
+        tokenizer=toy_tokenizer(),
+    )
+    with pytest.raises(ConfigError, match="did not finish") as info:
+        noisy_oracle_trace(runner, task, random.Random(0), kind="operand_digit")
+    assert "noise_fraction: 0" in info.value.hint
+
+
+def test_the_teacher_digest_covers_the_noise_settings(tasks: list[Task]) -> None:
+    """A teacher fitted without noise must not be reused for a noisy fit (and vice versa)."""
+    runner = _runner()
+
+    def digest(fraction: float, fit: dict) -> str:
+        examples = [
+            t.example for t in toy_fit_traces(runner, tasks, noise_fraction=fraction, seed=1)
+        ]
+        teacher = _DigestTeacher()
+        inputs = teacher_reuse.toy_teacher_digest_inputs(
+            teacher,  # type: ignore[arg-type]
+            examples=examples,
+            probe=tasks[:2],
+            train=tasks,
+            eval_tasks=tasks[:2],
+            fit=fit,
+            rollout={},
+            chunk_size=8,
+            seed=1,
+            device="cpu",
+        )
+        return teacher_reuse.teacher_digest(inputs)
+
+    base = digest(0.0, {"noise_fraction": 0.0})
+    # the examples alone (same fit dict) already differ: targets and ids change with the noise
+    assert digest(0.2, {"noise_fraction": 0.0}) != base
+    # and the setting itself is in the fit dict the trainer passes
+    assert digest(0.0, {"noise_fraction": 0.2}) != base
+    assert "training/noisy_traces.py" in teacher_reuse.FIT_SOURCES
+    assert "environments/oracle_state.py" in teacher_reuse.FIT_SOURCES
+
+
+class _DigestTeacher:
+    def __init__(self) -> None:
+        import torch
+
+        self._state = {"w": torch.zeros(2)}
+        self.tokenizer = toy_tokenizer()
+
+    def full_state_dict(self) -> dict:
+        return self._state
