@@ -90,9 +90,13 @@ def test_malformed_call_early_answer_answer_copy_no_answer_and_repeats() -> None
 
 def test_summary_rates() -> None:
     clean = analyze_episode(TASK, [*ORACLE, AnswerEvent("38")], solved=True)
-    recovered = analyze_episode(TASK, [CallEvent(None, False), *ORACLE, AnswerEvent("38")], solved=True)
+    recovered = analyze_episode(
+        TASK, [CallEvent(None, False), *ORACLE, AnswerEvent("38")], solved=True
+    )
     lost = analyze_episode(TASK, [ORACLE[0], AnswerEvent("15")], solved=False)
-    k1 = analyze_episode(ChainTask(3, (("add", 4),)), [CallEvent("3 + 4", True), AnswerEvent("7")], True)
+    k1 = analyze_episode(
+        ChainTask(3, (("add", 4),)), [CallEvent("3 + 4", True), AnswerEvent("7")], True
+    )
     s = summarize_episodes([clean, recovered, lost, k1])
     assert s["success_by_k"] == {"1": 1.0, "3": pytest.approx(2 / 3)}
     assert s["error_rate"] == 0.5 and s["recovery_rate"] == 0.5 and s["recovery_episodes"] == 2
@@ -104,7 +108,9 @@ def test_area_under_curve() -> None:
     assert area_under_curve([(0, 0.0), (10, 1.0)]) == 0.5
     assert area_under_curve([(0, 0.2), (5, 0.2), (20, 0.2)]) == pytest.approx(0.2)
     # unequal spacing: trapezoids weighted by step length; unsorted input
-    assert area_under_curve([(30, 1.0), (0, 0.0), (10, 0.0)]) == pytest.approx((10 * 0.0 + 20 * 0.5) / 30)
+    assert area_under_curve([(30, 1.0), (0, 0.0), (10, 0.0)]) == pytest.approx(
+        (10 * 0.0 + 20 * 0.5) / 30
+    )
     assert area_under_curve([(5, 1.0)]) is None
     assert curve_is_dense_enough([(i, 0.0) for i in range(8)])
     assert not curve_is_dense_enough([(i % 7, 0.0) for i in range(8)])
@@ -116,7 +122,9 @@ def test_exposure_gap_sign() -> None:
 
 # ---------------------------------------------------------------------- from real trajectories
 
-CONFIG = RolloutConfig(max_turns=9, max_new_tokens_per_turn=40, max_total_tokens=900, max_parse_errors=3)
+CONFIG = RolloutConfig(
+    max_turns=9, max_new_tokens_per_turn=40, max_total_tokens=900, max_parse_errors=3
+)
 
 
 def _chain_task():
@@ -159,7 +167,9 @@ class BigramBackend:
         pass
 
     def hidden_states_at(self, token_ids, positions, *, with_grad=False):
-        return torch.nn.functional.one_hot(torch.tensor([token_ids[p] for p in positions]), self.W.shape[0]).float()
+        return torch.nn.functional.one_hot(
+            torch.tensor([token_ids[p] for p in positions]), self.W.shape[0]
+        ).float()
 
     def project(self, hidden):
         return hidden @ self.W

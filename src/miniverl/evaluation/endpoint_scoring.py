@@ -32,9 +32,13 @@ def token_nll_sum(backend: Any, trajectories: Sequence[Any]) -> tuple[float, int
             if not targets:
                 continue
             alignment = build_alignment_map(traj, targets)
-            hidden = backend.hidden_states_at(traj.token_ids, alignment.student_prediction_positions)
+            hidden = backend.hidden_states_at(
+                traj.token_ids, alignment.student_prediction_positions
+            )
             log_probs = torch.log_softmax(backend.project(hidden).double(), dim=-1)
-            ids = torch.tensor(alignment.target_token_ids, dtype=torch.long, device=log_probs.device)
+            ids = torch.tensor(
+                alignment.target_token_ids, dtype=torch.long, device=log_probs.device
+            )
             total -= float(log_probs.gather(1, ids[:, None]).sum())
             count += len(ids)
     return total, count

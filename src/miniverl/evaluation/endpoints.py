@@ -297,16 +297,22 @@ def area_under_curve(points: Sequence[tuple[float, float]]) -> float | None:
     xs = sorted(dedup)
     if len(xs) < 2:
         return None
-    area = sum((xs[j + 1] - xs[j]) * (dedup[xs[j]] + dedup[xs[j + 1]]) / 2 for j in range(len(xs) - 1))
+    area = sum(
+        (xs[j + 1] - xs[j]) * (dedup[xs[j]] + dedup[xs[j + 1]]) / 2 for j in range(len(xs) - 1)
+    )
     return area / (xs[-1] - xs[0])
 
 
-def curve_is_dense_enough(points: Sequence[tuple[float, float]], minimum: int = MIN_CURVE_POINTS) -> bool:
+def curve_is_dense_enough(
+    points: Sequence[tuple[float, float]], minimum: int = MIN_CURVE_POINTS
+) -> bool:
     """True when the curve has at least ``minimum`` distinct evaluation steps."""
     return len({float(s) for s, _ in points}) >= minimum
 
 
-def exposure_gap(teacher_nll_on_student: float | None, student_nll_on_oracle: float | None) -> float | None:
+def exposure_gap(
+    teacher_nll_on_student: float | None, student_nll_on_oracle: float | None
+) -> float | None:
     """Teacher NLL of the student's own greedy tokens minus student NLL of oracle tokens (nats/token).
 
     Both are per-token means over model-generated positions. The first measures how far the
