@@ -23,6 +23,7 @@ from miniverl.evaluation.benchmark import run_benchmark
 from miniverl.evaluation.budgets import BudgetCap, cap_from_reference, cap_outcome
 from miniverl.evaluation.cells import Cell, arm_phase_seed, plan_cells
 from miniverl.evaluation.contrasts import (
+    ceiling_check,
     contrast_pairs,
     error_rate_check,
     stop_or_go,
@@ -344,6 +345,10 @@ def test_each_check_fails_on_its_own() -> None:
     checks = {c["check"]: c for c in gate["checks"]}
     assert checks["oracle_sft_not_at_ceiling"]["value"] == 0.5
     assert gate["status"] == "incomplete"  # no teacher gate recorded
+    at_ceiling = [{"arm": "sft_only", "tasks": [{"k": 3, "solved": int(i < 19)} for i in range(20)]}]
+    assert ceiling_check(at_ceiling, ["sft_only"])["value"] == 0.95
+    assert ceiling_check(at_ceiling, ["sft_only"])["status"] == "stop"  # 0.95 is the ceiling
+    assert ceiling_check(at_ceiling[:0], ["opd"])["status"] == "not_measured"
 
 
 # ---------------------------------------------------------------------- budgets and arm seeds
