@@ -105,6 +105,8 @@ def test_cells_endpoints_and_budgets(bench: tuple[Path, str]) -> None:
     }
     assert "pre-registered primary contrasts" in output and "opd vs offline_kd (k=3)" in output
     assert "no interval is quoted: only 1 seed" in output
+    assert "budget opd (mean per cell): optimizer_steps 2" in output
+    assert data["budgets"]["opd"]["cpu_seconds"]["n"] == 2
 
 
 def test_rerun_reuses_every_cell(bench: tuple[Path, str]) -> None:

@@ -345,7 +345,9 @@ def test_each_check_fails_on_its_own() -> None:
     checks = {c["check"]: c for c in gate["checks"]}
     assert checks["oracle_sft_not_at_ceiling"]["value"] == 0.5
     assert gate["status"] == "incomplete"  # no teacher gate recorded
-    at_ceiling = [{"arm": "sft_only", "tasks": [{"k": 3, "solved": int(i < 19)} for i in range(20)]}]
+    at_ceiling = [
+        {"arm": "sft_only", "tasks": [{"k": 3, "solved": int(i < 19)} for i in range(20)]}
+    ]
     assert ceiling_check(at_ceiling, ["sft_only"])["value"] == 0.95
     assert ceiling_check(at_ceiling, ["sft_only"])["status"] == "stop"  # 0.95 is the ceiling
     assert ceiling_check(at_ceiling[:0], ["opd"])["status"] == "not_measured"
@@ -384,3 +386,19 @@ def test_plan_puts_the_reference_first_and_arm_seeds_differ() -> None:
         "s4-a1-offline_kd",
     ]
     assert arm_phase_seed(4, 0) == 4 and arm_phase_seed(4, 1) not in (4, arm_phase_seed(5, 1))
+
+
+def test_cli_refuses_a_bad_compute_resource_before_creating_anything(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from miniverl.cli.main import app
+    from miniverl.config.presets import demo_recipe_bytes
+
+    recipe = tmp_path / "toy_demo.yaml"
+    recipe.write_bytes(demo_recipe_bytes())
+    out = tmp_path / "o"
+    result = CliRunner().invoke(
+        app, ["benchmark", str(recipe), "--compute-matched", "steps", "--output", str(out)]
+    )
+    assert result.exit_code == 2 and "--compute-matched must be one of" in result.output
+    assert not out.exists()

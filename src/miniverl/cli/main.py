@@ -540,6 +540,13 @@ def benchmark(
     if output is None:
         output = Path("runs") / f"benchmark-{RunConfig.from_yaml(recipe, overrides or []).run.name}"
     resolve_arms(arm_list)  # refuse a bad arm before the lock creates the directory
+    from miniverl.evaluation.budgets import MATCHABLE
+
+    if compute_matched is not None and compute_matched not in MATCHABLE:
+        raise fail(
+            f"--compute-matched must be one of {', '.join(MATCHABLE)}, got {compute_matched!r}",
+            code=2,
+        )
     with run_lock(output):
         result = run_benchmark(
             recipe,

@@ -433,7 +433,7 @@ def run_benchmark(
     Finished cells are stored under ``cells/`` and reused on a rerun with the same base
     config (``evaluation/cells.py``); ``run_cell`` replaces the trainer (tests).
     """
-    from miniverl.evaluation.budgets import MATCHABLE, REFERENCE_ARM
+    from miniverl.evaluation.budgets import BUDGET_FIELDS, MATCHABLE, REFERENCE_ARM
     from miniverl.evaluation.cells import COLD_START, CellStore, plan_cells, run_cells
 
     console = Console(quiet=quiet, highlight=False)
@@ -569,6 +569,13 @@ def run_benchmark(
         "cold_starts": cold_starts,
         "rows": rows,
         "aggregates": aggregate(_seed_rows(rows), names, baseline_arm),
+        "budgets": {
+            name: {
+                key: describe([(r.get("budget") or {}).get(key) for r in rows if r["arm"] == name])
+                for key in BUDGET_FIELDS
+            }
+            for name in names
+        },
         "contrasts": contrasts,
         "statistics_note": statistics_note(len(seeds), arm_seeds),
         "stop_or_go": stop_or_go(cold_starts, rows, names),
@@ -665,6 +672,24 @@ def print_contrasts(result: Mapping[str, Any], console: Console) -> None:
                 console.print(f"  {c['verdict']}", markup=False)
                 for note in c.get("notes") or []:
                     console.print(f"    note: {note}", markup=False)
+    budgets = result.get("budgets") or {}
+    shown = (
+        "optimizer_steps",
+        "trained_tokens",
+        "student_generated_tokens",
+        "teacher_scored_tokens",
+        "cpu_seconds",
+    )
+    for name, fields in budgets.items():
+        parts = [
+            f"{key} {fields[key]['mean']:.0f}"
+            if key != "cpu_seconds"
+            else f"cpu {fields[key]['mean']:.1f} s"
+            for key in shown
+            if (fields.get(key) or {}).get("mean") is not None
+        ]
+        if parts:
+            console.print(f"budget {name} (mean per cell): {', '.join(parts)}", markup=False)
     gate = result.get("stop_or_go")
     if gate:
         console.print(f"[bold]stop-or-go[/]: {gate['status']}")
