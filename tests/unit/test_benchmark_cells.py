@@ -288,6 +288,8 @@ def test_no_interval_over_fewer_than_three_seeds_and_it_says_so(tmp_path: Path, 
         )
     assert sum(1 for c in result["contrasts"] if c["seeds"]) == 4  # 2 contrasts x (k=3, all)
     assert "no interval is quoted" in result["statistics_note"]
+    sft = next(c for c in result["contrasts"] if c["arm"] == "sft_only" and c["endpoint"] == "k=3")
+    assert sft["sd_seed_differences"] == 0.0 and any("sd 0" in n for n in sft["notes"])
     print_contrasts(result, Console(width=200))
     printed = capsys.readouterr().out
     assert printed.index("pre-registered primary") < printed.index("secondary")

@@ -120,6 +120,10 @@ def contrast(
     result = compare_arms(
         arm, reference, arm_rows, ref_rows, resamples=resamples, seed=bootstrap_seed
     ).to_dict()
+    if result.get("sd_seed_differences") == 0.0:
+        result["notes"].append(
+            "every seed gave the same difference (sd 0): the MDE of 0 only says the seeds agreed, not that any effect would be detected"
+        )
     result["verdict"] = result["verdict"].replace(
         f"{arm} vs {reference}:", f"{arm} vs {reference} ({endpoint_label(k)}):", 1
     )
