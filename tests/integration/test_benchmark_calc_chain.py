@@ -106,6 +106,7 @@ def test_cells_endpoints_and_budgets(bench: tuple[Path, str]) -> None:
     assert "pre-registered primary contrasts" in output and "opd vs offline_kd (k=3)" in output
     assert "no interval is quoted: only 1 seed" in output
     assert "budget opd (mean per cell): optimizer_steps 2" in output
+    assert "4 arm cell(s) have learning curves with fewer than 8 evaluation points" in output
     assert data["budgets"]["opd"]["cpu_seconds"]["n"] == 2
 
 

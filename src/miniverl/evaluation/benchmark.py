@@ -672,6 +672,15 @@ def print_contrasts(result: Mapping[str, Any], console: Console) -> None:
                 console.print(f"  {c['verdict']}", markup=False)
                 for note in c.get("notes") or []:
                     console.print(f"    note: {note}", markup=False)
+    sparse = [
+        r for r in result.get("rows") or [] if (r.get("curve") or {}).get("dense_enough") is False
+    ]
+    if sparse:
+        console.print(
+            f"{len(sparse)} arm cell(s) have learning curves with fewer than 8 evaluation points; "
+            "the protocol sets eval.every so that cycles / eval.every >= 7 (docs/benchmark.md)",
+            markup=False,
+        )
     budgets = result.get("budgets") or {}
     shown = (
         "optimizer_steps",
