@@ -510,9 +510,23 @@ def benchmark(
             "--output", "-o", help="Benchmark directory (default runs/benchmark-<run.name>)."
         ),
     ] = None,
+    arm_seeds: Annotated[
+        int,
+        typer.Option(
+            "--arm-seeds",
+            help="Arm phases per cold start (seed); averaged per task inside the seed.",
+        ),
+    ] = 1,
+    compute_matched: Annotated[
+        str | None,
+        typer.Option(
+            "--compute-matched",
+            help="Give every arm opd's spend of this resource (wall_seconds, cpu_seconds, teacher_scored_tokens, student_generated_tokens).",
+        ),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
-    """Compare objectives from one shared SFT cold start per seed, holding splits, steps and evaluation fixed."""
+    """Compare objectives from one shared SFT cold start per seed, holding splits, steps and evaluation fixed; rerun to resume."""
     import_torch("miniverl benchmark")
     from miniverl.config.models import RunConfig
     from miniverl.evaluation.benchmark import print_benchmark, resolve_arms, run_benchmark
@@ -526,6 +540,13 @@ def benchmark(
     if output is None:
         output = Path("runs") / f"benchmark-{RunConfig.from_yaml(recipe, overrides or []).run.name}"
     resolve_arms(arm_list)  # refuse a bad arm before the lock creates the directory
+    from miniverl.evaluation.budgets import MATCHABLE
+
+    if compute_matched is not None and compute_matched not in MATCHABLE:
+        raise fail(
+            f"--compute-matched must be one of {', '.join(MATCHABLE)}, got {compute_matched!r}",
+            code=2,
+        )
     with run_lock(output):
         result = run_benchmark(
             recipe,
@@ -534,6 +555,8 @@ def benchmark(
             output_dir=output,
             overrides=overrides or [],
             quiet=quiet,
+            arm_seeds=arm_seeds,
+            compute_matched=compute_matched,
         )
     print_benchmark(result, console)
     paths = RunPaths(output)

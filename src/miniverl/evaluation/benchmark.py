@@ -31,7 +31,7 @@ from rich.table import Table
 
 from miniverl import __version__
 from miniverl.config.models import RunConfig, parse_override
-from miniverl.errors import CheckpointError, ConfigError, RunDirectoryError
+from miniverl.errors import ConfigError, RunDirectoryError
 from miniverl.utils.io import read_json, sha256_file, write_json
 from miniverl.utils.logging import utc_now
 from miniverl.utils.runs import RunPaths
@@ -372,6 +372,47 @@ def _relative(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
 
 
+def arm_config_for_arm_seed(config: RunConfig, arm_seed: int) -> RunConfig:
+    """An arm's config at ``arm_seed``: arm seed 0 is unchanged; others get a derived ``run.seed``.
+
+    Splits come from ``environment.split_seed``, so the held-out tasks stay the same.
+    """
+    from miniverl.evaluation.cells import arm_phase_seed
+
+    if arm_seed == 0:
+        return config
+    return config.with_overrides(
+        [
+            f"run.seed={arm_phase_seed(config.run.seed, arm_seed)}",
+            f"run.name={config.run.name}-a{arm_seed}",
+        ]
+    )
+
+
+def _seed_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (arm, seed): numeric metrics averaged over the seed's arm seeds."""
+    groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["arm"], int(row["seed"])), []).append(row)
+    out = []
+    for (arm, seed), members in groups.items():
+        merged: dict[str, Any] = {"arm": arm, "seed": seed}
+        for metric in METRICS:
+            values = [m.get(metric) for m in members if m.get(metric) is not None]
+            merged[metric] = statistics.fmean(float(v) for v in values) if values else None
+        out.append(merged)
+    return out
+
+
+def plan_digest(base: RunConfig, compute_matched: str | None) -> str:
+    """What every stored cell must have been computed under: the base config and the matching mode."""
+    from miniverl.utils.io import sha256_bytes, to_json_text
+
+    return sha256_bytes(
+        to_json_text({"base": base.digest(), "compute_matched": compute_matched}).encode("utf-8")
+    )
+
+
 def run_benchmark(
     recipe_path_or_config: str | Path | RunConfig,
     *,
@@ -381,26 +422,54 @@ def run_benchmark(
     overrides: Sequence[str] = (),
     quiet: bool = True,
     arm_definitions: Mapping[str, Sequence[str]] | None = None,
+    arm_seeds: int = 1,
+    compute_matched: str | None = None,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    run_cell: Any = None,
 ) -> dict[str, Any]:
-    """Run every arm for every seed from one shared cold start per seed; write benchmark.json and a report.
+    """Run every (seed, arm seed, arm) cell from one shared cold start per seed; write benchmark.json and a report.
 
     All configs are built and checked before anything trains, so a refused arm costs
     nothing. ``arm_definitions`` replaces :data:`DEFAULT_ARMS` (name -> override keys).
+    Finished cells are stored under ``cells/`` and reused on a rerun with the same base
+    config (``evaluation/cells.py``); ``run_cell`` replaces the trainer (tests).
     """
+    from miniverl.evaluation.budgets import BUDGET_FIELDS, MATCHABLE, REFERENCE_ARM
+    from miniverl.evaluation.cells import COLD_START, CellStore, plan_cells, run_cells
+
     console = Console(quiet=quiet, highlight=False)
     seeds = [int(s) for s in dict.fromkeys(seeds)]
     if not seeds:
         raise ConfigError("benchmark needs at least one seed", hint="e.g. --seeds 1,2,3")
+    if arm_seeds < 1:
+        raise ConfigError(f"--arm-seeds must be at least 1, got {arm_seeds}")
+    if compute_matched is not None and compute_matched not in MATCHABLE:
+        raise ConfigError(
+            f"cannot match arms on {compute_matched!r}", hint=f"choose from {', '.join(MATCHABLE)}"
+        )
     base, recipe_label, recipe_sha256 = _load_base(recipe_path_or_config, list(overrides))
     chosen = resolve_arms(arms, arm_definitions)
     for name, arm_overrides in chosen.items():
         check_arm_overrides(name, arm_overrides)
+    if compute_matched is not None and REFERENCE_ARM not in chosen:
+        raise ConfigError(
+            f"compute-matched mode gives every arm {REFERENCE_ARM}'s budget, but {REFERENCE_ARM} is not among the arms",
+            hint=f"add {REFERENCE_ARM} to --arms",
+        )
 
     root = Path(output_dir)
     bench_paths = RunPaths(root)
-    seed_dirs = {seed: root / f"seed-{seed}" for seed in seeds}
-    if bench_paths.benchmark_json.exists() or any(
-        d.exists() and any(d.iterdir()) for d in seed_dirs.values()
+    digest = plan_digest(base, compute_matched)
+    plan_file = root / "plan.json"
+    if plan_file.exists():
+        if read_json(plan_file).get("plan_digest") != digest:
+            raise RunDirectoryError(
+                f"{root} already holds a benchmark of another base config or compute-matching mode",
+                hint="choose another --output directory, or rerun with the same recipe and overrides to resume",
+            )
+    elif bench_paths.benchmark_json.exists() or any(
+        (root / f"seed-{seed}").exists() and any((root / f"seed-{seed}").iterdir())
+        for seed in seeds
     ):
         raise RunDirectoryError(
             f"{root} already holds a benchmark", hint="choose another --output directory"
@@ -414,66 +483,63 @@ def run_benchmark(
         plans[seed] = (cold_start_config(base, seed), arm_configs)
     held_values = {k: v for k, v in held.items() if k != "run.seed"}
     baseline_arm = BASELINE_ARM if BASELINE_ARM in chosen else None
+    write_json(
+        plan_file,
+        {
+            "plan_digest": digest,
+            "base_config_digest": base.digest(),
+            "compute_matched": compute_matched,
+        },
+    )
 
     from miniverl.reporting.report import write_report
-    from miniverl.training.trainer import COLD_START_MARKER, COLD_START_STUDENT, OPDTrainer
+
+    if run_cell is None:
+        from miniverl.evaluation.cell_runner import make_trainer_cell_runner
+
+        run_cell = make_trainer_cell_runner(
+            root, plans, quiet=quiet, compute_matched=compute_matched
+        )
+
+    def still_valid(cell: Any, payload: Mapping[str, Any], done: Mapping[Any, Any]) -> str | None:
+        if cell.is_cold_start:
+            return None
+        cold = done.get(type(cell)(cell.seed, 0, COLD_START))
+        if cold is None or payload.get("cold_start_student_sha256") != cold.get("student_sha256"):
+            return "recorded for other cold-start weights"
+        if payload.get("arm_overrides") not in (None, list(chosen[cell.arm])):
+            return "recorded for another definition of the arm"
+        return None
+
+    def wrapped(cell: Any, done: Mapping[Any, Any]) -> Mapping[str, Any]:
+        payload = dict(run_cell(cell, done))
+        if not cell.is_cold_start:
+            payload["arm_overrides"] = list(chosen[cell.arm])
+        return payload
+
+    def progress(cell: Any, reused: bool) -> None:
+        what = (
+            "shared SFT cold start"
+            if cell.is_cold_start
+            else f"arm {cell.arm} (arm seed {cell.arm_seed})"
+        )
+        console.print(f"[bold]seed {cell.seed}[/]: {what}{' (stored, reused)' if reused else ''}")
 
     started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    cold_starts: list[dict[str, Any]] = []
-    for seed in seeds:
-        cold_config, arm_configs = plans[seed]
-        seed_dir = seed_dirs[seed]
-        cold_dir = RunPaths(seed_dir).cold_start
-        console.print(f"[bold]seed {seed}[/]: shared SFT cold start")
-        t0 = time.perf_counter()
-        trainer = OPDTrainer(cold_config, output_dir=seed_dir / "cold-start-run", quiet=quiet)
-        trainer.train()
-        trainer.export_cold_start(cold_dir)
-        marker = read_json(cold_dir / COLD_START_MARKER)
-        evaluations = marker.get("evaluations") or {}
-        cold_starts.append(
-            {
-                "seed": seed,
-                "dir": _relative(cold_dir, root),
-                "run_dir": _relative(seed_dir / "cold-start-run", root),
-                "student_sha256": marker["student_sha256"],
-                "toy_teacher_sha256": marker.get("toy_teacher_sha256"),
-                "global_optimizer_step": marker.get("global_optimizer_step"),
-                "baseline_success": (evaluations.get("baseline") or {}).get("success_rate"),
-                "after_warmup_success": (evaluations.get("after_warmup") or {}).get("success_rate"),
-                "wall_seconds": round(time.perf_counter() - t0, 2),
-            }
-        )
-        del trainer
-        for name, config in arm_configs.items():
-            console.print(f"[bold]seed {seed}[/]: arm {name}")
-            run_dir = seed_dir / name
-            t0 = time.perf_counter()
-            OPDTrainer(config, output_dir=run_dir, cold_start=cold_dir, quiet=quiet).train()
-            wall = time.perf_counter() - t0
-            measured = measure_arm(run_dir)
-            if (
-                measured["cold_start_student_sha256"] != marker["student_sha256"]
-                or sha256_file(cold_dir / COLD_START_STUDENT) != marker["student_sha256"]
-            ):
-                raise CheckpointError(
-                    f"arm {name} (seed {seed}) did not start from the shared cold start {cold_dir}",
-                    hint="the cold-start weights changed while the benchmark ran; start it again in a fresh directory",
-                )
-            rows.append(
-                {
-                    "arm": name,
-                    "seed": seed,
-                    "run_dir": _relative(run_dir, root),
-                    "wall_seconds": round(wall, 2),
-                    **measured,
-                }
-            )
+    store = CellStore(root, digest)
+    plan = plan_cells(
+        seeds, arm_seeds, list(chosen), first=REFERENCE_ARM if compute_matched else None
+    )
+    done, reused = run_cells(plan, store, wrapped, on_cell=progress, still_valid=still_valid)
+    cold_starts = [done[c] for c in plan if c.is_cold_start]
+    rows = [done[c] for c in plan if not c.is_cold_start]
+
+    from miniverl.evaluation.contrasts import all_contrasts, statistics_note, stop_or_go
 
     names = list(chosen)
+    contrasts = all_contrasts(rows, names, resamples=resamples, bootstrap_seed=BOOTSTRAP_SEED)
     result: dict[str, Any] = {
-        "schema": "miniverl.benchmark/1",
+        "schema": "miniverl.benchmark/2",
         "miniverl_version": __version__,
         "created_at": utc_now(),
         "recipe": recipe_label,
@@ -482,6 +548,8 @@ def run_benchmark(
         "base_config_digest": base.digest(),
         "base_config": base.to_dict(),
         "seeds": seeds,
+        "arm_seeds": arm_seeds,
+        "compute_matched": compute_matched,
         "arms": {
             name: {"overrides": list(chosen[name]), "description": ARM_DESCRIPTIONS.get(name, "")}
             for name in names
@@ -497,14 +565,30 @@ def run_benchmark(
             "selected_training_tokens",
             "teacher_query_ratio",
             "wall_seconds",
+            "budget",
         ],
         "cold_starts": cold_starts,
         "rows": rows,
-        "aggregates": aggregate(rows, names, baseline_arm),
+        "aggregates": aggregate(_seed_rows(rows), names, baseline_arm),
+        "budgets": {
+            name: {
+                key: describe([(r.get("budget") or {}).get(key) for r in rows if r["arm"] == name])
+                for key in BUDGET_FIELDS
+            }
+            for name in names
+        },
+        "contrasts": contrasts,
+        "statistics_note": statistics_note(len(seeds), arm_seeds),
+        "stop_or_go": stop_or_go(cold_starts, rows, names),
         "significance": {
             "seeds": len(seeds),
             "intervals_reported": len(seeds) >= MIN_SEEDS_FOR_INTERVAL and baseline_arm is not None,
             "note": significance_note(len(seeds), baseline_arm),
+        },
+        "cells": {
+            "planned": len(plan),
+            "reused": [c.name for c in reused],
+            "discarded": store.discarded,
         },
         "refuses_to_claim": list(REFUSES_TO_CLAIM),
         "wall_seconds": round(time.perf_counter() - started, 2),
@@ -565,9 +649,70 @@ def print_benchmark(result: Mapping[str, Any], console: Console) -> None:
         console = Console(file=console.file, width=160, highlight=False)
     console.print(table)
     console.print(result["significance"]["note"])
+    print_contrasts(result, console)
     console.print(
         f"wall clock {result['wall_seconds']:.1f} s (including {len(result['cold_starts'])} shared cold start(s))"
     )
+
+
+def print_contrasts(result: Mapping[str, Any], console: Console) -> None:
+    """Pre-registered primary contrasts first, each with its interval, MDE and plain verdict; then stop-or-go."""
+    contrasts = result.get("contrasts") or []
+    if contrasts:
+        if result.get("statistics_note"):
+            console.print(result["statistics_note"])
+        for primary in (True, False):
+            chosen = [c for c in contrasts if bool(c.get("primary")) is primary]
+            if chosen:
+                console.print(
+                    "[bold]pre-registered primary contrasts[/]"
+                    if primary
+                    else "[bold]secondary contrasts[/]"
+                )
+            for c in chosen:
+                console.print(f"  {c['verdict']}", markup=False)
+                for note in c.get("notes") or []:
+                    console.print(f"    note: {note}", markup=False)
+    sparse = [
+        r for r in result.get("rows") or [] if (r.get("curve") or {}).get("dense_enough") is False
+    ]
+    if sparse:
+        console.print(
+            f"{len(sparse)} arm cell(s) have learning curves with fewer than 8 evaluation points; "
+            "the protocol sets eval.every so that cycles / eval.every >= 7 (docs/benchmark.md)",
+            markup=False,
+        )
+    budgets = result.get("budgets") or {}
+    shown = (
+        "optimizer_steps",
+        "trained_tokens",
+        "student_generated_tokens",
+        "teacher_scored_tokens",
+        "cpu_seconds",
+    )
+    for name, fields in budgets.items():
+        parts = [
+            f"{key} {fields[key]['mean']:.0f}"
+            if key != "cpu_seconds"
+            else f"cpu {fields[key]['mean']:.1f} s"
+            for key in shown
+            if (fields.get(key) or {}).get("mean") is not None
+        ]
+        if parts:
+            console.print(f"budget {name} (mean per cell): {', '.join(parts)}", markup=False)
+    gate = result.get("stop_or_go")
+    if gate:
+        console.print(f"[bold]stop-or-go[/]: {gate['status']}")
+        for check in gate["checks"]:
+            value = check["value"]
+            shown = f"{value:.3f}" if isinstance(value, float) else value
+            console.print(
+                f"  {check['check']}: {check['status']} (value {shown}, threshold {check['threshold']}; {check['detail']})",
+                markup=False,
+            )
+    cells = result.get("cells")
+    if cells and cells.get("reused"):
+        console.print(f"{len(cells['reused'])} of {cells['planned']} cells were stored and reused")
 
 
 __all__ = [
@@ -579,6 +724,7 @@ __all__ = [
     "FIXED_KEYS",
     "aggregate",
     "arm_config",
+    "arm_config_for_arm_seed",
     "bootstrap_interval",
     "check_arm_overrides",
     "cold_start_config",
@@ -586,6 +732,7 @@ __all__ = [
     "fixed_view",
     "measure_arm",
     "print_benchmark",
+    "print_contrasts",
     "quantile",
     "resolve_arms",
     "run_benchmark",

@@ -1,0 +1,248 @@
+"""The trainer behind each benchmark cell: cold starts and arm phases, measured into cell payloads.
+
+:func:`make_trainer_cell_runner` returns the ``run_cell(cell, done)`` callable that
+:func:`miniverl.evaluation.cells.run_cells` drives. A cell first removes whatever an
+interrupted attempt left in its directories (a partial run is never resumed into a
+result), then trains, then measures:
+
+- a cold-start cell: the exported weights' SHA-256, the cold start's evaluations, the
+  teacher gate (``teacher_gate``: whatever ``trainer.teacher_gate_report`` holds after
+  training, ``{value, threshold, passed}``, or None when no gate ran) and, for calc_chain,
+  the endpoints of its last greedy evaluation (the state every arm starts from);
+- an arm cell: :func:`miniverl.evaluation.benchmark.measure_arm`, the budget
+  (:func:`miniverl.evaluation.budgets.measure_budget`), the final greedy outcome of every
+  held-out task, the learning curve over every evaluation tag and, for calc_chain, the
+  endpoints of :mod:`miniverl.evaluation.endpoints` and the exposure endpoints of
+  :mod:`miniverl.evaluation.endpoint_scoring`.
+
+**Compute-matched mode.** ``compute_matched=<resource>`` hands every non-opd arm a
+:class:`~miniverl.evaluation.budgets.BudgetCap` at opd's spend of the same (seed, arm
+seed) (opd is planned first). The cap is set on the trainer as ``trainer.budget_cap``; a
+trainer that honours it sets ``cap.enforced`` (see budgets.py). The cell records
+:func:`~miniverl.evaluation.budgets.cap_outcome` either way.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from miniverl.config.models import RunConfig
+from miniverl.errors import CheckpointError
+from miniverl.evaluation.budgets import (
+    REFERENCE_ARM,
+    Stopwatch,
+    cap_from_reference,
+    cap_outcome,
+    measure_budget,
+)
+from miniverl.evaluation.cells import COLD_START, Cell, RunCell
+from miniverl.evaluation.endpoints import (
+    PRIMARY_KS,
+    analyze_trajectory,
+    area_under_curve,
+    curve_is_dense_enough,
+    summarize_episodes,
+)
+from miniverl.utils.io import read_json, sha256_file
+from miniverl.utils.runs import RunPaths
+
+
+def cell_dirs(root: Path, cell: Cell) -> tuple[Path, Path]:
+    """``(seed directory, run directory)``; arm seed 0 keeps the single-arm-seed layout."""
+    seed_dir = root / f"seed-{cell.seed}"
+    if cell.is_cold_start:
+        return seed_dir, seed_dir / "cold-start-run"
+    parent = seed_dir if cell.arm_seed == 0 else seed_dir / f"arm-seed-{cell.arm_seed}"
+    return seed_dir, parent / cell.arm
+
+
+def _eval_trajectories(run_dir: Path) -> dict[str, list[Any]]:
+    from miniverl.trajectory.io import read_trajectories
+
+    path = RunPaths(run_dir).eval_trajectories
+    by_tag: dict[str, list[Any]] = {}
+    if path.exists():
+        for traj in read_trajectories(path):
+            by_tag.setdefault(str(traj.metadata.get("eval_tag")), []).append(traj)
+    return by_tag
+
+
+def _is_chain(task: Any) -> bool:
+    return isinstance(task.data, dict) and "steps" in task.data and "start" in task.data
+
+
+def task_outcomes(trajectories: list[Any], tasks: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``[{task_id, k, solved}]`` in task-id order (k = 0 for tasks without a chain length)."""
+    rows = []
+    for traj in trajectories:
+        task = tasks.get(traj.task_id)
+        k = int(task.data.get("k", 0)) if task is not None and isinstance(task.data, dict) else 0
+        rows.append({"task_id": traj.task_id, "k": k, "solved": int(bool(traj.solved))})
+    return sorted(rows, key=lambda r: r["task_id"])
+
+
+def learning_curve(
+    by_tag: Mapping[str, list[Any]], metrics: list[Mapping[str, Any]], tasks: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Success (all tasks and per k) at every evaluation, keyed by optimizer step, and its area."""
+    steps = {
+        str(r.get("tag")): int(r.get("global_optimizer_step") or 0)
+        for r in metrics
+        if r.get("kind") == "eval"
+    }
+    points: list[dict[str, Any]] = []
+    for tag, trajs in by_tag.items():
+        if tag not in steps or not trajs:
+            continue
+        rows = task_outcomes(trajs, tasks)
+        by_k: dict[str, list[int]] = {}
+        for r in rows:
+            by_k.setdefault(str(r["k"]), []).append(r["solved"])
+        points.append(
+            {
+                "tag": tag,
+                "step": steps[tag],
+                "success": sum(r["solved"] for r in rows) / len(rows),
+                "success_by_k": {k: sum(v) / len(v) for k, v in sorted(by_k.items())},
+            }
+        )
+    points.sort(key=lambda p: (p["step"], p["tag"] != "baseline"))
+    overall = [(p["step"], p["success"]) for p in points]
+    aulc_by_k = {
+        str(k): area_under_curve(
+            [(p["step"], p["success_by_k"][str(k)]) for p in points if str(k) in p["success_by_k"]]
+        )
+        for k in PRIMARY_KS
+    }
+    return {
+        "points": points,
+        "aulc": area_under_curve(overall),
+        "aulc_by_k": aulc_by_k,
+        "dense_enough": curve_is_dense_enough(overall),
+    }
+
+
+def chain_endpoints(trajectories: list[Any], tasks: Mapping[str, Any]) -> dict[str, Any] | None:
+    """:func:`summarize_episodes` of calc_chain episodes; None for other environments."""
+    pairs = [(t, tasks.get(t.task_id)) for t in trajectories]
+    if not pairs or not all(task is not None and _is_chain(task) for _, task in pairs):
+        return None
+    return summarize_episodes([analyze_trajectory(t, task.data) for t, task in pairs])
+
+
+def _task_index(trainer: Any) -> dict[str, Any]:
+    return {t.task_id: t for split in trainer.splits.values() for t in split}
+
+
+def make_trainer_cell_runner(
+    root: Path,
+    plans: Mapping[int, tuple[RunConfig, dict[str, RunConfig]]],
+    *,
+    quiet: bool,
+    compute_matched: str | None = None,
+    score_exposure_endpoints: bool = True,
+) -> RunCell:
+    """``plans[seed] = (cold-start config, {arm: config at arm seed 0})``; see the module docstring."""
+    from miniverl.evaluation.benchmark import arm_config_for_arm_seed, measure_arm
+    from miniverl.training.trainer import COLD_START_MARKER, COLD_START_STUDENT, OPDTrainer
+
+    def cold_start(cell: Cell) -> dict[str, Any]:
+        seed_dir, run_dir = cell_dirs(root, cell)
+        cold_dir = RunPaths(seed_dir).cold_start
+        for stale in (run_dir, cold_dir):
+            shutil.rmtree(stale, ignore_errors=True)
+        watch = Stopwatch()
+        trainer = OPDTrainer(plans[cell.seed][0], output_dir=run_dir, quiet=quiet)
+        trainer.train()
+        trainer.export_cold_start(cold_dir)
+        wall, cpu = watch.read()
+        marker = read_json(cold_dir / COLD_START_MARKER)
+        evaluations = marker.get("evaluations") or {}
+        by_tag = _eval_trajectories(run_dir)
+        tag = "after_warmup" if "after_warmup" in by_tag else "final"
+        return {
+            "seed": cell.seed,
+            "dir": cold_dir.relative_to(root).as_posix(),
+            "run_dir": run_dir.relative_to(root).as_posix(),
+            "student_sha256": marker["student_sha256"],
+            "toy_teacher_sha256": marker.get("toy_teacher_sha256"),
+            "global_optimizer_step": marker.get("global_optimizer_step"),
+            "baseline_success": (evaluations.get("baseline") or {}).get("success_rate"),
+            "after_warmup_success": (evaluations.get("after_warmup") or {}).get("success_rate"),
+            "teacher_gate": getattr(trainer, "teacher_gate_report", None),
+            "start_endpoints": chain_endpoints(by_tag.get(tag, []), _task_index(trainer)),
+            "start_endpoints_tag": tag,
+            "wall_seconds": round(wall, 2),
+            "cpu_seconds": round(cpu, 2),
+        }
+
+    def arm(cell: Cell, done: Mapping[Cell, Mapping[str, Any]]) -> dict[str, Any]:
+        from miniverl.reporting.report import read_jsonl
+
+        seed_dir, run_dir = cell_dirs(root, cell)
+        cold_dir = RunPaths(seed_dir).cold_start
+        cold = done[Cell(cell.seed, 0, COLD_START)]
+        shutil.rmtree(run_dir, ignore_errors=True)
+        config = arm_config_for_arm_seed(plans[cell.seed][1][cell.arm], cell.arm_seed)
+        cap = None
+        if compute_matched and cell.arm != REFERENCE_ARM:
+            reference = done.get(Cell(cell.seed, cell.arm_seed, REFERENCE_ARM))
+            if reference is not None:
+                cap = cap_from_reference(reference["budget"], compute_matched)
+        watch = Stopwatch()
+        trainer = OPDTrainer(config, output_dir=run_dir, cold_start=cold_dir, quiet=quiet)
+        trainer.budget_cap = cap
+        trainer.train()
+        wall, cpu = watch.read()
+        measured = measure_arm(run_dir)
+        if (
+            measured["cold_start_student_sha256"] != cold["student_sha256"]
+            or sha256_file(cold_dir / COLD_START_STUDENT) != cold["student_sha256"]
+        ):
+            raise CheckpointError(
+                f"arm {cell.arm} (seed {cell.seed}, arm seed {cell.arm_seed}) did not start from the shared cold start {cold_dir}",
+                hint="the cold-start weights changed while the benchmark ran; start it again in a fresh directory",
+            )
+        budget = measure_budget(run_dir, wall_seconds=wall, cpu_seconds=cpu, device=trainer.device)
+        tasks = _task_index(trainer)
+        by_tag = _eval_trajectories(run_dir)
+        final = by_tag.get("final", [])
+        endpoints = chain_endpoints(final, tasks)
+        exposure = None
+        if endpoints is not None and score_exposure_endpoints and trainer.teacher is not None:
+            from miniverl.evaluation.endpoint_scoring import score_exposure
+
+            oracle = [trainer.runner.oracle_rollout(tasks[t.task_id]) for t in final]
+            exposure = score_exposure(trainer.student, trainer.teacher, final, oracle)
+        return {
+            "arm": cell.arm,
+            "seed": cell.seed,
+            "arm_seed": cell.arm_seed,
+            "run_seed": config.run.seed,
+            "run_dir": run_dir.relative_to(root).as_posix(),
+            "wall_seconds": round(wall, 2),
+            **measured,
+            "budget": budget,
+            "compute_cap": cap_outcome(cap, budget),
+            "tasks": task_outcomes(final, tasks),
+            "curve": learning_curve(by_tag, read_jsonl(RunPaths(run_dir).metrics), tasks),
+            "endpoints": endpoints,
+            "exposure": exposure,
+        }
+
+    def run_cell(cell: Cell, done: Mapping[Cell, Mapping[str, Any]]) -> dict[str, Any]:
+        return cold_start(cell) if cell.is_cold_start else arm(cell, done)
+
+    return run_cell
+
+
+__all__ = [
+    "cell_dirs",
+    "chain_endpoints",
+    "learning_curve",
+    "make_trainer_cell_runner",
+    "task_outcomes",
+]

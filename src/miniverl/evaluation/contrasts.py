@@ -1,0 +1,301 @@
+"""Contrasts between arms from the benchmark's cells, and the protocol's stop-or-go checks.
+
+**Tables.** Every arm cell records its final greedy outcome per held-out task
+(``tasks: [{task_id, k, solved}]``). For a contrast ``A - B`` on an endpoint (all tasks, or
+the tasks of one chain length k), each seed contributes one row: per task, the mean over
+that seed's arm seeds of A's outcome minus the same for B. Arm seeds share the seed's
+cold start, so they are not independent units and are averaged inside the seed, as
+:mod:`miniverl.evaluation.stats` expects; the two-level bootstrap then resamples seeds, and
+tasks within each drawn seed. Tasks are paired by ``task_id`` (the splits come from
+``environment.split_seed``, so every cell sees the same tasks).
+
+**Order.** The pre-registered primary contrasts (:data:`PRIMARY_CONTRASTS`) come first
+whenever both of their arms ran; then every other arm against a reference
+(:func:`contrast_pairs`). Primary endpoints are greedy success at k = 3 and k = 5
+(:data:`miniverl.evaluation.endpoints.PRIMARY_KS`); "all" pools every k.
+
+**Stop-or-go checks** (:func:`stop_or_go`), recorded in ``benchmark.json``: the teacher
+gate passed (the value comes from the cold-start record, written by the gate), oracle SFT
+is not at ceiling at k = 3 (otherwise it cannot show a difference), and at least 30% of
+the student's greedy episodes at k = 3 contain an error at the start of the arms
+(otherwise there is nothing for on-policy training to correct).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from miniverl.evaluation.endpoints import PRIMARY_KS
+from miniverl.evaluation.stats import (
+    ALPHA,
+    MIN_VALUES_FOR_INTERVAL,
+    POWER,
+    compare_arms,
+)
+
+PRIMARY_CONTRASTS: tuple[tuple[str, str], ...] = (
+    ("opd", "offline_kd"),
+    ("opd_reverse_kl", "offline_kd_reverse_kl"),
+)
+"""Pre-registered: on-policy vs off-policy with the same divergence. Printed first."""
+SECONDARY_REFERENCES = ("offline_kd", "seqkd", "sft_oracle", "sft_only")
+"""The reference for every non-primary arm: the first of these that ran."""
+ORACLE_SFT_ARMS = ("sft_oracle", "sft_only")
+CEILING = 0.95
+"""Oracle SFT at or above this success at k = 3 is 'at ceiling'."""
+MIN_ERROR_RATE = 0.30
+"""At least this share of the student's k = 3 greedy episodes must contain an error."""
+CHECK_K = 3
+
+
+def endpoint_label(k: int | None) -> str:
+    return "all" if k is None else f"k={k}"
+
+
+def outcome_table(
+    cells: Sequence[Mapping[str, Any]], arm: str, k: int | None = None
+) -> dict[str, dict[str, float]]:
+    """Seed -> task_id -> mean solved over the arm seeds of that seed (only tasks of length ``k``)."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for cell in cells:
+        if cell.get("arm") != arm:
+            continue
+        seed = str(cell["seed"])
+        for task in cell.get("tasks") or []:
+            if k is not None and int(task["k"]) != k:
+                continue
+            sums.setdefault(seed, {}).setdefault(str(task["task_id"]), []).append(
+                float(task["solved"])
+            )
+    return {
+        seed: {tid: statistics.fmean(v) for tid, v in tasks.items()} for seed, tasks in sums.items()
+    }
+
+
+def contrast_pairs(arms: Sequence[str]) -> list[tuple[str, str, bool]]:
+    """``(arm, reference, primary)``: the primary contrasts that can run, then the rest."""
+    present = set(arms)
+    pairs = [(a, b, True) for a, b in PRIMARY_CONTRASTS if a in present and b in present]
+    used = {a for a, _, _ in pairs}
+    reference = next((r for r in SECONDARY_REFERENCES if r in present), arms[0] if arms else None)
+    for arm in arms:
+        if arm in used or arm == reference or reference is None:
+            continue
+        pairs.append((arm, reference, False))
+    return pairs
+
+
+def contrast(
+    cells: Sequence[Mapping[str, Any]],
+    arm: str,
+    reference: str,
+    k: int | None,
+    *,
+    resamples: int,
+    bootstrap_seed: int,
+) -> dict[str, Any]:
+    """One contrast on one endpoint, via :func:`miniverl.evaluation.stats.compare_arms`."""
+    a, b = outcome_table(cells, arm, k), outcome_table(cells, reference, k)
+    seeds = sorted(set(a) & set(b), key=str)
+    arm_rows: dict[str, list[float]] = {}
+    ref_rows: dict[str, list[float]] = {}
+    for seed in seeds:
+        shared = sorted(set(a[seed]) & set(b[seed]))
+        if shared:
+            arm_rows[seed] = [a[seed][t] for t in shared]
+            ref_rows[seed] = [b[seed][t] for t in shared]
+    base = {"arm": arm, "reference": reference, "endpoint": endpoint_label(k)}
+    if not arm_rows:
+        return {
+            **base,
+            "verdict": f"{arm} vs {reference} ({endpoint_label(k)}): no paired outcomes; nothing is claimed.",
+            "distinguishable": False,
+            "interval": None,
+            "mde": None,
+            "seeds": [],
+            "notes": ["no seed has outcomes of both arms on this endpoint"],
+        }
+    result = compare_arms(
+        arm, reference, arm_rows, ref_rows, resamples=resamples, seed=bootstrap_seed
+    ).to_dict()
+    if result.get("sd_seed_differences") == 0.0:
+        result["notes"].append(
+            "every seed gave the same difference (sd 0): the MDE of 0 only says the seeds agreed, not that any effect would be detected"
+        )
+    result["verdict"] = result["verdict"].replace(
+        f"{arm} vs {reference}:", f"{arm} vs {reference} ({endpoint_label(k)}):", 1
+    )
+    return {**result, **base}
+
+
+def all_contrasts(
+    cells: Sequence[Mapping[str, Any]],
+    arms: Sequence[str],
+    *,
+    resamples: int,
+    bootstrap_seed: int,
+    ks: Sequence[int | None] = (*PRIMARY_KS, None),
+) -> list[dict[str, Any]]:
+    """Every contrast of :func:`contrast_pairs` on every endpoint in ``ks``, primary first."""
+    out = []
+    for arm, reference, primary in contrast_pairs(arms):
+        for k in ks:
+            row = contrast(
+                cells, arm, reference, k, resamples=resamples, bootstrap_seed=bootstrap_seed
+            )
+            out.append({**row, "primary": primary})
+    return out
+
+
+def statistics_note(n_seeds: int, arm_seeds: int) -> str:
+    """The sentence benchmark.json records about what the intervals mean."""
+    head = (
+        f"{n_seeds} seed{'s' * (n_seeds != 1)} x {arm_seeds} arm seed{'s' * (arm_seeds != 1)}; "
+        "arm seeds are averaged per task inside their seed (they share its cold start)"
+    )
+    if n_seeds < MIN_VALUES_FOR_INTERVAL:
+        return (
+            f"{head}; no interval is quoted (an interval needs at least {MIN_VALUES_FOR_INTERVAL} seeds), "
+            "so no arm difference is claimed."
+        )
+    return (
+        f"{head}; 95% percentile intervals from a two-level bootstrap (seeds, then tasks within each seed); "
+        f"MDE at two-sided alpha {ALPHA:g} and power {POWER:g} from the observed sd of the seed differences."
+    )
+
+
+# ---------------------------------------------------------------------- stop-or-go
+
+
+def _check(
+    name: str, passed: bool | None, value: Any, threshold: Any, detail: str
+) -> dict[str, Any]:
+    status = "not_measured" if passed is None else "go" if passed else "stop"
+    return {
+        "check": name,
+        "status": status,
+        "passed": passed,
+        "value": value,
+        "threshold": threshold,
+        "detail": detail,
+    }
+
+
+def teacher_gate_check(cold_starts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Passed when every seed's cold start recorded a passing gate (``teacher_gate.passed``)."""
+    gates = [c.get("teacher_gate") for c in cold_starts]
+    if not gates or any(g is None for g in gates):
+        return _check(
+            "teacher_gate_passed",
+            None,
+            None,
+            None,
+            "the cold start recorded no teacher gate (teacher_gate: {value, threshold, passed})",
+        )
+    values = [g.get("value") for g in gates]
+    passed = all(bool(g.get("passed")) for g in gates)
+    return _check(
+        "teacher_gate_passed",
+        passed,
+        values,
+        gates[0].get("threshold"),
+        "teacher top-1 accuracy on the correct next action at student-visited states, per seed",
+    )
+
+
+def ceiling_check(
+    cells: Sequence[Mapping[str, Any]],
+    arms: Sequence[str],
+    *,
+    k: int = CHECK_K,
+    ceiling: float = CEILING,
+) -> dict[str, Any]:
+    """Oracle SFT's mean final greedy success at ``k`` must stay below ``ceiling``."""
+    arm = next((a for a in ORACLE_SFT_ARMS if a in arms), None)
+    outcomes = [
+        float(t["solved"])
+        for c in cells
+        if arm is not None and c.get("arm") == arm
+        for t in c.get("tasks") or []
+        if int(t["k"]) == k
+    ]
+    if not outcomes:
+        return _check(
+            "oracle_sft_not_at_ceiling",
+            None,
+            None,
+            ceiling,
+            f"no oracle-SFT arm ({' or '.join(ORACLE_SFT_ARMS)}) outcomes at k={k}",
+        )
+    value = statistics.fmean(outcomes)
+    return _check(
+        "oracle_sft_not_at_ceiling",
+        value < ceiling,
+        value,
+        ceiling,
+        f"{arm} final greedy success at k={k} over {len(outcomes)} episodes (all seeds and arm seeds)",
+    )
+
+
+def error_rate_check(
+    cold_starts: Sequence[Mapping[str, Any]], *, k: int = CHECK_K, minimum: float = MIN_ERROR_RATE
+) -> dict[str, Any]:
+    """The share of the cold start's greedy k-episodes with an error must reach ``minimum``."""
+    erred = episodes = 0
+    for cold in cold_starts:
+        summary = cold.get("start_endpoints") or {}
+        n = int((summary.get("episodes_by_k") or {}).get(str(k)) or 0)
+        rate = (summary.get("error_rate_by_k") or {}).get(str(k))
+        if n and rate is not None:
+            episodes += n
+            erred += round(rate * n)
+    if not episodes:
+        return _check(
+            "student_errors_at_start",
+            None,
+            None,
+            minimum,
+            f"the cold start recorded no greedy episodes at k={k} (calc_chain endpoints)",
+        )
+    value = erred / episodes
+    return _check(
+        "student_errors_at_start",
+        value >= minimum,
+        value,
+        minimum,
+        f"{erred}/{episodes} cold-start greedy episodes at k={k} contain an error (all seeds)",
+    )
+
+
+def stop_or_go(
+    cold_starts: Sequence[Mapping[str, Any]],
+    cells: Sequence[Mapping[str, Any]],
+    arms: Sequence[str],
+) -> dict[str, Any]:
+    """The three checks and an overall status: stop if any failed, go if all passed, else incomplete."""
+    checks = [
+        teacher_gate_check(cold_starts),
+        ceiling_check(cells, arms),
+        error_rate_check(cold_starts),
+    ]
+    statuses = {c["status"] for c in checks}
+    overall = "stop" if "stop" in statuses else "go" if statuses == {"go"} else "incomplete"
+    return {"status": overall, "checks": checks}
+
+
+__all__ = [
+    "CEILING",
+    "MIN_ERROR_RATE",
+    "PRIMARY_CONTRASTS",
+    "all_contrasts",
+    "ceiling_check",
+    "contrast",
+    "contrast_pairs",
+    "error_rate_check",
+    "outcome_table",
+    "statistics_note",
+    "stop_or_go",
+    "teacher_gate_check",
+]

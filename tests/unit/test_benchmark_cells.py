@@ -1,0 +1,406 @@
+"""The benchmark's cell grid: resume after a kill, torn cells, arm seeds, contrasts and stop-or-go.
+
+A fake cell runner stands in for the trainer, so these tests run the real
+``run_benchmark`` path (planning, cell store, contrasts, benchmark.json) in well under a second.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import subprocess_env, tiny_config
+from miniverl.errors import ConfigError, RunDirectoryError
+from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.evaluation.budgets import BudgetCap, cap_from_reference, cap_outcome
+from miniverl.evaluation.cells import Cell, arm_phase_seed, plan_cells
+from miniverl.evaluation.contrasts import (
+    ceiling_check,
+    contrast_pairs,
+    error_rate_check,
+    stop_or_go,
+    teacher_gate_check,
+)
+from miniverl.evaluation.stats import percentile_interval, two_level_bootstrap
+from miniverl.utils.failpoints import FAILPOINT_EXIT_CODE
+
+ARMS = ["sft_only", "offline_kd", "opd"]
+# opd - offline_kd per (seed, task), after averaging 2 arm seeds: the brute-force table.
+TABLE = {1: [1.0, -1.0], 2: [1.0, -0.5], 3: [0.0, 0.5]}
+
+
+OPD = {1: [(1, 1), (0, 0)], 2: [(1, 1), (0, 1)], 3: [(0, 0), (1, 0)]}
+OFF = {1: [(0, 0), (1, 1)], 2: [(0, 0), (1, 1)], 3: [(0, 0), (0, 0)]}
+
+
+def outcome(cell: Cell, task: int) -> float:
+    """Per (seed, task, arm seed); the arm-seed means of opd - offline_kd are TABLE."""
+    if cell.arm in ("opd", "offline_kd"):
+        return float((OPD if cell.arm == "opd" else OFF)[cell.seed][task][cell.arm_seed % 2])
+    return 1.0  # sft_only solves everything
+
+
+def fake_payload(cell: Cell, done: Any, log: Path | None = None) -> dict[str, Any]:
+    if log is not None:
+        with log.open("a") as handle:
+            handle.write(cell.name + "\n")
+    if cell.is_cold_start:
+        return {
+            "seed": cell.seed,
+            "student_sha256": f"cold-{cell.seed}",
+            "teacher_gate": {"value": 0.97, "threshold": 0.95, "passed": True},
+            "start_endpoints": {"episodes_by_k": {"3": 10}, "error_rate_by_k": {"3": 0.4}},
+        }
+    tasks = [{"task_id": f"t{i}", "k": 3, "solved": outcome(cell, i)} for i in range(2)]
+    return {
+        "arm": cell.arm,
+        "seed": cell.seed,
+        "arm_seed": cell.arm_seed,
+        "cold_start_student_sha256": f"cold-{cell.seed}",
+        "final_success": sum(t["solved"] for t in tasks) / 2,
+        "optimizer_steps": 4,
+        "tasks": tasks,
+    }
+
+
+SCRIPT = """
+import sys
+from pathlib import Path
+from helpers import tiny_config
+from test_benchmark_cells import fake_payload
+from miniverl.evaluation.benchmark import run_benchmark
+out, log = Path(sys.argv[1]), Path(sys.argv[2])
+run_benchmark(tiny_config(), arms=%r, seeds=[1, 2, 3], arm_seeds=2, output_dir=out, resamples=2000,
+              run_cell=lambda cell, done: fake_payload(cell, done, log))
+"""
+
+
+def _results(out: Path) -> dict[str, Any]:
+    data = json.loads((out / "benchmark.json").read_text())
+    return {
+        key: data[key] for key in ("rows", "cold_starts", "contrasts", "stop_or_go", "aggregates")
+    }
+
+
+def _child(
+    code: str, *args: Path, failpoint: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = subprocess_env(extra_paths=[Path(__file__).parent.parent, Path(__file__).parent])
+    if failpoint:
+        env["MINIVERL_FAILPOINT"] = failpoint
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_benchmark_killed_after_cell_2_resumes_without_recomputing(tmp_path: Path) -> None:
+    out, log = tmp_path / "bench", tmp_path / "calls.log"
+    code = SCRIPT % (ARMS,)
+    killed = _child(code, out, log, failpoint="benchmark:cell_saved@2")
+    assert killed.returncode == FAILPOINT_EXIT_CODE, killed.stderr
+    assert log.read_text().split() == ["s1-a0-cold-start", "s1-a0-sft_only"]
+    assert not (out / "benchmark.json").exists()
+    assert sorted(p.name for p in (out / "cells").iterdir()) == [
+        "s1-a0-cold-start.json",
+        "s1-a0-sft_only.json",
+    ]
+    resumed = _child(code, out, log)
+    assert resumed.returncode == 0, resumed.stderr
+    rerun = log.read_text().split()[2:]
+    assert "s1-a0-cold-start" not in rerun and "s1-a0-sft_only" not in rerun
+    assert len(rerun) == 3 * (1 + 2 * 3) - 2
+    data = json.loads((out / "benchmark.json").read_text())
+    assert data["cells"]["reused"] == ["s1-a0-cold-start", "s1-a0-sft_only"]
+
+    fresh, log2 = tmp_path / "fresh", tmp_path / "calls2.log"
+    whole = _child(code, fresh, log2)
+    assert whole.returncode == 0, whole.stderr
+    assert len(log2.read_text().split()) == 21
+    assert _results(out) == _results(fresh)
+
+
+def test_torn_and_foreign_cells_are_redone_never_trusted(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def runner(cell: Cell, done: Any) -> dict[str, Any]:
+        calls.append(cell.name)
+        return fake_payload(cell, done)
+
+    kwargs = dict(
+        arms=["offline_kd", "opd"], seeds=[1], output_dir=tmp_path, resamples=200, run_cell=runner
+    )
+    run_benchmark(tiny_config(), **kwargs)
+    assert calls == ["s1-a0-cold-start", "s1-a0-offline_kd", "s1-a0-opd"]
+    cells = tmp_path / "cells"
+    torn = cells / "s1-a0-opd.json"
+    torn.write_text(torn.read_text()[:-40])  # a torn write
+    edited = cells / "s1-a0-offline_kd.json"
+    record = json.loads(edited.read_text())
+    record["payload"]["final_success"] = 1.0  # edited without a new digest
+    edited.write_text(json.dumps(record))
+    calls.clear()
+    result = run_benchmark(tiny_config(), **kwargs)
+    assert calls == ["s1-a0-offline_kd", "s1-a0-opd"]
+    reasons = {d["cell"]: d["reason"] for d in result["cells"]["discarded"]}
+    assert "unreadable" in reasons["s1-a0-opd"] and "SHA-256" in reasons["s1-a0-offline_kd"]
+    # a redone cold start with other weights invalidates the arm cells that used the old ones
+    cold = cells / "s1-a0-cold-start.json"
+    cold.unlink()
+    calls.clear()
+    original = fake_payload
+
+    def other_weights(cell: Cell, done: Any) -> dict[str, Any]:
+        calls.append(cell.name)
+        payload = original(cell, done)
+        if cell.is_cold_start:
+            payload["student_sha256"] = "cold-other"
+        else:
+            payload["cold_start_student_sha256"] = "cold-other"
+        return payload
+
+    result = run_benchmark(tiny_config(), **{**kwargs, "run_cell": other_weights})
+    assert calls == ["s1-a0-cold-start", "s1-a0-offline_kd", "s1-a0-opd"]
+    assert {d["reason"] for d in result["cells"]["discarded"]} == {
+        "recorded for other cold-start weights"
+    }
+
+
+def test_a_directory_of_another_plan_or_a_legacy_benchmark_is_refused(tmp_path: Path) -> None:
+    run_benchmark(
+        tiny_config(),
+        arms=["opd"],
+        seeds=[1],
+        output_dir=tmp_path / "a",
+        resamples=10,
+        run_cell=fake_payload,
+    )
+    with pytest.raises(RunDirectoryError, match="another base config"):
+        run_benchmark(
+            tiny_config("train.lr=0.5"),
+            arms=["opd"],
+            seeds=[1],
+            output_dir=tmp_path / "a",
+            run_cell=fake_payload,
+        )
+    with pytest.raises(ConfigError, match="arm-seeds"):
+        run_benchmark(
+            tiny_config(), arms=["opd"], seeds=[1], arm_seeds=0, output_dir=tmp_path / "b"
+        )
+    with pytest.raises(ConfigError, match="opd is not among the arms"):
+        run_benchmark(
+            tiny_config(),
+            arms=["offline_kd"],
+            seeds=[1],
+            compute_matched="wall_seconds",
+            output_dir=tmp_path / "c",
+        )
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+# ---------------------------------------------------------------------- statistics through the harness
+
+
+def _exact_two_level(table: list[list[float]]) -> dict[float, float]:
+    s = len(table)
+    dist: dict[float, float] = defaultdict(float)
+    for seeds in itertools.product(range(s), repeat=s):
+        rows = [table[i] for i in seeds]
+        weight = 1.0 / (s**s * math.prod(len(r) ** len(r) for r in rows))
+        for combos in itertools.product(*(itertools.product(r, repeat=len(r)) for r in rows)):
+            dist[round(sum(sum(c) / len(c) for c in combos) / s, 12)] += weight
+    return dict(dist)
+
+
+def _exact_quantile(dist: dict[float, float], q: float) -> float:
+    cumulative = 0.0
+    for x in sorted(dist):
+        cumulative += dist[x]
+        if cumulative >= q - 1e-12:
+            return x
+    return max(dist)
+
+
+@pytest.fixture(scope="module")
+def three_seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("three")
+    return run_benchmark(
+        tiny_config(),
+        arms=ARMS,
+        seeds=[1, 2, 3],
+        arm_seeds=2,
+        output_dir=out,
+        resamples=20_000,
+        run_cell=fake_payload,
+    )
+
+
+def test_contrast_is_the_two_level_bootstrap_of_the_arm_seed_averaged_table(
+    three_seeds: dict[str, Any],
+) -> None:
+    primary = [c for c in three_seeds["contrasts"] if c["primary"]]
+    assert next((c["arm"], c["reference"]) for c in primary) == ("opd", "offline_kd")
+    assert three_seeds["contrasts"][0]["primary"]  # primary contrasts come first
+    k3 = next(c for c in primary if c["endpoint"] == "k=3")
+    table = [TABLE[s] for s in (1, 2, 3)]
+    assert k3["seed_differences"] == pytest.approx([sum(r) / 2 for r in table])
+    expected = percentile_interval(
+        two_level_bootstrap(table, resamples=20_000, seed=k3["bootstrap_seed"])
+    )
+    assert k3["interval"] == pytest.approx(list(expected))
+    exact = _exact_two_level(table)
+    low, high = k3["interval"]
+    assert _exact_quantile(exact, 0.015) - 1e-9 <= low <= _exact_quantile(exact, 0.035) + 1e-9
+    assert _exact_quantile(exact, 0.965) - 1e-9 <= high <= _exact_quantile(exact, 0.985) + 1e-9
+    assert k3["mde"] is not None and "cannot be told apart" in k3["verdict"]
+    assert "k=3" in k3["verdict"]
+
+
+def test_no_interval_over_fewer_than_three_seeds_and_it_says_so(tmp_path: Path, capsys) -> None:
+    from rich.console import Console
+
+    from miniverl.evaluation.benchmark import print_contrasts
+
+    result = run_benchmark(
+        tiny_config(),
+        arms=ARMS,
+        seeds=[1, 2],
+        output_dir=tmp_path,
+        resamples=100,
+        run_cell=fake_payload,
+    )
+    for c in result["contrasts"]:
+        assert c["interval"] is None and not c["distinguishable"]
+        assert any(
+            "no interval is quoted: only 2 seeds" in n or "no seed has outcomes" in n
+            for n in c["notes"]
+        )
+    assert sum(1 for c in result["contrasts"] if c["seeds"]) == 4  # 2 contrasts x (k=3, all)
+    assert "no interval is quoted" in result["statistics_note"]
+    sft = next(c for c in result["contrasts"] if c["arm"] == "sft_only" and c["endpoint"] == "k=3")
+    assert sft["sd_seed_differences"] == 0.0 and any("sd 0" in n for n in sft["notes"])
+    print_contrasts(result, Console(width=200))
+    printed = capsys.readouterr().out
+    assert printed.index("pre-registered primary") < printed.index("secondary")
+    assert "opd vs offline_kd (k=3)" in printed and "cannot be told apart" in printed
+
+
+def test_contrast_order_is_data_driven() -> None:
+    arms = [
+        "sft_oracle",
+        "seqkd",
+        "offline_kd",
+        "opd",
+        "opd_reverse_kl",
+        "offline_kd_reverse_kl",
+        "gkd_mix",
+    ]
+    pairs = contrast_pairs(arms)
+    assert pairs[:2] == [
+        ("opd", "offline_kd", True),
+        ("opd_reverse_kl", "offline_kd_reverse_kl", True),
+    ]
+    assert ("gkd_mix", "offline_kd", False) in pairs and ("seqkd", "offline_kd", False) in pairs
+    assert all(a != "offline_kd" for a, _, _ in pairs)
+    assert contrast_pairs(["sft_only", "opd"]) == [("opd", "sft_only", False)]
+
+
+# ---------------------------------------------------------------------- stop-or-go
+
+
+def test_stop_or_go_checks_recorded(three_seeds: dict[str, Any]) -> None:
+    gate = three_seeds["stop_or_go"]
+    checks = {c["check"]: c for c in gate["checks"]}
+    assert checks["teacher_gate_passed"]["status"] == "go"
+    assert checks["student_errors_at_start"]["value"] == pytest.approx(0.4)
+    # fake sft_only solves every k=3 task: at ceiling, so the protocol must stop
+    assert checks["oracle_sft_not_at_ceiling"]["value"] == 1.0
+    assert checks["oracle_sft_not_at_ceiling"]["status"] == "stop" and gate["status"] == "stop"
+
+
+def test_each_check_fails_on_its_own() -> None:
+    failed_gate = [{"teacher_gate": {"value": 0.9, "threshold": 0.95, "passed": False}}]
+    assert teacher_gate_check(failed_gate)["status"] == "stop"
+    assert teacher_gate_check([{}])["status"] == "not_measured"
+    few = [{"start_endpoints": {"episodes_by_k": {"3": 10}, "error_rate_by_k": {"3": 0.2}}}]
+    assert error_rate_check(few)["status"] == "stop"
+    enough = [{"start_endpoints": {"episodes_by_k": {"3": 10}, "error_rate_by_k": {"3": 0.3}}}]
+    assert error_rate_check(enough)["status"] == "go"
+    cells = [
+        {
+            "arm": "sft_oracle",
+            "tasks": [{"k": 3, "solved": 1}, {"k": 3, "solved": 0}, {"k": 2, "solved": 1}],
+        }
+    ]
+    gate = stop_or_go(enough, cells, ["sft_oracle"])
+    checks = {c["check"]: c for c in gate["checks"]}
+    assert checks["oracle_sft_not_at_ceiling"]["value"] == 0.5
+    assert gate["status"] == "incomplete"  # no teacher gate recorded
+    at_ceiling = [
+        {"arm": "sft_only", "tasks": [{"k": 3, "solved": int(i < 19)} for i in range(20)]}
+    ]
+    assert ceiling_check(at_ceiling, ["sft_only"])["value"] == 0.95
+    assert ceiling_check(at_ceiling, ["sft_only"])["status"] == "stop"  # 0.95 is the ceiling
+    assert ceiling_check(at_ceiling[:0], ["opd"])["status"] == "not_measured"
+
+
+# ---------------------------------------------------------------------- budgets and arm seeds
+
+
+def test_compute_cap_accounting() -> None:
+    cap = cap_from_reference({"wall_seconds": 10.0}, "wall_seconds")
+    for _ in range(3):
+        cap.charge(3.0)
+    assert not cap.exhausted and cap.steps_charged == 3
+    cap.charge(1.0)
+    assert cap.exhausted
+    cap.enforced = True
+    assert cap_outcome(cap, {"wall_seconds": 10.0})["bound"] is True
+    loose = BudgetCap("teacher_scored_tokens", 100)
+    out = cap_outcome(loose, {"teacher_scored_tokens": 150})
+    assert out["overran_unenforced"] and out["ratio_to_reference"] == 1.5 and not out["bound"]
+    with pytest.raises(ValueError, match="cannot match"):
+        BudgetCap("optimizer_steps", 5)
+    with pytest.raises(ValueError, match="no positive"):
+        cap_from_reference({"wall_seconds": 0}, "wall_seconds")
+
+
+def test_plan_puts_the_reference_first_and_arm_seeds_differ() -> None:
+    plan = plan_cells([4], 2, ["sft_only", "offline_kd", "opd"], first="opd")
+    assert [c.name for c in plan] == [
+        "s4-a0-cold-start",
+        "s4-a0-opd",
+        "s4-a0-sft_only",
+        "s4-a0-offline_kd",
+        "s4-a1-opd",
+        "s4-a1-sft_only",
+        "s4-a1-offline_kd",
+    ]
+    assert arm_phase_seed(4, 0) == 4 and arm_phase_seed(4, 1) not in (4, arm_phase_seed(5, 1))
+
+
+def test_cli_refuses_a_bad_compute_resource_before_creating_anything(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from miniverl.cli.main import app
+    from miniverl.config.presets import demo_recipe_bytes
+
+    recipe = tmp_path / "toy_demo.yaml"
+    recipe.write_bytes(demo_recipe_bytes())
+    out = tmp_path / "o"
+    result = CliRunner().invoke(
+        app, ["benchmark", str(recipe), "--compute-matched", "steps", "--output", str(out)]
+    )
+    assert result.exit_code == 2 and "--compute-matched must be one of" in result.output
+    assert not out.exists()
