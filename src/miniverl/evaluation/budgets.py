@@ -119,12 +119,12 @@ def measure_budget(
     run_dir: str | Path, *, wall_seconds: float, cpu_seconds: float, device: str
 ) -> dict[str, Any]:
     """Every :data:`BUDGET_FIELDS` value of one finished arm run, from its artifacts."""
-    from miniverl.reporting.report import read_jsonl
+    from miniverl.reporting.load import read_events, read_jsonl, read_metrics
     from miniverl.utils.runs import RunPaths
 
     paths = RunPaths(run_dir)
-    metrics = read_jsonl(paths.metrics)
-    events = read_jsonl(paths.events)
+    metrics = read_metrics(paths.metrics)
+    events = read_events(paths.events)
     steps = [r for r in metrics if r.get("kind") == "step"]
     cycles = [r for r in metrics if r.get("kind") == "cycle"]
     mode = next((e.get("mode") for e in events if e.get("event") == "run_start"), None)

@@ -180,7 +180,7 @@ def make_trainer_cell_runner(
         }
 
     def arm(cell: Cell, done: Mapping[Cell, Mapping[str, Any]]) -> dict[str, Any]:
-        from miniverl.reporting.report import read_jsonl
+        from miniverl.reporting.load import read_metrics
 
         seed_dir, run_dir = cell_dirs(root, cell)
         cold_dir = RunPaths(seed_dir).cold_start
@@ -228,7 +228,7 @@ def make_trainer_cell_runner(
             "budget": budget,
             "compute_cap": cap_outcome(cap, budget),
             "tasks": task_outcomes(final, tasks),
-            "curve": learning_curve(by_tag, read_jsonl(RunPaths(run_dir).metrics), tasks),
+            "curve": learning_curve(by_tag, read_metrics(RunPaths(run_dir).metrics), tasks),
             "endpoints": endpoints,
             "exposure": exposure,
         }
