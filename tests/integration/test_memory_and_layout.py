@@ -160,9 +160,7 @@ def test_the_group_loss_does_not_depend_on_the_micro_batch_layout(
     assert len(samples) >= 3
 
     def group_loss(rows: int) -> tuple[float, list[torch.Tensor]]:
-        trainer.resolved_config = trainer.resolved_config.with_overrides(
-            [f"train.trajectory_batch_size={rows}"]
-        )
+        trainer.trajectory_batch_size = rows  # the live batch the micro-batches are cut by
         result = trainer._compute_group_gradients(samples, 7, "opd")
         return result.loss, [p.grad.clone() for p in trainer.student.trainable_parameters()]
 
