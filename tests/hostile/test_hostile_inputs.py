@@ -349,7 +349,7 @@ RESOLVED_YAML_CASES: list[tuple[str, str, str]] = [
 def test_hostile_config_resolved_is_a_run_directory_error(
     tmp_path: Path, text: str, fragment: str
 ) -> None:
-    from miniverl.training.trainer import load_resolved_config
+    from miniverl.config.loading import load_resolved_config
 
     (tmp_path / "config.resolved.yaml").write_text(text)
     with pytest.raises(RunDirectoryError) as info:

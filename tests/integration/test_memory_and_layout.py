@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from helpers import tiny_config
 from miniverl.config.models import RunConfig
 from miniverl.errors import ConfigError, GpuMemoryError
-from miniverl.training import memory
+from miniverl.training import memory, resolve
 from miniverl.training.trainer import OPDTrainer
 
 
@@ -118,7 +118,7 @@ def _hf_quantized(strategy: str) -> RunConfig:
 
 
 def test_auto_with_a_quantized_model_resolves_to_resident_with_the_documented_reason() -> None:
-    plan = memory.resolve_strategy(_hf_quantized("auto"), device="cuda")
+    plan = resolve.resolve_strategy(_hf_quantized("auto"), device="cuda")
     assert plan.strategy == "resident"
     assert (
         plan.reason
@@ -137,11 +137,11 @@ def test_auto_on_cuda_uses_free_memory_and_headroom() -> None:
     config = RunConfig.from_mapping(
         {"memory": {"strategy": "auto", "auto_swap_vram_headroom_gb": 2.0}}
     )
-    roomy = memory.resolve_strategy(config, device="cuda", model_bytes=4 << 30, free_gib=10.0)
-    tight = memory.resolve_strategy(config, device="cuda", model_bytes=4 << 30, free_gib=5.0)
+    roomy = resolve.resolve_strategy(config, device="cuda", model_bytes=4 << 30, free_gib=10.0)
+    tight = resolve.resolve_strategy(config, device="cuda", model_bytes=4 << 30, free_gib=5.0)
     assert (roomy.strategy, tight.strategy) == ("resident", "swap")
     assert "headroom 2.0 GiB" in roomy.reason and "would not be kept" in tight.reason
-    assert memory.resolve_strategy(config, device="cpu").strategy == "resident"
+    assert resolve.resolve_strategy(config, device="cpu").strategy == "resident"
 
 
 @pytest.mark.parametrize("batch_rows", [1, 2, 3, 4])
@@ -160,9 +160,7 @@ def test_the_group_loss_does_not_depend_on_the_micro_batch_layout(
     assert len(samples) >= 3
 
     def group_loss(rows: int) -> tuple[float, list[torch.Tensor]]:
-        trainer.resolved_config = trainer.resolved_config.with_overrides(
-            [f"train.trajectory_batch_size={rows}"]
-        )
+        trainer.trajectory_batch_size = rows  # the live batch the micro-batches are cut by
         result = trainer._compute_group_gradients(samples, 7, "opd")
         return result.loss, [p.grad.clone() for p in trainer.student.trainable_parameters()]
 

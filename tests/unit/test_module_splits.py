@@ -78,3 +78,10 @@ def test_divergence_kwargs_build_the_spec_the_trainer_builds(divergence: str) ->
         entropy_threshold=0.4,
         entropy_forward_weight=2.5,
     )
+
+
+def test_the_trainer_reexports_load_resolved_config_from_config_loading() -> None:
+    pytest.importorskip("torch")
+    loading = importlib.import_module("miniverl.config.loading")
+    trainer = importlib.import_module("miniverl.training.trainer")
+    assert trainer.load_resolved_config is loading.load_resolved_config

@@ -1,8 +1,9 @@
-"""Reading a recipe: safe YAML, dotted ``key=value`` overrides, and error formatting.
+"""Reading a recipe: safe YAML, dotted ``key=value`` overrides, error formatting, and
+the resolved config of a finished run.
 
-Everything here works on plain mappings, before and around validation, so it depends on
-no section model; :class:`~miniverl.config.recipe.RunConfig` calls it from
-``from_yaml``/``from_mapping``/``with_overrides``.
+Everything but :func:`load_resolved_config` works on plain mappings, before and around
+validation, so it depends on no section model; :class:`~miniverl.config.recipe.RunConfig`
+calls it from ``from_yaml``/``from_mapping``/``with_overrides``.
 """
 
 from __future__ import annotations
@@ -10,13 +11,17 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from miniverl.config.limits import BOUND_HINT
-from miniverl.errors import ConfigError
+from miniverl.errors import ConfigError, RunDirectoryError
+from miniverl.utils.runs import RunPaths
 from miniverl.utils.safe_load import load_yaml_file, loads_yaml
+
+if TYPE_CHECKING:
+    from miniverl.config.recipe import RunConfig
 
 
 def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
@@ -107,4 +112,33 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return "\n".join([f"{source}: {len(lines)} configuration error(s)", *lines])
 
 
-__all__ = ["apply_overrides", "format_validation_error", "load_yaml_mapping", "parse_override"]
+def load_resolved_config(run_dir: str | Path) -> RunConfig:
+    """``config.resolved.yaml`` of a run: what ``miniverl eval --run`` and export rebuild from.
+
+    Every ``auto`` in it was decided when the run started
+    (:mod:`miniverl.training.resolve`), so nothing resolves differently now.
+    """
+    from miniverl.config.recipe import RunConfig  # recipe imports this module
+
+    paths = RunPaths(run_dir)
+    if not paths.config_resolved.exists() and not paths.config_resolved.is_symlink():
+        raise RunDirectoryError(
+            f"{paths.config_resolved} not found",
+            hint="point --run at a directory written by 'miniverl train'",
+        )
+    data = load_yaml_file(paths.config_resolved, error=RunDirectoryError)
+    if not isinstance(data, dict):
+        raise RunDirectoryError(f"{paths.config_resolved} is not a mapping of config sections")
+    try:
+        return RunConfig.from_mapping(data, source=str(paths.config_resolved))
+    except ConfigError as exc:
+        raise RunDirectoryError(exc.message, hint="the file was edited; re-run training") from None
+
+
+__all__ = [
+    "apply_overrides",
+    "format_validation_error",
+    "load_resolved_config",
+    "load_yaml_mapping",
+    "parse_override",
+]

@@ -51,6 +51,18 @@ class ChunkedLossResult:
     teacher_entropy_is_lower_bound: bool = False
 
 
+def check_chunk_size(chunk_size: int) -> int:
+    """The one guard on a projection chunk (rows per ``[chunk, V]``), for every projector.
+
+    The recipe's ``loss.chunk_size`` is checked by the config rules and decided by
+    :func:`miniverl.training.resolve.resolve_chunk_size`; this refuses a bad argument at the
+    functions that project (the chunked loss and the teacher scorer).
+    """
+    if chunk_size < 1:
+        raise ConfigError(f"loss.chunk_size must be >= 1; got {chunk_size}")
+    return chunk_size
+
+
 def _flat_weights(weights: Tensor | Sequence[Tensor], device: torch.device) -> Tensor:
     if isinstance(weights, Tensor):
         flat = weights
@@ -101,8 +113,7 @@ def chunked_selected_position_loss(
     """
     if hidden_states.dim() != 2:
         raise ValueError(f"hidden_states must be [N, H]; got {tuple(hidden_states.shape)}")
-    if chunk_size < 1:
-        raise ConfigError(f"loss.chunk_size must be >= 1; got {chunk_size}")
+    check_chunk_size(chunk_size)
     n = int(hidden_states.shape[0])
     device = hidden_states.device
     flat_weights = _flat_weights(weights, device)
@@ -208,4 +219,4 @@ def chunked_selected_position_loss(
     )
 
 
-__all__ = ["ChunkedLossResult", "chunked_selected_position_loss"]
+__all__ = ["ChunkedLossResult", "check_chunk_size", "chunked_selected_position_loss"]

@@ -13,17 +13,7 @@ from miniverl.config.models import ModelSpec, RunConfig
 from miniverl.models.base import CausalLMBackend
 from miniverl.models.tokenizers import ToyTokenizer, check_same_tokenizer, load_hf_tokenizer
 from miniverl.schemas.text import TokenizerLike
-from miniverl.utils.lazy import import_torch
 from miniverl.utils.seeding import derive_seed
-
-
-def resolve_device(config: RunConfig) -> str:
-    """``models.device`` with ``auto`` resolved: ``cuda`` when available, else ``cpu``."""
-    requested = config.models.device
-    if requested != "auto":
-        return requested
-    torch = import_torch("device resolution")
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _tokenizer_source(spec: ModelSpec) -> tuple[str, str | None]:
@@ -79,18 +69,17 @@ def _build(config: RunConfig, role: str, tokenizer: TokenizerLike, device: str) 
     )
 
 
-def build_student(
-    config: RunConfig, tokenizer: TokenizerLike, device: str | None = None
-) -> CausalLMBackend:
-    """The policy being trained (LoRA adapters when ``models.student.lora.enabled``)."""
-    return _build(config, "student", tokenizer, device or resolve_device(config))
+def build_student(config: RunConfig, tokenizer: TokenizerLike, device: str) -> CausalLMBackend:
+    """The policy being trained (LoRA adapters when ``models.student.lora.enabled``).
+
+    ``device`` is already resolved (:func:`miniverl.training.resolve.resolve_device`).
+    """
+    return _build(config, "student", tokenizer, device)
 
 
-def build_teacher(
-    config: RunConfig, tokenizer: TokenizerLike, device: str | None = None
-) -> CausalLMBackend:
-    """The frozen teacher (never has trainable adapters)."""
-    teacher = _build(config, "teacher", tokenizer, device or resolve_device(config))
+def build_teacher(config: RunConfig, tokenizer: TokenizerLike, device: str) -> CausalLMBackend:
+    """The frozen teacher (never has trainable adapters), built on a resolved ``device``."""
+    teacher = _build(config, "teacher", tokenizer, device)
     for p in teacher.trainable_parameters():
         p.requires_grad_(False)
     return teacher

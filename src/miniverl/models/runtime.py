@@ -1,37 +1,23 @@
-"""Model runtimes and the local role graph (docs/design.md §2.3).
+"""Model runtimes (docs/design.md §2.3).
 
 ``dual_model`` keeps independently owned student and teacher backends.
 ``shared_backbone`` loads one Hugging Face base and gives the actor (student), teacher
 and optional reference role-scoped adapter views of it; only actor adapter parameters
 enter the optimizer.
 
-:class:`LocalRoleGraph` names the boundaries of a verl-like workflow (actor, rollout,
-teacher, reference, reward/verifier, target builder, update, evaluation, artifact
-bridge) and maps the miniverl objects that play them, so the manifest says who did
-what. It is a local single-device ownership graph, not Ray workers, DataProto or FSDP.
+The local role graph that names who played which verl-like role is built from explicit
+inputs in :mod:`miniverl.training.manifest`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from miniverl.config.models import RunConfig
 from miniverl.models.base import CausalLMBackend
 from miniverl.models.factory import build_student, build_teacher
 from miniverl.schemas.text import TokenizerLike
-
-ROLES = (
-    "ActorPolicy",
-    "RolloutRuntime",
-    "TeacherPolicy",
-    "ReferencePolicy",
-    "RewardOrVerifier",
-    "TargetBuilder",
-    "UpdateRuntime",
-    "EvaluationRuntime",
-    "ArtifactBridge",
-)
 
 
 @dataclass
@@ -91,69 +77,3 @@ def build_runtime(
         else None
     )
     return ModelRuntime("dual_model", student, teacher)
-
-
-def _name(obj: Any) -> str | None:
-    if obj is None:
-        return None
-    return type(obj).__name__ if not isinstance(obj, str) else obj
-
-
-@dataclass
-class LocalRoleGraph:
-    """Typed roles -> the local objects bound to them."""
-
-    bindings: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def bind(self, role: str, obj: Any, **details: Any) -> None:
-        if role not in ROLES:
-            raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
-        self.bindings[role] = {"bound_to": _name(obj), **details}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "roles": {role: self.bindings.get(role, {"bound_to": None}) for role in ROLES},
-            "note": "local single-device ownership graph; not Ray workers, DataProto or FSDP placement",
-        }
-
-    @classmethod
-    def for_trainer(cls, trainer: Any) -> LocalRoleGraph:
-        """Bind the objects of an ``OPDTrainer`` (duck-typed to keep this layer below training)."""
-        graph = cls()
-        runtime: ModelRuntime = trainer.runtime
-        graph.bind(
-            "ActorPolicy",
-            trainer.student,
-            model_id=trainer.student.capabilities.model_id,
-            runtime=runtime.kind,
-        )
-        graph.bind("RolloutRuntime", trainer.runner, sampler="models.sampling.run_generation")
-        graph.bind(
-            "TeacherPolicy",
-            trainer.teacher,
-            model_id=None if trainer.teacher is None else trainer.teacher.capabilities.model_id,
-        )
-        graph.bind(
-            "ReferencePolicy",
-            runtime.reference,
-            note="no objective in miniverl requests a reference policy",
-        )
-        graph.bind(
-            "RewardOrVerifier",
-            trainer.environment,
-            method="verify",
-            note="exact verifier; reported, never optimized",
-        )
-        graph.bind(
-            "TargetBuilder",
-            trainer.scorer,
-            shape=None if trainer.scorer is None else trainer.scorer.shape,
-        )
-        graph.bind("UpdateRuntime", trainer, method="_optimize")
-        graph.bind("EvaluationRuntime", trainer, method="evaluate")
-        graph.bind(
-            "ArtifactBridge",
-            "RunPaths + TeacherCache",
-            cache=None if trainer.cache is None else str(trainer.cache.directory.name),
-        )
-        return graph

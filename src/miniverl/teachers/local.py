@@ -41,6 +41,7 @@ from miniverl.losses import (
     teacher_entropy,
     teacher_topk_targets,
 )
+from miniverl.losses.chunked import check_chunk_size
 from miniverl.models.batching import build_padded_trajectory_batch
 from miniverl.schemas.cache import CacheProvenance
 from miniverl.trajectory.alignment import check_fingerprints
@@ -149,8 +150,7 @@ class LocalTeacherScorer:
     ) -> None:
         if loss_mode not in ("bucketed", "exact_full_vocab"):
             raise ConfigError(f"loss.mode must be bucketed or exact_full_vocab; got {loss_mode!r}")
-        if chunk_size < 1:
-            raise ConfigError(f"loss.chunk_size must be >= 1; got {chunk_size}")
+        check_chunk_size(chunk_size)
         if exact_max_vocab < 1:
             raise ConfigError(f"loss.exact_max_vocab must be >= 1; got {exact_max_vocab}")
         self.teacher = teacher

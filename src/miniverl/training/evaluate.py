@@ -1,24 +1,129 @@
-"""``miniverl eval --run DIR``: re-evaluate a run exactly as it was resolved.
+"""Held-out evaluation: one rollout function for the trainer and ``miniverl eval --run DIR``.
 
-The trainer is rebuilt from ``config.resolved.yaml`` (not the recipe), so an ``auto``
-decision cannot resolve differently now than it did for the run being evaluated.
+:func:`evaluate_policy` rolls out a split greedily (by default) with the episode seeds of
+docs/design.md §5 and summarizes it; the trainer records the result, and
+:func:`evaluate_run` re-evaluates a checkpoint of a finished run with only what that needs
+(tokenizer, environment and splits, the student, a rollout runner). The models are rebuilt
+from ``config.resolved.yaml`` (not the recipe) and resolved again by
+:func:`~miniverl.training.resolve.resolve_run`, on which every ``auto`` is already a
+decision, so nothing can resolve differently now than it did for the run being evaluated.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from miniverl.agent.loop import EpisodeRequest, RolloutRunner
+from miniverl.config.loading import load_resolved_config
 from miniverl.config.models import RunConfig
+from miniverl.environments.base import Task
+from miniverl.environments.registry import make_environment
+from miniverl.environments.tasks_file import build_splits
 from miniverl.errors import CheckpointError, ConfigError, RunDirectoryError
-from miniverl.training.checkpoint import load_checkpoint
-from miniverl.training.trainer import OPDTrainer, load_resolved_config
+from miniverl.models.factory import build_tokenizer
+from miniverl.models.runtime import build_runtime
+from miniverl.schemas.trajectory import Trajectory
+from miniverl.training.checkpoint import LoadedCheckpoint, load_checkpoint
+from miniverl.training.progress import ProgressReporter
+from miniverl.training.resolve import HostCapabilities, resolve_device, resolve_run
+from miniverl.training.samples import summarize_rollouts
+from miniverl.training.sources import oom_splitter
 from miniverl.utils.io import write_json
+from miniverl.utils.lazy import import_torch
+from miniverl.utils.logging import EventLog, make_console
 from miniverl.utils.runlock import run_lock
 from miniverl.utils.runs import RunPaths
 from miniverl.utils.safe_load import load_yaml_file
+from miniverl.utils.seeding import derive_seed, seed_everything
 
 EVAL_SPLITS = ("eval", "test")
+
+
+def evaluate_policy(
+    runner: RolloutRunner,
+    tasks: Sequence[Task],
+    *,
+    tag: str,
+    split: str,
+    seed: int,
+    temperature: float,
+    batch_size: int,
+    parameter_version: int,
+    global_step: int,
+    progress: ProgressReporter,
+    on_oom: Callable[..., Any] | None = None,
+) -> tuple[dict[str, Any], list[Trajectory]]:
+    """Roll out ``tasks`` with ``runner``'s policy; ``(summary, trajectories)``.
+
+    Episode ``i`` uses seed ``derive_seed(seed, "eval", i)`` whatever the batch size, so a
+    re-evaluation reproduces the run's own. ``on_oom`` splits a decode round that does not
+    fit (see :func:`~miniverl.training.sources.oom_splitter`).
+    """
+    runner.backend.set_train(False)
+    trajectories: list[Trajectory] = []
+    with progress.task(f"eval {tag}", len(tasks)) as advance:
+        for start in range(0, len(tasks), batch_size):
+            requests = [
+                EpisodeRequest(
+                    task,
+                    derive_seed(seed, "eval", i),
+                    trajectory_id=f"{task.task_id}:eval-{tag}:v{parameter_version}",
+                    extra_metadata={"eval_tag": tag},
+                )
+                for i, task in enumerate(tasks[start : start + batch_size], start=start)
+            ]
+            batch = runner.rollout_batch(
+                requests,
+                batch_size=batch_size,
+                policy_version=parameter_version,
+                temperature=temperature,
+                split=on_oom,
+            )
+            trajectories.extend(batch)
+            for _ in batch:
+                advance()
+    result = summarize_rollouts(trajectories)
+    result.update(
+        tag=tag,
+        split=split,
+        temperature=temperature,
+        parameter_version=parameter_version,
+        global_optimizer_step=global_step,
+    )
+    return result, trajectories
+
+
+def eval_summary(
+    config: RunConfig,
+    *,
+    run_id: str,
+    global_step: int,
+    parameter_version: int,
+    evaluations: Mapping[str, dict[str, Any]],
+    toy_teacher: dict[str, Any] | None,
+    teacher_adapter: dict[str, Any] | None,
+    seconds: float | None = None,
+) -> dict[str, Any]:
+    """The ``eval.json`` of a run: every evaluation by tag, with the headline ones named."""
+    summary: dict[str, Any] = {
+        "run_id": run_id,
+        "mode": config.run.mode,
+        "objective": config.objective_label(),
+        "config_digest": config.digest(),
+        "global_optimizer_step": global_step,
+        "parameter_version": parameter_version,
+        "evaluations": dict(evaluations),
+        "baseline": evaluations.get("baseline"),
+        "after_warmup": evaluations.get("after_warmup"),
+        "final": evaluations.get("final", {}),
+        "toy_teacher": toy_teacher,
+        "teacher_adapter": teacher_adapter,
+    }
+    if seconds is not None:
+        summary["seconds"] = round(seconds, 2)
+    return summary
 
 
 def evaluate_run(
@@ -29,6 +134,7 @@ def evaluate_run(
     split: str | None = None,
     quiet: bool = True,
 ) -> dict[str, Any]:
+    """Re-evaluate ``checkpoints/<checkpoint>`` of a run into ``eval.<tag>.json``."""
     paths = RunPaths(run_dir)
     paths.eval_tag_json(tag)  # refuses an unsafe tag before anything is read
     checkpoint_dir = paths.checkpoint(checkpoint)
@@ -63,29 +169,57 @@ def evaluate_run(
             hint="the run directory was edited; re-run training",
         )
     with run_lock(paths.root):
-        return _evaluate_checkpoint(paths, config, loaded, tag, checkpoint, split, quiet)
+        return _evaluate_checkpoint(paths, config, loaded, tag, checkpoint, chosen, quiet)
 
 
 def _evaluate_checkpoint(
     paths: RunPaths,
     config: RunConfig,
-    loaded: Any,
+    loaded: LoadedCheckpoint,
     tag: str,
     checkpoint: str,
-    split: str | None,
+    split: str,
     quiet: bool,
 ) -> dict[str, Any]:
+    """Student, runner and held-out tasks only: no teacher, scorer, cache or optimizer."""
+    torch = import_torch("miniverl eval")
     target = paths.eval_tag_json(tag)
-    trainer = OPDTrainer(config, output_dir=paths.root, quiet=quiet, progress=False, resolved=True)
-    trainer.setup(write_artifacts=False, with_teacher=False)
-    trainer.student.load_trainable_state_dict(
-        {k: v.to(trainer.student.device) for k, v in loaded.trainable.items()}
+    seed_everything(config.run.seed, deterministic=config.run.deterministic)
+    device = resolve_device(config, cuda_available=bool(torch.cuda.is_available()))
+    tokenizer = build_tokenizer(config)
+    environment = make_environment(config.environment.name, **config.environment.params)
+    splits = build_splits(environment, config.environment)
+    student = build_runtime(config, tokenizer, device, with_teacher=False).student
+    resolved = resolve_run(
+        config,
+        device=device,
+        host=HostCapabilities.probe(device),
+        student=student.capabilities,
+        teacher=None,
     )
-    trainer.parameter_version = int(loaded.state["parameter_version"])
-    trainer.global_step = int(loaded.state["global_step"])
-    trainer.events.path = None
-    trainer.metrics.path = None
-    result = trainer.evaluate(tag, temperature=config.eval.temperature, split=split, write=False)
+    torch.set_num_threads(resolved.cpu_threads)
+    student.load_trainable_state_dict(
+        {k: v.to(student.device) for k, v in loaded.trainable.items()}
+    )
+    console = make_console(quiet)
+    events = EventLog(None, console)
+    result, _ = evaluate_policy(
+        RolloutRunner(student, environment, config.rollout),
+        splits[split][: config.eval.max_tasks],
+        tag=tag,
+        split=split,
+        seed=config.run.seed,
+        temperature=config.eval.temperature,
+        batch_size=config.eval.batch_size,
+        parameter_version=int(loaded.state["parameter_version"]),
+        global_step=int(loaded.state["global_step"]),
+        progress=ProgressReporter(console, False),
+        on_oom=oom_splitter(events, "eval rollout"),
+    )
+    events.emit("eval", echo=f"{tag}: {result['solved']}/{result['tasks']} solved", **result)
     payload = {**result, "checkpoint": checkpoint, "config_resolved": paths.config_resolved.name}
     write_json(target, payload)
     return {**payload, "path": str(target)}
+
+
+__all__ = ["EVAL_SPLITS", "eval_summary", "evaluate_policy", "evaluate_run"]

@@ -34,12 +34,12 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from miniverl import __version__
+from miniverl.config.loading import load_resolved_config
 from miniverl.config.models import RunConfig
 from miniverl.errors import CheckpointError, ConfigError, RunDirectoryError
 from miniverl.models.factory import build_tokenizer
 from miniverl.models.runtime import build_runtime
 from miniverl.training.checkpoint import load_checkpoint
-from miniverl.training.trainer import load_resolved_config
 from miniverl.utils.io import read_json, sha256_file, write_json
 from miniverl.utils.logging import utc_now
 from miniverl.utils.runs import RunPaths

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import random
-import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -32,11 +31,12 @@ from safetensors.torch import load_file
 from miniverl import __version__
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.cache.store import TeacherCache
+from miniverl.config.loading import load_resolved_config
 from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task, sample_extra_tasks
 from miniverl.environments.registry import make_environment
-from miniverl.environments.tasks_file import build_splits, task_file_digest
-from miniverl.errors import CheckpointError, ConfigError, GpuMemoryError, RunDirectoryError
+from miniverl.environments.tasks_file import build_splits
+from miniverl.errors import CheckpointError, GpuMemoryError, RunDirectoryError
 from miniverl.losses import (
     DivergenceSpec,
     chunked_selected_position_loss,
@@ -45,11 +45,10 @@ from miniverl.losses import (
 )
 from miniverl.models.base import CausalLMBackend
 from miniverl.models.batching import build_padded_trajectory_batch, length_buckets
-from miniverl.models.factory import build_tokenizer, resolve_device
+from miniverl.models.factory import build_tokenizer
 from miniverl.models.fingerprint import backend_fingerprint
-from miniverl.models.runtime import LocalRoleGraph, build_runtime
+from miniverl.models.runtime import build_runtime
 from miniverl.schemas.records import CycleRecord, EvalRecord, StepRecord
-from miniverl.schemas.trajectory import Trajectory
 from miniverl.selection.selectors import aggregate_selection_stats
 from miniverl.teachers.local import LocalTeacherScorer
 from miniverl.training.checkpoint import (
@@ -59,14 +58,10 @@ from miniverl.training.checkpoint import (
 )
 from miniverl.training.checkpoint_retention import prune_cycle_checkpoints
 from miniverl.training.checkpoint_select import select_resume_checkpoint, supersede_newer
+from miniverl.training.evaluate import eval_summary, evaluate_policy
 from miniverl.training.live import LiveSinks, cycle_summary, format_live_line, step_scalars
-from miniverl.training.memory import (
-    MemoryPlan,
-    resolve_chunk_size,
-    resolve_strategy,
-    resolve_trajectory_batch_size,
-    run_with_oom_retry,
-)
+from miniverl.training.manifest import LocalRoleGraph, ManifestInputs, build_manifest
+from miniverl.training.memory import run_with_oom_retry
 from miniverl.training.noisy_traces import toy_fit_traces
 from miniverl.training.onpolicy import check_on_policy
 from miniverl.training.optim import (
@@ -82,6 +77,14 @@ from miniverl.training.recovery import (
     has_run_traces,
     prepare_clean_restart,
     remove_stale_temporaries,
+)
+from miniverl.training.resolve import (
+    HostCapabilities,
+    MemoryPlan,
+    ResolvedRun,
+    place_teacher,
+    resolve_device,
+    resolve_run,
 )
 from miniverl.training.sources import (
     OFFLINE_POOL_CYCLE,
@@ -110,10 +113,9 @@ from miniverl.utils.io import (
     sha256_file,
     write_json,
 )
-from miniverl.utils.logging import EventLog, MetricsLog, make_console, utc_now
+from miniverl.utils.logging import EventLog, MetricsLog, make_console
 from miniverl.utils.runlock import run_lock
 from miniverl.utils.runs import RunPaths
-from miniverl.utils.safe_load import load_yaml_file
 from miniverl.utils.seeding import (
     capture_rng_state,
     derive_seed,
@@ -124,7 +126,6 @@ from miniverl.utils.seeding import (
 TOY_TEACHER_FILE = "toy-teacher.safetensors"
 COLD_START_STUDENT = "student.safetensors"
 COLD_START_MARKER = "cold_start.json"
-DEFAULT_TOP_K = 64
 __all__ = [
     "OFFLINE_POOL_CYCLE",
     "GroupResult",
@@ -194,7 +195,7 @@ class OPDTrainer:
     # ================================================================== setup
 
     def setup(self, *, write_artifacts: bool = True, with_teacher: bool = True) -> None:
-        """Build everything a run needs and resolve every ``auto`` value."""
+        """Build everything a run needs; every ``auto`` is decided once, by ``resolve_run``."""
         if self._is_setup:
             return
         cfg = self.config
@@ -204,8 +205,7 @@ class OPDTrainer:
                 hint="pass --resume to continue it, or choose another --output directory",
             )
         seed_everything(cfg.run.seed, deterministic=cfg.run.deterministic)
-        self.device = resolve_device(cfg)
-        self.cpu_threads = self._resolve_cpu_threads()
+        device = resolve_device(cfg, cuda_available=torch.cuda.is_available())
         self.tokenizer = build_tokenizer(cfg)
         self.environment = make_environment(cfg.environment.name, **cfg.environment.params)
         self.splits = build_splits(self.environment, cfg.environment)
@@ -213,34 +213,25 @@ class OPDTrainer:
         self.task_order = self._build_task_order()
 
         needs_teacher = cfg.run.mode != "sft" and with_teacher
-        self.runtime = build_runtime(cfg, self.tokenizer, self.device, with_teacher=needs_teacher)
+        self.runtime = build_runtime(cfg, self.tokenizer, device, with_teacher=needs_teacher)
         self.student: CausalLMBackend = self.runtime.student
         self.teacher: CausalLMBackend | None = self.runtime.teacher
+        planned = resolve_run(
+            cfg,
+            device=device,
+            host=HostCapabilities.probe(device),
+            student=self.student.capabilities,
+            teacher=None if self.teacher is None else self.teacher.capabilities,
+        )
+        torch.set_num_threads(planned.cpu_threads)
+        self.resolved: ResolvedRun = planned.with_memory_plan(
+            place_teacher(self.teacher, planned.memory_plan, device)
+        )
+        self.resolved_config = self.resolved.to_config(cfg)
+        # The live values an OOM retry may shrink; the resolved plan keeps the planned ones.
+        self.chunk_size = self.resolved.chunk_size
+        self.trajectory_batch_size = self.resolved.trajectory_batch_size
         self.runner = RolloutRunner(self.student, self.environment, cfg.rollout)
-        vocab = self.student.capabilities.vocab_size
-        self.vocab_size = vocab
-        self.chunk_size = resolve_chunk_size(cfg.loss.chunk_size, vocab, cfg.memory.min_chunk_size)
-        self.top_k = self._resolve_top_k(vocab)
-        self.memory_plan: MemoryPlan = resolve_strategy(
-            cfg, device=self.device, model_bytes=self._model_bytes()
-        )
-        self._place_teacher()
-        caps = self.student.capabilities
-        self.trajectory_batch_size, self.trajectory_batch_reason = resolve_trajectory_batch_size(
-            cfg.train.trajectory_batch_size,
-            group_size=cfg.train.group_size(),
-            device=self.device,
-            max_total_tokens=cfg.rollout.max_total_tokens,
-            hidden_size=caps.hidden_size,
-            num_layers=caps.num_layers,
-        )
-        self.spec = DivergenceSpec(
-            name=cfg.loss.divergence,
-            temperature=cfg.loss.temperature,
-            jsd_beta=cfg.loss.jsd_beta if cfg.loss.divergence == "jsd" else 0.5,
-            entropy_threshold=cfg.loss.entropy_threshold,
-            entropy_forward_weight=cfg.loss.entropy_forward_weight,
-        )
         self.scorer: LocalTeacherScorer | None = None
         self.cache: TeacherCache | None = None
         if needs_teacher and self.teacher is not None:
@@ -250,12 +241,18 @@ class OPDTrainer:
             peak_lr=cfg.train.lr,
             kind=cfg.train.schedule,
             warmup_steps=cfg.train.warmup_steps,
-            total_steps=max(1, self._planned_steps()),
+            total_steps=max(1, self.resolved.planned_steps),
             min_lr_ratio=cfg.train.min_lr_ratio,
         )
         self.source = self._build_source()
-        self.resolved_config = self._resolved_config()
-        self.role_graph = LocalRoleGraph.for_trainer(self)
+        self.role_graph = LocalRoleGraph.local(
+            runtime=self.runtime,
+            runner=self.runner,
+            environment=self.environment,
+            scorer=self.scorer,
+            cache_directory=None if self.cache is None else self.cache.directory,
+            recipe=type(self).__name__,
+        )
         self._refresh_fingerprint()
         self._is_setup = True
         if write_artifacts and not self.resume:
@@ -263,65 +260,31 @@ class OPDTrainer:
             write_json(self.paths.environment, collect_environment())
             write_json(self.paths.manifest, self.build_manifest())
 
-    def _resolve_cpu_threads(self) -> int:
-        threads = self.config.run.cpu_threads
-        if threads == "auto":
-            threads = (
-                1
-                if self.config.models.backend == "toy" and self.device == "cpu"
-                else torch.get_num_threads()
-            )
-        torch.set_num_threads(int(threads))
-        return int(threads)
+    # Read-only views of the resolved run (decided once in training/resolve.py).
 
-    def _place_teacher(self) -> None:
-        """Resident plan: move a host-loaded teacher onto the device; fall back to swap on OOM.
+    @property
+    def device(self) -> str:
+        return self.resolved.device
 
-        Only ``auto`` may fall back, and the plan's reason says so; a requested
-        ``resident`` that does not fit is a :class:`GpuMemoryError`.
-        """
-        teacher = self.teacher
-        if (
-            teacher is None
-            or not self.memory_plan.teacher_resident
-            or teacher.device == self.device
-        ):
-            return
-        try:
-            teacher.to_device(self.device)
-        except Exception as exc:
-            if not gpu.is_oom_error(exc):
-                raise
-            teacher.to_device("cpu")
-            if self.memory_plan.requested != "auto":
-                raise GpuMemoryError(
-                    f"the teacher does not fit on {self.device} next to the student (memory.strategy: resident)",
-                    hint="use memory.strategy: swap or auto, or quantize the student",
-                ) from exc
-            self.memory_plan = MemoryPlan(
-                "swap",
-                "auto",
-                f"auto -> swap: loading the teacher onto {self.device} ran out of memory ({self.memory_plan.reason})",
-                False,
-            )
+    @property
+    def cpu_threads(self) -> int:
+        return self.resolved.cpu_threads
 
-    def _resolve_top_k(self, vocab: int) -> int:
-        top_k = self.config.loss.top_k
-        if self.config.loss.mode == "exact_full_vocab":
-            return vocab
-        return min(vocab, DEFAULT_TOP_K) if top_k in ("auto", None) else min(vocab, int(top_k))
+    @property
+    def vocab_size(self) -> int:
+        return self.resolved.vocab_size
 
-    def _model_bytes(self) -> int:
-        total = 0
-        for backend in (self.student, self.teacher):
-            if backend is None:
-                continue
-            caps = backend.capabilities
-            bytes_per = 2 if caps.precision in ("bfloat16", "float16") else 4
-            if caps.quantization == "nf4":
-                bytes_per = 1
-            total += caps.num_parameters * bytes_per
-        return total
+    @property
+    def top_k(self) -> int:
+        return self.resolved.top_k
+
+    @property
+    def memory_plan(self) -> MemoryPlan:
+        return self.resolved.memory_plan
+
+    @property
+    def spec(self) -> DivergenceSpec:
+        return self.resolved.divergence
 
     def _setup_supervision(self) -> None:
         cfg = self.config
@@ -384,27 +347,6 @@ class OPDTrainer:
             vocab_size=self.vocab_size,
         )
 
-    def _planned_steps(self) -> int:
-        tr = self.config.train
-        if self.config.run.mode == "opd":
-            return tr.cycles * tr.steps_per_rollout_batch()
-        return tr.cycles * math.ceil(tr.rollouts_per_cycle / tr.group_size())
-
-    def _resolved_config(self) -> RunConfig:
-        data = self.config.to_dict()
-        data["models"]["device"] = self.device
-        data["run"]["cpu_threads"] = self.cpu_threads
-        data["memory"]["strategy"] = self.memory_plan.strategy
-        data["loss"]["chunk_size"] = self.chunk_size
-        if self.config.environment.tasks is not None:
-            data["environment"]["tasks"] = str(Path(self.config.environment.tasks).resolve())
-        if self.config.loss.mode == "bucketed":
-            data["loss"]["top_k"] = self.top_k
-        tr = data["train"]
-        tr["gradient_accumulation_steps"] = self.config.train.group_size()
-        tr["trajectory_batch_size"] = self.trajectory_batch_size
-        return RunConfig.from_mapping(data, source="<resolved>")
-
     def _write_config_files(self) -> None:
         if self.resume:
             return
@@ -417,119 +359,34 @@ class OPDTrainer:
             "# v0.2 resume-compatibility copy of the runtime input; not the submitted bytes\n"
             + validated,
         )
-        header = (
-            f"# every 'auto' replaced by its decision\n# memory plan: {self.memory_plan.reason}\n"
-            f"# trajectory batch: {self.trajectory_batch_reason}\n"
-        )
-        atomic_write_text(self.paths.config_resolved, header + self.resolved_config.to_yaml())
+        atomic_write_text(self.paths.config_resolved, self.resolved.resolved_yaml(self.config))
 
     # ================================================================== manifest
 
     def build_manifest(self) -> dict[str, Any]:
-        """Identity, hardware, objective and provenance of the run (docs/design.md §5.2)."""
-        cfg = self.config
-        env = collect_environment()
-        models = {}
-        for role, backend in (("student", self.student), ("teacher", self.teacher)):
-            if backend is None:
-                continue
-            spec = getattr(cfg.models, role)
-            models[role] = {
-                "model_id": spec.model_id,
-                "revision": spec.revision,
-                "quantization": spec.quantization,
-                "precision": backend.capabilities.precision,
-                "capabilities": backend.capabilities.to_dict(),
-            }
-        cache_note = None
-        if self.cache is None and cfg.run.mode != "sft":
-            cache_note = "cache disabled" if not cfg.cache.enabled else None
-        return {
-            "miniverl_version": __version__,
-            "run_id": self.paths.root.name,
-            "created_at": utc_now(),
-            "git_commit": _git_commit(),
-            "python": env["python"],
-            "os": env["os"],
-            "packages": env["packages"],
-            "gpu": env["gpu"],
-            "mode": cfg.run.mode,
-            "seed": cfg.run.seed,
-            "deterministic": cfg.run.deterministic,
-            "config_digest": cfg.digest(),
-            "environment": {
-                **self.environment.describe(),
-                "difficulty": cfg.environment.difficulty,
-                "split_sizes": {k: len(v) for k, v in self.splits.items()},
-                "tasks_sha256": task_file_digest(cfg.environment.tasks),
-            },
-            "models": models,
-            "tokenizer": {
-                "fingerprint": self.tokenizer.fingerprint,
-                "vocab_size": self.tokenizer.vocab_size,
-            },
-            "objective": self.objective_block(),
-            "memory_plan": self.memory_plan.to_dict(),
-            "projection_chunk_size": self.chunk_size,
-            "batching": {
-                "rollout_batch_size": cfg.rollout.batch_size or cfg.train.rollouts_per_cycle,
-                "eval_batch_size": cfg.eval.batch_size,
-                "teacher_batch_size": cfg.teacher.batch_size,
-                "trajectory_batch_size": self.trajectory_batch_size,
-                "trajectory_batch_planned": self.resolved_config.train.trajectory_batch_size,
-                "trajectory_batch_reason": self.trajectory_batch_reason,
-                "cpu_threads": self.cpu_threads,
-            },
-            "role_graph": self.role_graph.to_dict(),
-            "global_optimizer_step": self.global_step,
-            "parameter_version": self.parameter_version,
-            "policy_version": self.parameter_version,
-            "rollout_policy_version": self._last_rollout_version(),
-            "policy_fingerprint": self.policy_fingerprint,
-            "measurement_status": {
-                "gpu_memory": "measured" if gpu.cuda_available() else gpu.NOT_RUN_NO_CUDA,
-                "cache": cache_note or ("enabled" if self.cache is not None else "not_used"),
-            },
-            "toy_teacher": self.toy_teacher_report,
-        }
-
-    def objective_block(self) -> dict[str, Any]:
-        cfg = self.config
-        supervision = "oracle_tokens"
-        if cfg.run.mode != "sft":
-            supervision = (
-                "exact_hidden"
-                if self.scorer is not None and self.scorer.shape == "exact_hidden"
-                else "bucketed_topk_plus_tail"
+        """``manifest.json`` as of now (training/manifest.py; docs/design.md §5.2)."""
+        return build_manifest(
+            ManifestInputs(
+                config=self.config,
+                resolved=self.resolved,
+                run_id=self.paths.root.name,
+                environment=self.environment,
+                split_sizes={k: len(v) for k, v in self.splits.items()},
+                tokenizer=self.tokenizer,
+                student=self.student,
+                teacher=self.teacher,
+                role_graph=self.role_graph,
+                scorer_shape=None if self.scorer is None else self.scorer.shape,
+                cache_in_use=self.cache is not None,
+                chunk_size=self.chunk_size,
+                trajectory_batch_size=self.trajectory_batch_size,
+                global_step=self.global_step,
+                parameter_version=self.parameter_version,
+                rollout_policy_version=self._last_rollout_version(),
+                policy_fingerprint=self.policy_fingerprint,
+                toy_teacher=self.toy_teacher_report,
             )
-        return {
-            "label": cfg.objective_label(),
-            "mode": cfg.run.mode,
-            "loss_mode": cfg.loss.mode,
-            "divergence": cfg.loss.divergence if cfg.run.mode != "sft" else "cross_entropy",
-            "jsd_beta": cfg.loss.jsd_beta if cfg.loss.divergence == "jsd" else None,
-            "temperature": cfg.loss.temperature,
-            "loss_temperature": cfg.loss.temperature if cfg.run.mode != "sft" else None,
-            "sampling_temperature": cfg.rollout.temperature,
-            "eval_temperature": cfg.eval.temperature,
-            "top_k": self.top_k if supervision == "bucketed_topk_plus_tail" else None,
-            "supervision_shape": supervision,
-            "sampled_token_nll_weight": cfg.loss.sampled_token_nll_weight,
-            "entropy_threshold": cfg.loss.entropy_threshold
-            if cfg.loss.divergence == "entropy_aware"
-            else None,
-            "entropy_forward_weight": cfg.loss.entropy_forward_weight
-            if cfg.loss.divergence == "entropy_aware"
-            else None,
-            "selector": cfg.selection.selector,
-            "selection_ratio": cfg.selection.ratio,
-            "teacher_mode": cfg.teacher.mode,
-            "opd_freshness": cfg.train.opd_freshness,
-            "replay_passes": cfg.train.replay_passes,
-            "group_size": cfg.train.group_size(),
-            "trajectory_batch_size": self.resolved_config.train.trajectory_batch_size,
-            "sft_warmup_cycles": cfg.train.sft_warmup_cycles if cfg.run.mode != "sft" else 0,
-        }
+        )
 
     def _last_rollout_version(self) -> int | None:
         return getattr(self, "_rollout_version", None)
@@ -902,45 +759,24 @@ class OPDTrainer:
         split: str | None = None,
         write: bool = True,
     ) -> dict[str, Any]:
-        """Roll out the held-out split (greedy by default) and summarize it."""
+        """Roll out the held-out split (greedy by default), summarize and record it."""
         cfg = self.config
         split = split or cfg.eval.split
-        tasks = self.splits[split][: cfg.eval.max_tasks]
-        temp = cfg.eval.temperature if temperature is None else temperature
-        self.student.set_train(False)
-        trajectories: list[Trajectory] = []
-        size = cfg.eval.batch_size
-        with self.progress.task(f"eval {tag}", len(tasks)) as advance:
-            for start in range(0, len(tasks), size):
-                requests = [
-                    EpisodeRequest(
-                        task,
-                        derive_seed(cfg.run.seed, "eval", i),
-                        trajectory_id=f"{task.task_id}:eval-{tag}:v{self.parameter_version}",
-                        extra_metadata={"eval_tag": tag},
-                    )
-                    for i, task in enumerate(tasks[start : start + size], start=start)
-                ]
-                batch = self.runner.rollout_batch(
-                    requests,
-                    batch_size=size,
-                    policy_version=self.parameter_version,
-                    temperature=temp,
-                    split=self._oom_splitter("eval rollout"),
-                )
-                trajectories.extend(batch)
-                for _ in batch:
-                    advance()
-        if write:
-            append_trajectories(self.paths.eval_trajectories, trajectories)
-        result = summarize_rollouts(trajectories)
-        result.update(
+        result, trajectories = evaluate_policy(
+            self.runner,
+            self.splits[split][: cfg.eval.max_tasks],
             tag=tag,
             split=split,
-            temperature=temp,
+            seed=cfg.run.seed,
+            temperature=cfg.eval.temperature if temperature is None else temperature,
+            batch_size=cfg.eval.batch_size,
             parameter_version=self.parameter_version,
-            global_optimizer_step=self.global_step,
+            global_step=self.global_step,
+            progress=self.progress,
+            on_oom=self._oom_splitter("eval rollout"),
         )
+        if write:
+            append_trajectories(self.paths.eval_trajectories, trajectories)
         self.eval_results[tag] = result
         self.events.emit(
             "eval", echo=f"{tag}: {result['solved']}/{result['tasks']} solved", **result
@@ -953,24 +789,17 @@ class OPDTrainer:
         return result
 
     def eval_summary(self, seconds: float | None = None) -> dict[str, Any]:
-        final = self.eval_results.get("final", {})
-        summary: dict[str, Any] = {
-            "run_id": self.paths.root.name,
-            "mode": self.config.run.mode,
-            "objective": self.config.objective_label(),
-            "config_digest": self.config.digest(),
-            "global_optimizer_step": self.global_step,
-            "parameter_version": self.parameter_version,
-            "evaluations": self.eval_results,
-            "baseline": self.eval_results.get("baseline"),
-            "after_warmup": self.eval_results.get("after_warmup"),
-            "final": final,
-            "toy_teacher": self.toy_teacher_report,
-            "teacher_adapter": self.teacher_adapter_report,
-        }
-        if seconds is not None:
-            summary["seconds"] = round(seconds, 2)
-        return summary
+        """The ``eval.json`` payload (training/evaluate.py ``eval_summary``)."""
+        return eval_summary(
+            self.config,
+            run_id=self.paths.root.name,
+            global_step=self.global_step,
+            parameter_version=self.parameter_version,
+            evaluations=self.eval_results,
+            toy_teacher=self.toy_teacher_report,
+            teacher_adapter=self.teacher_adapter_report,
+            seconds=seconds,
+        )
 
     # ---------------------------------------------------------------- SFT warm-up
 
@@ -1451,39 +1280,6 @@ def _truncate(path: Path, size: int) -> None:
     if path.exists() and path.stat().st_size > size:
         with open(path, "r+b") as handle:
             handle.truncate(size)
-
-
-def _git_commit() -> str | None:
-    """The miniverl source commit when running from a git checkout, else None."""
-    here = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-def load_resolved_config(run_dir: str | Path) -> RunConfig:
-    """``config.resolved.yaml`` of a run (what ``miniverl eval --run`` rebuilds from)."""
-    paths = RunPaths(run_dir)
-    if not paths.config_resolved.exists() and not paths.config_resolved.is_symlink():
-        raise RunDirectoryError(
-            f"{paths.config_resolved} not found",
-            hint="point --run at a directory written by 'miniverl train'",
-        )
-    data = load_yaml_file(paths.config_resolved, error=RunDirectoryError)
-    if not isinstance(data, dict):
-        raise RunDirectoryError(f"{paths.config_resolved} is not a mapping of config sections")
-    try:
-        return RunConfig.from_mapping(data, source=str(paths.config_resolved))
-    except ConfigError as exc:
-        raise RunDirectoryError(exc.message, hint="the file was edited; re-run training") from None
 
 
 __all__ = ["OPDTrainer", "TrainingSample", "load_resolved_config", "summarize_rollouts"]
