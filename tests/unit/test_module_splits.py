@@ -27,6 +27,7 @@ MOVED = {
         "miniverl.evaluation.verl_ledger": ["KeyFate", "MAPPED", "DROPPED", "_rules"],
     },
     "miniverl.agent.loop": {"miniverl.agent.episode": ["EpisodeRequest"]},
+    "miniverl.training.trainer": {"miniverl.training.gradients": ["GroupResult"]},
 }
 
 
