@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers import tiny_config
+from miniverl.training.gradients import GroupGradients
 from miniverl.training.trainer import OPDTrainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -27,16 +28,16 @@ def test_an_oom_at_the_smallest_chunk_halves_the_trajectory_batch(
     plain.train()
     assert plain.resolved_config.train.trajectory_batch_size == 4
 
-    original = OPDTrainer._compute_group_gradients
+    original = GroupGradients.compute
     rows_seen: list[int] = []
 
-    def flaky(self: OPDTrainer, group, chunk_size: int, phase: str):
-        rows_seen.append(self.trajectory_batch_size)
-        if self.trajectory_batch_size > 1:
+    def flaky(self: GroupGradients, group, **kwargs):
+        rows_seen.append(kwargs["batch_rows"])
+        if kwargs["batch_rows"] > 1:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
-        return original(self, group, chunk_size, phase)
+        return original(self, group, **kwargs)
 
-    monkeypatch.setattr(OPDTrainer, "_compute_group_gradients", flaky)
+    monkeypatch.setattr(GroupGradients, "compute", flaky)
     split = OPDTrainer(config, output_dir=tmp_path / "split", quiet=True)
     split.train()
     assert rows_seen[:3] == [4, 2, 1] and set(rows_seen[3:]) == {1}

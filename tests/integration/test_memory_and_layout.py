@@ -14,6 +14,7 @@ from helpers import tiny_config
 from miniverl.config.models import RunConfig
 from miniverl.errors import ConfigError, GpuMemoryError
 from miniverl.training import memory, resolve
+from miniverl.training.gradients import GroupGradients
 from miniverl.training.trainer import OPDTrainer
 
 
@@ -24,6 +25,20 @@ def _losses(trainer: OPDTrainer) -> list[float]:
 
 def _weights(trainer: OPDTrainer) -> dict[str, torch.Tensor]:
     return load_file(str(trainer.paths.final_checkpoint / "adapter.safetensors"))
+
+
+def _group_gradients(trainer: OPDTrainer) -> GroupGradients:
+    """The trainer's gradient collaborators, as ``OPDTrainer._optimize`` passes them."""
+    cfg = trainer.config
+    return GroupGradients(
+        student=trainer.student,
+        optimizer=trainer.optimizer,
+        pad_token_id=trainer.tokenizer.pad_token_id,
+        nll_weight=cfg.loss.sampled_token_nll_weight,
+        min_chunk_size=cfg.memory.min_chunk_size,
+        oom_retries=cfg.memory.oom_retries,
+        events=trainer.events,
+    )
 
 
 def test_resident_and_swap_give_the_same_losses(tmp_path: Path) -> None:
@@ -48,16 +63,16 @@ def test_an_injected_oom_halves_the_chunk_and_keeps_the_gradient(
     plain = OPDTrainer(config, output_dir=tmp_path / "plain", quiet=True)
     plain.train()
 
-    original = OPDTrainer._compute_group_gradients
+    original = GroupGradients.compute
     seen: list[int] = []
 
-    def flaky(self: OPDTrainer, group, chunk_size: int, phase: str):
-        seen.append(chunk_size)
-        if chunk_size > 16:
+    def flaky(self: GroupGradients, group, **kwargs):
+        seen.append(kwargs["chunk_size"])
+        if kwargs["chunk_size"] > 16:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
-        return original(self, group, chunk_size, phase)
+        return original(self, group, **kwargs)
 
-    monkeypatch.setattr(OPDTrainer, "_compute_group_gradients", flaky)
+    monkeypatch.setattr(GroupGradients, "compute", flaky)
     retried = OPDTrainer(config, output_dir=tmp_path / "retried", quiet=True)
     retried.train()
     assert seen[:3] == [64, 32, 16]
@@ -160,8 +175,9 @@ def test_the_group_loss_does_not_depend_on_the_micro_batch_layout(
     assert len(samples) >= 3
 
     def group_loss(rows: int) -> tuple[float, list[torch.Tensor]]:
-        trainer.trajectory_batch_size = rows  # the live batch the micro-batches are cut by
-        result = trainer._compute_group_gradients(samples, 7, "opd")
+        result = _group_gradients(trainer).compute(
+            samples, chunk_size=7, batch_rows=rows, teacher_targets=True
+        )
         return result.loss, [p.grad.clone() for p in trainer.student.trainable_parameters()]
 
     reference_loss, reference_grads = group_loss(1)

@@ -3,7 +3,8 @@
 ``config/models.py`` became sections / recipe / loading / limits, ``evaluation/verl_export.py``
 lost its key ledger to ``verl_ledger.py``, ``models/hf.py`` its shared backbone to
 ``hf_shared.py`` and ``agent/loop.py`` its episode state machine to ``episode.py``; each old
-path still hands out the very same objects. ``LossConfig.divergence_kwargs`` is the one
+path still hands out the very same objects, and ``training/trainer.py`` still hands out
+``GroupResult`` (now in ``training/gradients.py``). ``LossConfig.divergence_kwargs`` is the one
 unpacking of the loss section into a ``DivergenceSpec``.
 """
 
@@ -27,6 +28,7 @@ MOVED = {
         "miniverl.evaluation.verl_ledger": ["KeyFate", "MAPPED", "DROPPED", "_rules"],
     },
     "miniverl.agent.loop": {"miniverl.agent.episode": ["EpisodeRequest"]},
+    "miniverl.training.trainer": {"miniverl.training.gradients": ["GroupResult"]},
 }
 
 

@@ -16,19 +16,16 @@ Read :meth:`OPDTrainer.train` top to bottom: it is the cycle of docs/design.md Â
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
-from miniverl import __version__
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.cache.store import TeacherCache
 from miniverl.config.loading import load_resolved_config
@@ -36,41 +33,32 @@ from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task, sample_extra_tasks
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
-from miniverl.errors import CheckpointError, GpuMemoryError, RunDirectoryError
-from miniverl.losses import (
-    DivergenceSpec,
-    chunked_selected_position_loss,
-    concat_providers,
-    normalize_trajectory_weights,
-)
+from miniverl.errors import CheckpointError, RunDirectoryError
+from miniverl.losses import DivergenceSpec
 from miniverl.models.base import CausalLMBackend
-from miniverl.models.batching import build_padded_trajectory_batch, length_buckets
 from miniverl.models.factory import build_tokenizer
 from miniverl.models.fingerprint import backend_fingerprint
 from miniverl.models.runtime import build_runtime
 from miniverl.schemas.records import CycleRecord, EvalRecord, StepRecord
 from miniverl.selection.selectors import aggregate_selection_stats
 from miniverl.teachers.local import LocalTeacherScorer
-from miniverl.training.checkpoint import (
-    load_checkpoint,
-    save_checkpoint,
-    save_tensors,
-)
+from miniverl.training.checkpoint import save_tensors
 from miniverl.training.checkpoint_retention import prune_cycle_checkpoints
-from miniverl.training.checkpoint_select import select_resume_checkpoint, supersede_newer
+from miniverl.training.checkpoint_select import select_resume_checkpoint
 from miniverl.training.evaluate import eval_summary, evaluate_policy
+from miniverl.training.gradients import GroupGradients, GroupResult
 from miniverl.training.live import LiveSinks, cycle_summary, format_live_line, step_scalars
 from miniverl.training.manifest import LocalRoleGraph, ManifestInputs, build_manifest
-from miniverl.training.memory import run_with_oom_retry
 from miniverl.training.noisy_traces import toy_fit_traces
 from miniverl.training.onpolicy import check_on_policy
 from miniverl.training.optim import (
     Schedule,
+    UpdateOutcome,
+    apply_update,
     build_optimizer,
     load_optimizer_state,
     move_optimizer_state,
-    optimizer_state_tensors,
-    set_lr,
+    scheduled_lr,
 )
 from miniverl.training.progress import ProgressReporter
 from miniverl.training.recovery import (
@@ -85,6 +73,14 @@ from miniverl.training.resolve import (
     place_teacher,
     resolve_device,
     resolve_run,
+)
+from miniverl.training.resume import (
+    ResumeCounters,
+    choose_resume_checkpoint,
+    load_training_checkpoint,
+    restore_logs,
+    source_state,
+    write_training_checkpoint,
 )
 from miniverl.training.sources import (
     OFFLINE_POOL_CYCLE,
@@ -101,11 +97,11 @@ from miniverl.training.sources import (
 )
 from miniverl.training.teacher_adapter import prepare_teacher_adapter
 from miniverl.training.temperatures import temperature_fields, temperature_mismatch
+from miniverl.training.token_analysis import write_token_analysis
 from miniverl.trajectory.io import append_trajectories
 from miniverl.utils import gpu
 from miniverl.utils.env import collect_environment
 from miniverl.utils.io import (
-    append_jsonl,
     atomic_write_bytes,
     atomic_write_text,
     read_json,
@@ -134,19 +130,6 @@ __all__ = [
     "load_resolved_config",
     "summarize_rollouts",
 ]
-
-
-@dataclass
-class GroupResult:
-    loss: float = 0.0
-    divergence_loss: float = 0.0
-    sampled_token_nll: float = 0.0
-    positions: int = 0
-    entropy_sum: float = 0.0
-    entropy_positions: int = 0
-    entropy_lower_bound: bool = False
-    high_entropy_sum: float = 0.0
-    loss_by_span_type: dict[str, float] = field(default_factory=dict)
 
 
 class OPDTrainer:
@@ -871,7 +854,14 @@ class OPDTrainer:
             return
         steps = self._optimize(samples, source.supervision, cycle=cycle)
         if cycle == cfg.train.cycles - 1:
-            self._write_token_analysis(samples, cycle)
+            write_token_analysis(
+                self.paths.token_analysis,
+                self.student,
+                self.tokenizer,
+                samples,
+                cycle=cycle,
+                events=self.events,
+            )
         source.finish_cycle(cycle)
         live = cycle_summary(steps, rollout_stats)
         record.update(
@@ -921,7 +911,15 @@ class OPDTrainer:
         cfg = self.config
         rows = [s for s in samples if s.trainable]
         group = cfg.train.group_size()
-        phase = supervision.phase
+        gradients = GroupGradients(
+            student=self.student,
+            optimizer=self.optimizer,
+            pad_token_id=self.tokenizer.pad_token_id,
+            nll_weight=cfg.loss.sampled_token_nll_weight,
+            min_chunk_size=cfg.memory.min_chunk_size,
+            oom_retries=cfg.memory.oom_retries,
+            events=self.events,
+        )
         records = []
         self.student.set_train(True)
         step_in_cycle = 0
@@ -933,15 +931,16 @@ class OPDTrainer:
                     check_on_policy(members, self.policy_fingerprint)
                 t0 = time.perf_counter()
                 gpu.reset_peak(self.device if self.device.startswith("cuda") else None)
-                result, used_chunk = self._group_gradients_fitting_memory(
-                    members, supervision.teacher_targets
+                result, self.chunk_size, self.trajectory_batch_size = gradients.fitting_memory(
+                    members,
+                    chunk_size=self.chunk_size,
+                    batch_rows=self.trajectory_batch_size,
+                    teacher_targets=supervision.teacher_targets,
                 )
-                self.chunk_size = used_chunk
-                committed, grad_norm, lr = self._commit_update()
+                update = self._commit_update()
                 seconds = time.perf_counter() - t0
-                positions = result.positions
                 record = StepRecord.build(
-                    phase=phase,
+                    phase=supervision.phase,
                     cycle=cycle,
                     step=step_in_cycle,
                     global_optimizer_step=self.global_step,
@@ -950,30 +949,17 @@ class OPDTrainer:
                     rollout_policy_version=members[0].rollout_policy_version,
                     policy_fingerprint=self.policy_fingerprint,
                     rollout_policy_fingerprint=members[0].rollout_fingerprint,
-                    committed=committed,
-                    loss=result.loss,
-                    divergence_loss=result.divergence_loss,
-                    sampled_token_nll=result.sampled_token_nll,
-                    grad_norm=grad_norm,
-                    lr=lr,
-                    selected_positions=positions,
+                    committed=update.committed,
+                    grad_norm=update.grad_norm,
+                    lr=update.lr,
                     trajectories_in_step=len(members),
-                    teacher_entropy_mean=(result.entropy_sum / result.entropy_positions)
-                    if result.entropy_positions
-                    else None,
-                    teacher_entropy_is_lower_bound=result.entropy_lower_bound
-                    if result.entropy_positions
-                    else None,
-                    **temperature_fields(cfg, phase),
-                    high_entropy_fraction=(result.high_entropy_sum / result.entropy_positions)
-                    if result.entropy_positions
-                    else None,
-                    loss_by_span_type=result.loss_by_span_type,
+                    **result.step_fields(),
+                    **temperature_fields(cfg, supervision.phase),
                     seconds=round(seconds, 4),
-                    train_selected_tokens_per_second=round(positions / seconds, 2)
+                    train_selected_tokens_per_second=round(result.positions / seconds, 2)
                     if seconds > 0
                     else None,
-                    projection_chunk_size=used_chunk,
+                    projection_chunk_size=self.chunk_size,
                     gpu=gpu.snapshot(self.device),
                 ).to_json()
                 self.metrics.write(record)
@@ -984,217 +970,55 @@ class OPDTrainer:
         self.student.set_train(False)
         return records
 
-    def _group_gradients_fitting_memory(
-        self, members: Sequence[TrainingSample], teacher_targets: bool
-    ) -> tuple[GroupResult, int]:
-        """The OOM retry halves the loss chunk; once it cannot, halve the trajectory batch.
-
-        Both are exactly neutral for the loss and gradients; every change is recorded as an
-        event and the smaller trajectory batch is kept for the rest of the run.
-        """
-        cfg = self.config
-        while True:
-            try:
-                return run_with_oom_retry(
-                    lambda chunk: self._compute_group_gradients(members, chunk, teacher_targets),
-                    chunk_size=self.chunk_size,
-                    min_chunk_size=cfg.memory.min_chunk_size,
-                    retries=cfg.memory.oom_retries,
-                    events=self.events,
-                    on_retry=lambda: self.optimizer.zero_grad(set_to_none=True),
-                )
-            except GpuMemoryError:
-                if self.trajectory_batch_size <= 1:
-                    raise
-                self.optimizer.zero_grad(set_to_none=True)
-                smaller = self.trajectory_batch_size // 2
-                self.events.emit(
-                    "oom_batch_split",
-                    echo=f"trajectory batch {self.trajectory_batch_size} -> {smaller}",
-                    what="trajectory batch",
-                    batch_size=self.trajectory_batch_size,
-                    split_into=[smaller, self.trajectory_batch_size - smaller],
-                )
-                self.trajectory_batch_size = smaller
-
-    def _compute_group_gradients(
-        self, group: Sequence[TrainingSample], chunk_size: int, teacher_targets: bool
-    ) -> GroupResult:
-        """Accumulate the gradient of L = (1/G) sum_r L_r over length-bucketed micro-batches.
-
-        Without teacher targets the loss is cross-entropy on the trajectory's tokens (weight 1).
-        """
-        cfg = self.config
-        self.optimizer.zero_grad(set_to_none=True)
-        batch_rows = self.trajectory_batch_size
-        ce_weight = cfg.loss.sampled_token_nll_weight if teacher_targets else 1.0
-        out = GroupResult()
-        for bucket in length_buckets([s.trajectory.length for s in group], int(batch_rows)):
-            rows = [group[i] for i in bucket]
-            batch = build_padded_trajectory_batch(
-                token_ids=[r.trajectory.token_ids for r in rows],
-                selected_positions=[r.alignment.student_prediction_positions for r in rows],
-                pad_token_id=self.tokenizer.pad_token_id,
-                device=self.student.device,
-            )
-            hidden = self.student.hidden_states_at_batch(batch, with_grad=True)
-            weights = torch.cat(
-                normalize_trajectory_weights([r.alignment.token_weights for r in rows])
-            ).to(hidden.device)
-            provider = concat_providers([r.provider for r in rows]) if teacher_targets else None
-            targets = torch.tensor(
-                [t for r in rows for t in r.alignment.target_token_ids],
-                dtype=torch.long,
-                device=hidden.device,
-            )
-            res = chunked_selected_position_loss(
-                hidden_states=hidden,
-                lm_head=self.student.project,
-                weights=weights,
-                weight_normalizer=float(len(rows)),
-                provider=provider,
-                target_token_ids=targets,
-                ce_weight=ce_weight,
-                chunk_size=chunk_size,
-                backward=True,
-                loss_scale=len(rows) / len(group),
-                span_types=[t for r in rows for t in r.alignment.span_types],
-            )
-            out.loss += res.loss
-            out.divergence_loss += res.divergence_loss
-            out.sampled_token_nll += res.sampled_token_nll
-            out.positions += res.num_positions
-            if res.teacher_entropy_mean is not None:
-                out.entropy_sum += res.teacher_entropy_mean * res.num_positions
-                out.high_entropy_sum += (res.high_entropy_fraction or 0.0) * res.num_positions
-                out.entropy_positions += res.num_positions
-                out.entropy_lower_bound |= res.teacher_entropy_is_lower_bound
-            for key, value in res.loss_by_span_type.items():
-                out.loss_by_span_type[key] = out.loss_by_span_type.get(key, 0.0) + value
-        return out
-
-    def _current_lr(self) -> float:
-        """Warm-up: constant ``train.sft_lr`` (default ``train.lr``); then the schedule.
-
-        The schedule counts optimizer steps since the main phase began, so a longer or
-        shorter warm-up does not shift the KD/OPD learning-rate curve.
-        """
-        if self._in_warmup:
-            return self.config.train.sft_lr or self.config.train.lr
-        return self.schedule.lr_at(self.global_step - self.main_start_step)
-
-    def _commit_update(self) -> tuple[bool, float, float]:
-        """Clip, set the scheduled lr, step. A non-finite gradient skips the step."""
-        params = self.student.trainable_parameters()
-        max_norm = self.config.train.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(
-            params, max_norm if max_norm is not None else float("inf")
+    def _commit_update(self) -> UpdateOutcome:
+        """Clip, set the scheduled lr, step; a committed update is a new policy version."""
+        lr = scheduled_lr(
+            self.schedule,
+            self.config.train,
+            global_step=self.global_step,
+            main_start_step=self.main_start_step,
+            in_warmup=self._in_warmup,
         )
-        grad_norm = float(norm)
-        lr = self._current_lr()
-        if not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            self.events.emit(
-                "update_skipped_nonfinite",
-                echo="non-finite gradient: update skipped",
-                global_optimizer_step=self.global_step,
-            )
-            return False, grad_norm, lr
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.global_step += 1
-        self.parameter_version += 1
-        self._refresh_fingerprint()
-        return True, grad_norm, lr
+        update = apply_update(
+            self.optimizer,
+            self.student.trainable_parameters(),
+            lr=lr,
+            max_grad_norm=self.config.train.max_grad_norm,
+            events=self.events,
+            global_step=self.global_step,
+        )
+        if update.committed:
+            self.global_step += 1
+            self.parameter_version += 1
+            self._refresh_fingerprint()
+        return update
 
     def _refresh_fingerprint(self) -> None:
         """After every commit or weight load: the fingerprint strict OPD checks rollouts against."""
         self.policy_fingerprint = backend_fingerprint(self.student)
 
-    # ---------------------------------------------------------------- analysis
-
-    @torch.no_grad()
-    def _write_token_analysis(self, samples: Sequence[TrainingSample], cycle: int) -> None:
-        """Per-token divergence at the positions the policy emitted (after the update)."""
-        records = []
-        self.student.set_train(False)
-        for sample in samples:
-            al = sample.alignment
-            if not al.num_positions:
-                continue
-            hidden = self.student.hidden_states_at(
-                sample.trajectory.token_ids, al.student_prediction_positions
-            )
-            logits = self.student.project(hidden).float()
-            log_probs = torch.log_softmax(logits, dim=-1)
-            targets = torch.tensor(al.target_token_ids, dtype=torch.long, device=logits.device)
-            student_lp = log_probs.gather(1, targets[:, None])[:, 0].tolist()
-            divergence: list[float | None] = [None] * al.num_positions
-            if sample.provider is not None:
-                divergence = sample.provider.divergence(
-                    logits, 0, al.num_positions
-                ).divergence.tolist()
-            for i, pred in enumerate(al.student_prediction_positions):
-                records.append(
-                    {
-                        "trajectory_id": sample.trajectory.trajectory_id,
-                        "cycle": cycle,
-                        "measured": "after_update",
-                        "target_position": pred + 1,
-                        "prediction_position": pred,
-                        "token_id": al.target_token_ids[i],
-                        "token_text": self.tokenizer.decode([al.target_token_ids[i]]),
-                        "span_type": al.span_types[i],
-                        "weight": al.token_weights[i],
-                        "divergence": divergence[i],
-                        "student_log_prob": student_lp[i],
-                        "teacher_entropy": sample.teacher_entropy[i]
-                        if i < len(sample.teacher_entropy)
-                        else None,
-                        "teacher_entropy_is_lower_bound": sample.entropy_is_lower_bound
-                        if i < len(sample.teacher_entropy)
-                        else None,
-                    }
-                )
-        self.paths.token_analysis.unlink(missing_ok=True)
-        append_jsonl(self.paths.token_analysis, records)
-        self.events.emit("token_analysis_written", cycle=cycle, positions=len(records))
-
     # ================================================================== checkpoints
-
-    def _jsonl_sizes(self) -> dict[str, int]:
-        sizes = {}
-        for name in ("metrics", "trajectories", "eval_trajectories", "token_analysis"):
-            path = getattr(self.paths, name)
-            sizes[name] = path.stat().st_size if path.exists() else 0
-        return sizes
 
     def save_checkpoint(self, name: str, *, cycle: int) -> Path:
         """Trainable weights, optimizer moments and every counter needed to resume."""
-        tensors, optimizer_meta = optimizer_state_tensors(self.optimizer)
-        state = {
-            "cycle": cycle,
-            "global_step": self.global_step,
-            "parameter_version": self.parameter_version,
-            "rollout_policy_version": self._last_rollout_version(),
-            "task_cursor": self.task_cursor,
-            "chunk_size": self.chunk_size,
-            "schedule": self.schedule.to_dict(),
-            "main_start_step": self.main_start_step,
-            "rng": capture_rng_state(),
-            "optimizer": optimizer_meta,
-            "eval_results": self.eval_results,
-            "jsonl_sizes": self._jsonl_sizes(),
-            "source": self.source.state_dict(),
-            "toy_teacher": self.toy_teacher_report,
-            "miniverl_version": __version__,
-        }
-        path = save_checkpoint(
+        path = write_training_checkpoint(
             self.paths.checkpoint(name),
-            trainable=self.student.trainable_state_dict(),
-            optimizer_tensors=tensors,
-            state=state,
+            counters=ResumeCounters(
+                cycle=cycle,
+                global_step=self.global_step,
+                parameter_version=self.parameter_version,
+                rollout_policy_version=self._last_rollout_version(),
+                task_cursor=self.task_cursor,
+                chunk_size=self.chunk_size,
+                main_start_step=self.main_start_step,
+                eval_results=self.eval_results,
+            ),
+            student=self.student,
+            optimizer=self.optimizer,
+            schedule=self.schedule,
+            source=self.source,
+            toy_teacher=self.toy_teacher_report,
+            paths=self.paths,
             config_digest=self.config.digest(),
         )
         if name.startswith("cycle-"):
@@ -1208,59 +1032,34 @@ class OPDTrainer:
         """Resume: skip baseline eval and warm-up, continue at ``state.cycle + 1``.
 
         Without ``path``: ``checkpoints/<resume_from>`` when given, else the latest
-        checkpoint, which must verify (:func:`select_resume_checkpoint`).
+        checkpoint, which must verify (:func:`choose_resume_checkpoint`).
         """
-        if path is None:
-            path = select_resume_checkpoint(self.paths.checkpoints, self.resume_from)
-        path = Path(path) if path is not None else None
-        if path is None:
-            raise CheckpointError(
-                f"no complete checkpoint under {self.paths.checkpoints}",
-                hint="the run stopped before its first checkpoint; start it again without --resume",
-            )
-        if path.name == "final" and self.paths.eval_json.exists():
-            raise CheckpointError(
-                f"{self.paths.root} already finished (checkpoints/final and eval.json exist)",
-                hint="nothing to resume; use 'miniverl eval --run' to re-evaluate",
-            )
-        loaded = load_checkpoint(path, device=self.student.device)
-        if loaded.state["config_digest"] != self.config.digest():
-            raise CheckpointError(
-                f"checkpoint {path} was written by a different config (digest {loaded.state['config_digest'][:12]} vs {self.config.digest()[:12]})",
-                hint="resume with exactly the recipe and overrides of the original run (see config.validated.yaml)",
-            )
-        self._load_toy_teacher(loaded.state.get("toy_teacher"))
+        path = choose_resume_checkpoint(self.paths, self.resume_from, path)
+        loaded = load_training_checkpoint(
+            path, device=self.student.device, config_digest=self.config.digest()
+        )
+        state = loaded.state
+        self._load_toy_teacher(state.get("toy_teacher"))
         self.student.load_trainable_state_dict(loaded.trainable)
         self._refresh_fingerprint()
-        load_optimizer_state(self.optimizer, loaded.optimizer, loaded.state["optimizer"])
-        state = loaded.state
-        self.global_step = int(state["global_step"])
-        self.parameter_version = int(state["parameter_version"])
-        self._rollout_version = state.get("rollout_policy_version")
-        self.task_cursor = int(state["task_cursor"])
-        self.chunk_size = int(state["chunk_size"])
-        self.main_start_step = int(state.get("main_start_step", 0))
-        self.eval_results = dict(state.get("eval_results") or {})
-        sizes = {
-            getattr(self.paths, n): int(v) for n, v in (state.get("jsonl_sizes") or {}).items()
-        }
-        if self.resume_from is not None:
-            moved = supersede_newer(self.paths.checkpoints, path, sizes)
-            if moved:
-                self.events.emit(
-                    "checkpoints_superseded",
-                    echo=f"--resume-from {path.name}: newer checkpoints and log tails moved to checkpoints/{moved['folder']}",
-                    **moved,
-                )
-        for log, size in sizes.items():
-            _truncate(log, size)
+        load_optimizer_state(self.optimizer, loaded.optimizer, state["optimizer"])
+        counters = ResumeCounters.from_state(state)
+        self.global_step = counters.global_step
+        self.parameter_version = counters.parameter_version
+        self._rollout_version = counters.rollout_policy_version
+        self.task_cursor = counters.task_cursor
+        self.chunk_size = counters.chunk_size
+        self.main_start_step = counters.main_start_step
+        self.eval_results = counters.eval_results
+        restore_logs(
+            self.paths, state, path, explicit=self.resume_from is not None, events=self.events
+        )
         restore_rng_state(state["rng"])
-        self._start_cycle = int(state["cycle"]) + 1
-        self.cycle = int(state["cycle"])  # eval records after a resume name the right cycle
+        self._start_cycle = counters.cycle + 1
+        self.cycle = counters.cycle  # eval records after a resume name the right cycle
         # Killed after the final checkpoint: only eval.json and the manifest remain to write.
         self._training_finished = path.name == "final"
-        # Checkpoints before sample sources kept the offline pool under "offline_kd".
-        self.source.load_state_dict(state.get("source") or state.get("offline_kd") or {})
+        self.source.load_state_dict(source_state(state))
         self.events.emit(
             "checkpoint_loaded", name=path.name, global_optimizer_step=self.global_step
         )
@@ -1275,11 +1074,6 @@ class OPDTrainer:
 # ====================================================================== helpers
 
 
-def _truncate(path: Path, size: int) -> None:
-    """Cut an append-only log back to the length recorded at the checkpoint."""
-    if path.exists() and path.stat().st_size > size:
-        with open(path, "r+b") as handle:
-            handle.truncate(size)
 
 
 __all__ = ["OPDTrainer", "TrainingSample", "load_resolved_config", "summarize_rollouts"]
