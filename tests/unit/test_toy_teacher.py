@@ -20,8 +20,8 @@ from miniverl.training import teacher_reuse
 from miniverl.training.cold_start import (
     COLD_START_MARKER,
     COLD_START_STUDENT,
-    export_cold_start,
     load_cold_start,
+    save_cold_start,
 )
 from miniverl.training.noisy_traces import toy_fit_traces
 from miniverl.training.toy_teacher import (
@@ -73,7 +73,7 @@ def test_a_saved_teacher_loads_only_against_its_hash(tmp_path: Path) -> None:
 
 
 def _export(directory: Path, student: ToyBackend, teacher: ToyBackend | None) -> Path:
-    return export_cold_start(
+    return save_cold_start(
         directory,
         student=student,
         toy_teacher=teacher,

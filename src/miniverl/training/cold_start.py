@@ -29,7 +29,7 @@ COLD_START_STUDENT = "student.safetensors"
 COLD_START_MARKER = "cold_start.json"
 
 
-def export_cold_start(
+def save_cold_start(
     directory: Path,
     *,
     student: CausalLMBackend,
@@ -108,6 +108,6 @@ __all__ = [
     "COLD_START_MARKER",
     "COLD_START_STUDENT",
     "LoadedColdStart",
-    "export_cold_start",
     "load_cold_start",
+    "save_cold_start",
 ]

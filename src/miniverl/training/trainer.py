@@ -20,7 +20,7 @@ import math
 import random
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +32,7 @@ from miniverl import __version__
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.cache.store import TeacherCache
 from miniverl.config.models import RunConfig
+from miniverl.config.sections import WarmupUntilConfig
 from miniverl.environments.base import Task
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits, task_file_digest
@@ -61,8 +62,8 @@ from miniverl.training.checkpoint_select import select_resume_checkpoint, supers
 from miniverl.training.cold_start import (
     COLD_START_MARKER,
     COLD_START_STUDENT,
-    export_cold_start,
     load_cold_start,
+    save_cold_start,
 )
 from miniverl.training.live import LiveSinks, cycle_summary, format_live_line, step_scalars
 from miniverl.training.memory import (
@@ -712,7 +713,7 @@ class OPDTrainer:
             publish=publish,
         )
 
-    def _toy_teacher(self) -> CausalLMBackend | None:
+    def _fitted_toy_teacher(self) -> CausalLMBackend | None:
         """The teacher when it is the fitted toy teacher (its weights travel with the run)."""
         return self.teacher if self.config.models.backend == "toy" else None
 
@@ -721,10 +722,10 @@ class OPDTrainer:
 
         Weights only (training/cold_start.py): no optimizer state crosses into an arm.
         """
-        return export_cold_start(
+        return save_cold_start(
             Path(directory),
             student=self.student,
-            toy_teacher=self._toy_teacher(),
+            toy_teacher=self._fitted_toy_teacher(),
             parameter_version=self.parameter_version,
             global_step=self.global_step,
             config_digest=self.config.digest(),
@@ -738,7 +739,7 @@ class OPDTrainer:
         loaded = load_cold_start(
             self.cold_start,
             student=self.student,
-            toy_teacher=self._toy_teacher(),
+            toy_teacher=self._fitted_toy_teacher(),
             run_dir=self.paths.root,
         )
         self._refresh_fingerprint()
@@ -851,22 +852,6 @@ class OPDTrainer:
         ``train.sft_warmup_until``'s criterion and cap).
         """
         until = self.config.train.sft_warmup_until if cycles is None else None
-        measure = None
-        if until is not None:
-            tasks = criterion_tasks(self.config, self.splits, until)
-            split = self._oom_splitter("warm-up criterion rollout")
-
-            def measure() -> float:
-                self.student.set_train(False)
-                return greedy_validation_success(
-                    self.runner,
-                    tasks,
-                    seed=self.config.run.seed,
-                    batch_size=self.config.eval.batch_size,
-                    policy_version=self.parameter_version,
-                    split=split,
-                )
-
         source = OracleSource(
             runner=self.runner,
             version=lambda: self.parameter_version,
@@ -885,11 +870,29 @@ class OPDTrainer:
                 events=self.events,
                 progress=self.progress,
                 until=until,
-                measure=measure,
+                measure=self._warmup_criterion(until) if until is not None else None,
             )
         finally:
             self._in_warmup = False
         self.main_start_step = self.global_step
+
+    def _warmup_criterion(self, until: WarmupUntilConfig) -> Callable[[], float]:
+        """``until``'s metric for the current student weights: greedy, nothing written."""
+        tasks = criterion_tasks(self.config, self.splits, until)
+        split = self._oom_splitter("warm-up criterion rollout")
+
+        def measure() -> float:
+            self.student.set_train(False)
+            return greedy_validation_success(
+                self.runner,
+                tasks,
+                seed=self.config.run.seed,
+                batch_size=self.config.eval.batch_size,
+                policy_version=self.parameter_version,
+                split=split,
+            )
+
+        return measure
 
     # ---------------------------------------------------------------- one cycle
 
