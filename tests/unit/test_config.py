@@ -128,6 +128,20 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         {"run": {"mode": "sft"}, "train": {"replay_passes": 2}},
         "train.replay_passes > 1 requires train.opd_freshness: replay",
     ),
+    "warm-up by criterion and by count": (
+        {"train": {"sft_warmup_cycles": 3, "sft_warmup_until": {"threshold": 0.8}}},
+        "train.sft_warmup_until and train.sft_warmup_cycles (3) both set the warm-up length; set "
+        "train.sft_warmup_cycles: 0 to warm up by criterion (the cap is "
+        "train.sft_warmup_until.max_cycles), or drop train.sft_warmup_until",
+    ),
+    "warm-up criterion without validation tasks": (
+        {
+            "environment": {"eval_tasks": 0},
+            "eval": {"baseline": False, "after_warmup": False},
+            "train": {"sft_warmup_cycles": 0, "sft_warmup_until": {"max_cycles": 4}},
+        },
+        "train.sft_warmup_until measures validation success, but environment.eval_tasks is 0",
+    ),
     "batch above group": (
         {"train": {"rollouts_per_cycle": 4, "trajectory_batch_size": 8}},
         "train.trajectory_batch_size (8) cannot exceed the optimizer group size (4)",

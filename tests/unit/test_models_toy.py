@@ -17,9 +17,9 @@ from miniverl.models.toy import (
     TOY_TEACHER,
     ToyBackend,
     ToyModelConfig,
-    fit_toy_model,
     toy_preset,
 )
+from miniverl.training.toy_teacher import fit_toy_model
 
 TOK = ToyTokenizer()
 PROMPT = TOK.encode(

@@ -2,9 +2,11 @@
 
 ``config/models.py`` became sections / recipe / loading / limits, ``evaluation/verl_export.py``
 lost its key ledger to ``verl_ledger.py``, ``models/hf.py`` its shared backbone to
-``hf_shared.py`` and ``agent/loop.py`` its episode state machine to ``episode.py``; each old
-path still hands out the very same objects, and ``training/trainer.py`` still hands out
-``GroupResult`` (now in ``training/gradients.py``). ``LossConfig.divergence_kwargs`` is the one
+``hf_shared.py``, ``agent/loop.py`` its episode state machine to ``episode.py``,
+``models/toy.py`` its shapes to ``toy_config.py`` and the trainer its cold start to
+``training/cold_start.py``; each old path still hands out the very same objects, and
+``training/trainer.py`` still hands out ``GroupResult`` (now in ``training/gradients.py``).
+``LossConfig.divergence_kwargs`` is the one
 unpacking of the loss section into a ``DivergenceSpec``.
 """
 
@@ -28,7 +30,13 @@ MOVED = {
         "miniverl.evaluation.verl_ledger": ["KeyFate", "MAPPED", "DROPPED", "_rules"],
     },
     "miniverl.agent.loop": {"miniverl.agent.episode": ["EpisodeRequest"]},
-    "miniverl.training.trainer": {"miniverl.training.gradients": ["GroupResult"]},
+    "miniverl.models.toy": {
+        "miniverl.models.toy_config": ["TOY_PRESETS", "TOY_STUDENT", "ToyModelConfig", "toy_preset"]
+    },
+    "miniverl.training.trainer": {
+        "miniverl.training.cold_start": ["COLD_START_MARKER", "COLD_START_STUDENT"],
+        "miniverl.training.gradients": ["GroupResult"],
+    },
 }
 
 

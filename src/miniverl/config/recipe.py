@@ -212,6 +212,15 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
         yield "train.opd_freshness: replay only applies to run.mode: opd"
     if tr.replay_passes > 1 and tr.opd_freshness != "replay":
         yield "train.replay_passes > 1 requires train.opd_freshness: replay"
+    if tr.sft_warmup_until is not None:
+        if tr.sft_warmup_cycles > 0:
+            yield (
+                f"train.sft_warmup_until and train.sft_warmup_cycles ({tr.sft_warmup_cycles}) both set "
+                "the warm-up length; set train.sft_warmup_cycles: 0 to warm up by criterion (the cap "
+                "is train.sft_warmup_until.max_cycles), or drop train.sft_warmup_until"
+            )
+        if cfg.environment.eval_tasks == 0:
+            yield "train.sft_warmup_until measures validation success, but environment.eval_tasks is 0"
     gas = tr.group_size()
     if isinstance(tr.trajectory_batch_size, int) and tr.trajectory_batch_size > gas:
         yield f"train.trajectory_batch_size ({tr.trajectory_batch_size}) cannot exceed the optimizer group size ({gas})"

@@ -466,6 +466,41 @@ class MemoryConfig(_Section):
     )
 
 
+class WarmupUntilConfig(_Section):
+    """Cold start by criterion: warm up until the student is good enough, not for a fixed count."""
+
+    metric: Literal["success", "success_at_k"] = Field(
+        "success",
+        description="success: greedy success on the validation (eval) split; success_at_k: the same on its tasks of chain length k only (calc_chain tasks carry k).",
+    )
+    k: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="success_at_k: the chain length whose validation tasks are measured (None for metric: success).",
+    )
+    threshold: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Stop after the first warm-up cycle whose measured success is >= this.",
+    )
+    max_cycles: int = Field(
+        20,
+        ge=1,
+        le=MAX_STEPS,
+        description="Cap: stop after this many warm-up cycles even when the threshold was never reached.",
+    )
+
+    @model_validator(mode="after")
+    def _k_matches_metric(self) -> WarmupUntilConfig:
+        if self.metric == "success_at_k" and self.k is None:
+            raise ValueError("metric: success_at_k needs k (the chain length to measure)")
+        if self.metric == "success" and self.k is not None:
+            raise ValueError("k only applies to metric: success_at_k")
+        return self
+
+
 class TrainConfig(_Section):
     lr: float = Field(2e-3, gt=0, le=MAX_LR, description="Peak AdamW learning rate.")
     schedule: Literal["constant", "linear", "cosine"] = Field(
@@ -494,6 +529,10 @@ class TrainConfig(_Section):
     )
     sft_warmup_cycles: int = Field(
         2, ge=0, le=MAX_STEPS, description="Oracle-trace cross-entropy cycles before KD/OPD."
+    )
+    sft_warmup_until: WarmupUntilConfig | None = Field(
+        None,
+        description="Warm up until greedy validation success reaches a threshold (at most max_cycles cycles) instead of for sft_warmup_cycles; needs sft_warmup_cycles: 0. Measured after every warm-up cycle on eval.max_tasks tasks of the eval split.",
     )
     sft_lr: float | None = Field(
         None, gt=0, le=MAX_LR, description="Warm-up learning rate (None: train.lr)."
@@ -612,4 +651,5 @@ __all__ = [
     "ToyArchConfig",
     "ToyFitConfig",
     "TrainConfig",
+    "WarmupUntilConfig",
 ]

@@ -206,6 +206,10 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         note = "verl's ppo_trainer has no oracle-trace warm-up: warm the student first (miniverl sft, or verl's sft_trainer) and export with models.student.model_id=<that checkpoint>"
         return KeyFate("", v, DROPPED if v else NOT_APPLICABLE, "(none)", note)
 
+    def sft_warmup_until(v: Any, _: RunConfig) -> KeyFate:
+        note = "verl has no oracle-trace warm-up, so none by criterion either (see train.sft_warmup_cycles)"
+        return KeyFate("", v, NOT_APPLICABLE if v is None else DROPPED, "(none)", note)
+
     def only_default(key: str, default: Any, why: str) -> Rule:
         def rule(v: Any, c: RunConfig) -> KeyFate | str:
             if v == default:
@@ -458,6 +462,11 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
             "per GPU in verl",
         )(v, c),
         "train.sft_warmup_cycles": sft_warmup,
+        "train.sft_warmup_until": sft_warmup_until,
+        **{
+            f"train.sft_warmup_until.{key}": sft_warmup_until
+            for key in ("metric", "k", "threshold", "max_cycles")
+        },
         "train.sft_lr": n_a("warm-up only"),
         "train.opd_freshness": freshness,
         "train.replay_passes": lambda v, c: KeyFate(

@@ -1,7 +1,7 @@
 """One cross-entropy fit step on oracle rows, shared by the toy teacher fit and the HF adapter fit.
 
 A row is ``(token_ids, target_positions)``: target ``j`` is the supervised token, predicted from
-position ``j - 1``. Both fits (``models/toy.py`` ``fit_toy_model`` and
+position ``j - 1``. Both fits (``training/toy_teacher.py`` ``fit_toy_model`` and
 ``training/teacher_adapter.py``) walk a seeded shuffle of their rows epoch by epoch and update
 with the project's ``chunked_selected_position_loss`` in pure cross-entropy form, so a teacher is
 fitted by the same code path that later trains the student.

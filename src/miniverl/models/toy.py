@@ -9,8 +9,8 @@ style) so it can be read in one sitting:
 
 with rotary position embeddings, causal multi-head attention over a KV cache, a SwiGLU MLP,
 a tied or untied LM head, and optional LoRA on the seven attention/MLP projections.
-:func:`fit_toy_model` trains it on token sequences with the project's chunked loss, which is
-how the toy teacher becomes competent.
+Shapes and presets are ``models/toy_config.py``; fitting the decoder into a competent toy
+teacher is ``training/toy_teacher.py``.
 """
 
 from __future__ import annotations
@@ -18,17 +18,14 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-import random
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from miniverl.errors import BackendError, ConfigError, TrajectoryError
+from miniverl.errors import BackendError
 from miniverl.models.base import BackendCapabilities, GenerationResult, PaddedTrajectoryBatch
 from miniverl.models.sampling import (
     PrefixCache,
@@ -42,79 +39,19 @@ from miniverl.models.sampling import (
     run_generation,
     trainable_state,
 )
-from miniverl.models.tokenizers import TOY_VOCAB_SIZE
+from miniverl.models.toy_config import (
+    TOY_PRESETS,
+    TOY_STUDENT,
+    TOY_TEACHER,
+    ToyModelConfig,
+    toy_preset,
+)
 
 if TYPE_CHECKING:
     from miniverl.schemas.text import TokenizerLike
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 """Per layer ``(keys, values)``, each ``[B, num_heads, t_past, head_dim]``."""
-
-
-@dataclass(frozen=True)
-class ToyModelConfig:
-    """Shape of a :class:`ToyDecoder`. ``lora_rank == 0`` means no adapters."""
-
-    vocab_size: int = TOY_VOCAB_SIZE
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 128
-    max_seq_len: int = 1024
-    tie_embeddings: bool = True
-    rope_theta: float = 10000.0
-    lora_rank: int = 0
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    norm_eps: float = 1e-5
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.hidden_size % self.num_heads:
-            problems.append(
-                f"num_heads={self.num_heads} must divide hidden_size={self.hidden_size}"
-            )
-        elif (self.hidden_size // self.num_heads) % 2:
-            problems.append("head_dim = hidden_size / num_heads must be even for rotary embeddings")
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "intermediate_size",
-            "max_seq_len",
-        ):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1")
-        if self.lora_rank < 0:
-            problems.append("lora_rank must be >= 0")
-        if not 0 <= self.lora_dropout < 1:
-            problems.append("lora_dropout must be in [0, 1)")
-        if problems:
-            raise ConfigError("invalid toy model config: " + "; ".join(problems))
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def lora_enabled(self) -> bool:
-        return self.lora_rank > 0
-
-    def with_lora(self, rank: int, alpha: float = 16.0, dropout: float = 0.0) -> ToyModelConfig:
-        """This shape with adapters of the given rank (``rank=0`` removes them)."""
-        return dataclasses.replace(self, lora_rank=rank, lora_alpha=alpha, lora_dropout=dropout)
-
-
-TOY_STUDENT = ToyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128)
-"""About 103k parameters, tied head."""
-
-TOY_TEACHER = ToyModelConfig(
-    hidden_size=128, num_layers=3, num_heads=4, intermediate_size=256, tie_embeddings=False
-)
-"""About 0.58M parameters, untied head: clearly larger than the student."""
-
-TOY_PRESETS: dict[str, ToyModelConfig] = {"toy-student": TOY_STUDENT, "toy-teacher": TOY_TEACHER}
 
 
 # ------------------------------------------------------------------------------- the model
@@ -629,122 +566,6 @@ def _resolve_device(device: str) -> str:
     return str(resolved)
 
 
-# ------------------------------------------------------------------------------- fitting
-
-
-@dataclass(frozen=True)
-class ToyFitReport:
-    """What :func:`fit_toy_model` did."""
-
-    steps_run: int
-    loss_history: list[float] = field(repr=False)
-    final_loss: float
-    stopped_early: bool
-    seconds: float
-
-
-def fit_toy_model(
-    backend: ToyBackend,
-    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
-    *,
-    steps: int,
-    lr: float = 3e-3,
-    batch_size: int = 8,
-    seed: int = 0,
-    chunk_size: int = 64,
-    stop_when: Callable[[int], bool] | None = None,
-    check_every: int = 50,
-    on_step: Callable[[int, float], None] | None = None,
-) -> ToyFitReport:
-    """Train every decoder parameter on ``(token_ids, target_positions)`` examples.
-
-    Target ``j`` is the supervised token, predicted from position ``j - 1``; each example
-    weighs the same whatever its length (weights sum to one per row). Batches walk a
-    seeded shuffle of the examples epoch by epoch. The loss is the project's
-    ``chunked_selected_position_loss`` in pure cross-entropy form (``provider=None``), so
-    the teacher is fitted by the same code path that later trains the student.
-    ``stop_when(step)`` is asked every ``check_every`` steps; ``True`` ends the fit early.
-    ``on_step(step, loss)`` is told about every step (a progress bar listens).
-    Parameters frozen for LoRA are unfrozen for the fit and frozen again afterwards.
-    """
-    from miniverl.models.fitting import cross_entropy_fit_step, draw_rows
-
-    if steps < 0 or batch_size < 1 or check_every < 1 or chunk_size < 1:
-        raise ConfigError(
-            "fit_toy_model needs steps >= 0 and batch_size, check_every, chunk_size >= 1"
-        )
-    rows = [_checked_example(ids, targets, k) for k, (ids, targets) in enumerate(examples)]
-    if not rows:
-        raise ConfigError(
-            "fit_toy_model needs at least one example",
-            hint="pass oracle traces of the training tasks",
-        )
-
-    module = backend.module
-    params = list(module.parameters())
-    frozen = [p for p in params if not p.requires_grad]
-    was_training = module.training
-    for p in frozen:
-        p.requires_grad_(True)
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    rng = random.Random(seed)
-    order: list[int] = []
-    history: list[float] = []
-    stopped = False
-    started = time.perf_counter()
-    backend.set_train(True)
-    try:
-        for step in range(1, steps + 1):
-            picked = draw_rows(rows, batch_size, order, rng)
-            history.append(
-                cross_entropy_fit_step(backend, picked, params, optimizer, chunk_size=chunk_size)
-            )
-            if on_step is not None:
-                on_step(step, history[-1])
-            if stop_when is not None and step % check_every == 0 and stop_when(step):
-                stopped = True
-                break
-    finally:
-        for p in frozen:
-            p.requires_grad_(False)
-            p.grad = None
-        backend.set_train(was_training)
-    return ToyFitReport(
-        steps_run=len(history),
-        loss_history=history,
-        final_loss=history[-1] if history else float("nan"),
-        stopped_early=stopped,
-        seconds=time.perf_counter() - started,
-    )
-
-
-def _checked_example(
-    ids: Sequence[int], targets: Sequence[int], k: int
-) -> tuple[list[int], list[int]]:
-    ids, targets = [int(i) for i in ids], [int(j) for j in targets]
-    if not targets:
-        raise TrajectoryError(f"fit example {k} has no target positions")
-    for j in targets:
-        if j == 0:
-            raise TrajectoryError("position 0 can never be a training target")
-        if not 0 < j < len(ids):
-            raise TrajectoryError(
-                f"fit example {k}: target position {j} is outside [0, {len(ids)})"
-            )
-    return ids, targets
-
-
-def toy_preset(model_id: str) -> ToyModelConfig:
-    """The preset named ``toy-student`` or ``toy-teacher``."""
-    try:
-        return TOY_PRESETS[model_id]
-    except KeyError:
-        raise ConfigError(
-            f"{model_id!r} is not a toy preset ({', '.join(TOY_PRESETS)})",
-            hint="use a preset id or give an explicit toy block",
-        ) from None
-
-
 __all__ = [
     "TOY_PRESETS",
     "TOY_STUDENT",
@@ -752,9 +573,7 @@ __all__ = [
     "KVCache",
     "ToyBackend",
     "ToyDecoder",
-    "ToyFitReport",
     "ToyLinear",
     "ToyModelConfig",
-    "fit_toy_model",
     "toy_preset",
 ]

@@ -63,6 +63,7 @@ EVENT_NAMES: frozenset[str] = frozenset(
         "run_end",
         "run_start",
         "sft_warmup_cycle",
+        "sft_warmup_end",
         "sft_warmup_start",
         "teacher_adapter_fitted",
         "teacher_adapter_loaded",

@@ -45,16 +45,23 @@ META_FILE = "teacher.json"
 _PACKAGE = Path(__file__).resolve().parents[1]
 FIT_SOURCES = (
     "models/toy.py",
+    "models/toy_config.py",
     "models/fitting.py",
     "models/sampling.py",
     "losses/chunked.py",
     "agent/loop.py",
-    "training/trainer.py",
+    "agent/episode.py",
+    "training/toy_teacher.py",
     "training/teacher_reuse.py",
     "training/noisy_traces.py",
     "environments/oracle_state.py",
 )
-"""Source files whose text enters the digest: the fit, the probe rollouts, the loss."""
+"""Source files whose text enters the digest: the fit, the probe rollouts, the loss.
+
+The trainer is not among them: every input it hands ``training/toy_teacher.py`` (teacher,
+splits, runner, chunk size, device, config) reaches the digest through its materialised
+values in :func:`toy_teacher_digest_inputs`.
+"""
 
 
 def cache_root() -> Path:

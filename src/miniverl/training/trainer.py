@@ -18,19 +18,19 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
-from miniverl.agent.loop import EpisodeRequest, RolloutRunner
+from miniverl.agent.loop import RolloutRunner
 from miniverl.cache.store import TeacherCache
 from miniverl.config.loading import load_resolved_config
 from miniverl.config.models import RunConfig
-from miniverl.environments.base import Task, sample_extra_tasks
+from miniverl.config.sections import WarmupUntilConfig
+from miniverl.environments.base import Task
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
 from miniverl.errors import CheckpointError, RunDirectoryError
@@ -42,14 +42,19 @@ from miniverl.models.runtime import build_runtime
 from miniverl.schemas.records import CycleRecord, EvalRecord, StepRecord
 from miniverl.selection.selectors import aggregate_selection_stats
 from miniverl.teachers.local import LocalTeacherScorer
-from miniverl.training.checkpoint import save_tensors
+from miniverl.training import toy_teacher
 from miniverl.training.checkpoint_retention import prune_cycle_checkpoints
 from miniverl.training.checkpoint_select import select_resume_checkpoint
+from miniverl.training.cold_start import (
+    COLD_START_MARKER,
+    COLD_START_STUDENT,
+    load_cold_start,
+    save_cold_start,
+)
 from miniverl.training.evaluate import eval_summary, evaluate_policy
 from miniverl.training.gradients import GroupGradients, GroupResult
 from miniverl.training.live import LiveSinks, cycle_summary, format_live_line, step_scalars
 from miniverl.training.manifest import LocalRoleGraph, ManifestInputs, build_manifest
-from miniverl.training.noisy_traces import toy_fit_traces
 from miniverl.training.onpolicy import check_on_policy
 from miniverl.training.optim import (
     Schedule,
@@ -98,31 +103,33 @@ from miniverl.training.sources import (
 from miniverl.training.teacher_adapter import prepare_teacher_adapter
 from miniverl.training.temperatures import temperature_fields, temperature_mismatch
 from miniverl.training.token_analysis import write_token_analysis
+from miniverl.training.toy_teacher import TOY_TEACHER_FILE
+from miniverl.training.warmup import (
+    criterion_tasks,
+    greedy_validation_success,
+    run_sft_warmup,
+    warmup_cycles,
+)
 from miniverl.trajectory.io import append_trajectories
 from miniverl.utils import gpu
 from miniverl.utils.env import collect_environment
 from miniverl.utils.io import (
     atomic_write_bytes,
     atomic_write_text,
-    read_json,
     repair_jsonl_tail,
-    sha256_file,
     write_json,
 )
 from miniverl.utils.logging import EventLog, MetricsLog, make_console
 from miniverl.utils.runlock import run_lock
 from miniverl.utils.runs import RunPaths
 from miniverl.utils.seeding import (
-    capture_rng_state,
-    derive_seed,
     restore_rng_state,
     seed_everything,
 )
 
-TOY_TEACHER_FILE = "toy-teacher.safetensors"
-COLD_START_STUDENT = "student.safetensors"
-COLD_START_MARKER = "cold_start.json"
 __all__ = [
+    "COLD_START_MARKER",
+    "COLD_START_STUDENT",
     "OFFLINE_POOL_CYCLE",
     "GroupResult",
     "OPDTrainer",
@@ -441,8 +448,8 @@ class OPDTrainer:
                 self._prepare_toy_teacher()
                 if cfg.eval.baseline:
                     self.evaluate("baseline")
-                if cfg.run.mode != "sft" and cfg.train.sft_warmup_cycles > 0:
-                    self._run_sft_warmup(cfg.train.sft_warmup_cycles)
+                if cfg.run.mode != "sft" and warmup_cycles(cfg.train) > 0:
+                    self._run_sft_warmup()
                     if cfg.eval.after_warmup:
                         self.evaluate("after_warmup")
                     self.save_checkpoint("warmup", cycle=-1)
@@ -509,227 +516,89 @@ class OPDTrainer:
         return RolloutRunner(self.teacher, self.environment, self.config.rollout)
 
     def _greedy_success(self, runner: RolloutRunner, tasks: Sequence[Task]) -> float:
-        if not tasks:
-            return 0.0
-        requests = [
-            EpisodeRequest(task, derive_seed(self.config.run.seed, "probe", i))
-            for i, task in enumerate(tasks)
-        ]
-        trajectories = runner.rollout_batch(
-            requests,
+        return toy_teacher.greedy_success(
+            runner,
+            tasks,
+            seed=self.config.run.seed,
             batch_size=self.config.eval.batch_size,
-            temperature=0.0,
             split=self._oom_splitter("probe rollout"),
         )
-        return sum(int(t.solved) for t in trajectories) / len(tasks)
 
     def _oom_splitter(self, what: str) -> Any:
         return oom_splitter(self.events, what)
 
     def _prepare_toy_teacher(self) -> None:
-        """Toy backend only: fit the toy teacher on oracle traces until it solves its tasks."""
+        """Toy backend only: fit the toy teacher until it solves its tasks (training/toy_teacher.py)."""
         if self.config.models.backend != "toy" or self.teacher is None:
             return
-        from miniverl.models.toy import fit_toy_model
-        from miniverl.training import teacher_reuse as reuse
-        from miniverl.training.teacher_reuse import toy_teacher_digest_inputs
 
-        fit = self.config.models.toy_fit
-        env_cfg = self.config.environment
-        train = self.splits["train"]
-        extra = sample_extra_tasks(
-            self.environment,
-            fit.extra_tasks,
-            derive_seed(env_cfg.split_seed, "toy-teacher-pool"),
-            env_cfg.difficulty,
-            exclude=[t for split in self.splits.values() for t in split],
-        )
-        pool = train + extra
-        examples = [
-            trace.example
-            for trace in toy_fit_traces(
-                self.runner,
-                pool,
-                noise_fraction=fit.noise_fraction,
-                seed=derive_seed(self.config.run.seed, "toy-teacher-noise"),
-            )
-        ]
-        runner = self._teacher_runner()
-        probe = random.Random(derive_seed(self.config.run.seed, "toy-teacher-probe")).sample(
-            pool, min(len(pool), fit.probe_tasks)
-        )
-        eval_tasks = self.splits[self.config.eval.split][: self.config.eval.max_tasks]
-        inputs = toy_teacher_digest_inputs(
-            self.teacher,
-            examples=examples,
-            probe=probe,
-            train=train,
-            eval_tasks=eval_tasks,
-            fit=fit.model_dump(mode="json", exclude={"reuse"}),
-            rollout=self.config.rollout.model_dump(mode="json"),
-            chunk_size=self.chunk_size,
-            seed=self.config.run.seed,
-            device=self.device,
-        )
-        digest = reuse.teacher_digest(inputs)
-        cached = reuse.load_cached_teacher(digest) if fit.reuse else None
-        if cached is not None:
-            self.teacher.load_full_state_dict(cached[0])
-            self._freeze_toy_teacher()
-            self.toy_teacher_report = {
-                **cached[1],
-                "reused": True,
-                "cache_digest": digest,
-                "weights_sha256": self._save_toy_teacher(self.paths.root / TOY_TEACHER_FILE),
-            }
+        def publish(report: dict[str, Any]) -> None:
+            self.toy_teacher_report = report
             write_json(self.paths.manifest, self.build_manifest())
-            self.events.emit(
-                "toy_teacher_reused",
-                echo=f"cached fit {digest[:12]} from {reuse.cache_root()} (saved {cached[1].get('seconds', 0):.0f}s of fitting)",
-                **self.toy_teacher_report,
-            )
-            return
-        checks: list[dict[str, float]] = []
-        rng_before = capture_rng_state()
 
-        with self.progress.task("fitting toy teacher", max(1, fit.max_steps)) as advance:
-            last = {"probe": None}
-
-            def solved_enough(step: int) -> bool:
-                rate = self._greedy_success(runner, probe)
-                checks.append({"step": step, "probe_success": rate})
-                last["probe"] = rate
-                return rate >= fit.target_success
-
-            def on_step(step: int, loss: float) -> None:
-                probe_text = (
-                    "" if last["probe"] is None else f" | probe accuracy {last['probe']:.0%}"
-                )
-                advance(stats=f"step {step} | loss {loss:.3f}{probe_text}")
-
-            report = fit_toy_model(
-                self.teacher,
-                examples,
-                steps=fit.max_steps,
-                lr=fit.lr,
-                batch_size=fit.batch_size,
-                seed=derive_seed(self.config.run.seed, "toy-teacher-fit"),
-                chunk_size=max(1, self.chunk_size),
-                stop_when=solved_enough,
-                check_every=fit.check_every,
-                on_step=on_step,
-            )
-        self._freeze_toy_teacher()
-        train_success = self._greedy_success(runner, train)
-        eval_success = self._greedy_success(runner, eval_tasks)
-        restore_rng_state(rng_before)
-        weights_sha256 = self._save_toy_teacher(self.paths.root / TOY_TEACHER_FILE)
-        fitted = {
-            "steps": report.steps_run,
-            "final_loss": report.final_loss,
-            "stopped_early": report.stopped_early,
-            "seconds": round(report.seconds, 2),
-            "fit_tasks": len(pool),
-            "extra_tasks": len(extra),
-            "train_success": train_success,
-            "heldout_success": eval_success,
-            "checks": checks,
-        }
-        if fit.reuse:
-            reuse.store_teacher(digest, self.teacher.full_state_dict(), fitted, inputs)
-        self.toy_teacher_report = {
-            **fitted,
-            "reused": False,
-            "cache_digest": digest,
-            "weights_sha256": weights_sha256,
-        }
-        write_json(self.paths.manifest, self.build_manifest())
-        self.events.emit(
-            "toy_teacher_fitted",
-            echo=f"{report.steps_run} steps, greedy success train {train_success:.2f} / held-out {eval_success:.2f}",
-            **self.toy_teacher_report,
+        toy_teacher.prepare_toy_teacher(
+            self.teacher,
+            config=self.config,
+            environment=self.environment,
+            splits=self.splits,
+            oracle_runner=self.runner,
+            chunk_size=self.chunk_size,
+            device=self.device,
+            run_dir=self.paths.root,
+            events=self.events,
+            progress=self.progress,
+            split=self._oom_splitter("probe rollout"),
+            publish=publish,
         )
 
-    def _freeze_toy_teacher(self) -> None:
-        assert self.teacher is not None
-        for p in self.teacher.trainable_parameters():
-            p.requires_grad_(False)
-        self.teacher.set_train(False)
-
-    def _save_toy_teacher(self, path: Path) -> str:
-        assert self.teacher is not None
-        return save_tensors(self.teacher.full_state_dict(), path)
+    def _fitted_toy_teacher(self) -> CausalLMBackend | None:
+        """The teacher when it is the fitted toy teacher (its weights travel with the run)."""
+        return self.teacher if self.config.models.backend == "toy" else None
 
     def export_cold_start(self, directory: str | Path) -> Path:
         """Write the student's trainable weights (and the fitted toy teacher) for benchmark arms.
 
-        Weights only: no optimizer state crosses into an arm, so no momentum leaks
-        between arms that share this cold start.
+        Weights only (training/cold_start.py): no optimizer state crosses into an arm.
         """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        marker: dict[str, Any] = {
-            "student_sha256": save_tensors(
-                self.student.trainable_state_dict(), directory / COLD_START_STUDENT
-            ),
-            "parameter_version": self.parameter_version,
-            "global_optimizer_step": self.global_step,
-            "config_digest": self.config.digest(),
-            "evaluations": self.eval_results,
-            "toy_teacher": self.toy_teacher_report,
-        }
-        if self.config.models.backend == "toy" and self.teacher is not None:
-            marker["toy_teacher_sha256"] = self._save_toy_teacher(directory / TOY_TEACHER_FILE)
-        write_json(directory / COLD_START_MARKER, marker)
-        return directory
+        return save_cold_start(
+            Path(directory),
+            student=self.student,
+            toy_teacher=self._fitted_toy_teacher(),
+            parameter_version=self.parameter_version,
+            global_step=self.global_step,
+            config_digest=self.config.digest(),
+            evaluations=self.eval_results,
+            toy_teacher_report=self.toy_teacher_report,
+        )
 
     def _load_cold_start(self) -> None:
         """Load a shared cold start weights-only; the arm starts with a fresh optimizer."""
         assert self.cold_start is not None
-        marker_path = self.cold_start / COLD_START_MARKER
-        if not marker_path.is_file():
-            raise CheckpointError(
-                f"{marker_path} not found", hint="run the benchmark cold start first"
-            )
-        marker = read_json(marker_path, error=CheckpointError)
-        student_path = self.cold_start / COLD_START_STUDENT
-        if not student_path.is_file() or sha256_file(student_path) != marker.get("student_sha256"):
-            raise CheckpointError(f"{student_path} is missing or does not match {marker_path}")
-        self.student.load_trainable_state_dict(
-            {k: v.to(self.student.device) for k, v in load_file(str(student_path)).items()}
+        loaded = load_cold_start(
+            self.cold_start,
+            student=self.student,
+            toy_teacher=self._fitted_toy_teacher(),
+            run_dir=self.paths.root,
         )
         self._refresh_fingerprint()
-        teacher_sha = None
-        if self.config.models.backend == "toy" and self.teacher is not None:
-            teacher_path = self.cold_start / TOY_TEACHER_FILE
-            teacher_sha = sha256_file(teacher_path) if teacher_path.is_file() else None
-            if teacher_sha is None or teacher_sha != marker.get("toy_teacher_sha256"):
-                raise CheckpointError(f"{teacher_path} is missing or does not match {marker_path}")
-            self.teacher.load_full_state_dict(load_file(str(teacher_path)))
-            self.toy_teacher_report = {
-                **(marker.get("toy_teacher") or {}),
-                "weights_sha256": self._save_toy_teacher(self.paths.root / TOY_TEACHER_FILE),
-            }
+        if loaded.toy_teacher_report is not None:
+            self.toy_teacher_report = loaded.toy_teacher_report
         self.events.emit(
             "benchmark_cold_start_loaded",
             echo=f"weights-only cold start from {self.cold_start.name}",
-            student_sha256=marker["student_sha256"],
-            toy_teacher_sha256=teacher_sha,
-            cold_start_parameter_version=marker.get("parameter_version"),
+            student_sha256=loaded.marker["student_sha256"],
+            toy_teacher_sha256=loaded.toy_teacher_sha256,
+            cold_start_parameter_version=loaded.marker.get("parameter_version"),
         )
 
     def _load_toy_teacher(self, report: dict[str, Any] | None) -> None:
         """Resume: the fitted toy teacher, verified against the hash in the checkpoint."""
         if self.config.models.backend != "toy" or self.teacher is None:
             return
-        path = self.paths.root / TOY_TEACHER_FILE
         report = report or {}
-        if not path.is_file() or sha256_file(path) != report.get("weights_sha256"):
-            raise CheckpointError(
-                f"{path} is missing or does not match its SHA-256 in the checkpoint",
-                hint="start a new run",
-            )
-        self.teacher.load_full_state_dict(load_file(str(path)))
+        toy_teacher.load_teacher(
+            self.teacher, self.paths.root / TOY_TEACHER_FILE, report.get("weights_sha256")
+        )
         self.toy_teacher_report = report
 
     # ---------------------------------------------------------------- evaluation
@@ -786,9 +655,13 @@ class OPDTrainer:
 
     # ---------------------------------------------------------------- SFT warm-up
 
-    def _run_sft_warmup(self, cycles: int) -> None:
-        """Oracle-trace cross-entropy before KD/OPD: gets the policy emitting valid calls."""
-        self.events.emit("sft_warmup_start", echo=f"{cycles} cycles", cycles=cycles)
+    def _run_sft_warmup(self, cycles: int | None = None) -> None:
+        """Oracle-trace cross-entropy before KD/OPD (training/warmup.py).
+
+        ``cycles`` forces a fixed count; by default the recipe decides (a fixed count, or
+        ``train.sft_warmup_until``'s criterion and cap).
+        """
+        until = self.config.train.sft_warmup_until if cycles is None else None
         source = OracleSource(
             runner=self.runner,
             version=lambda: self.parameter_version,
@@ -797,21 +670,39 @@ class OPDTrainer:
         )
         self._in_warmup = True
         try:
-            with self.progress.task("SFT warm-up", cycles) as advance:
-                for k in range(cycles):
-                    cycle = k - cycles
-                    batch = source.samples(cycle, self._next_tasks(source.tasks_per_cycle))
-                    records = self._optimize(batch.samples, source.supervision, cycle=cycle)
-                    self.events.emit(
-                        "sft_warmup_cycle",
-                        cycle=cycle,
-                        steps=len(records),
-                        loss=records[-1]["loss"] if records else None,
-                    )
-                    advance()
+            run_sft_warmup(
+                source,
+                cycles=warmup_cycles(self.config.train) if cycles is None else cycles,
+                next_tasks=self._next_tasks,
+                optimize=lambda samples, supervision, c: self._optimize(
+                    samples, supervision, cycle=c
+                ),
+                events=self.events,
+                progress=self.progress,
+                until=until,
+                measure=self._warmup_criterion(until) if until is not None else None,
+            )
         finally:
             self._in_warmup = False
         self.main_start_step = self.global_step
+
+    def _warmup_criterion(self, until: WarmupUntilConfig) -> Callable[[], float]:
+        """``until``'s metric for the current student weights: greedy, nothing written."""
+        tasks = criterion_tasks(self.config, self.splits, until)
+        split = self._oom_splitter("warm-up criterion rollout")
+
+        def measure() -> float:
+            self.student.set_train(False)
+            return greedy_validation_success(
+                self.runner,
+                tasks,
+                seed=self.config.run.seed,
+                batch_size=self.config.eval.batch_size,
+                policy_version=self.parameter_version,
+                split=split,
+            )
+
+        return measure
 
     # ---------------------------------------------------------------- one cycle
 

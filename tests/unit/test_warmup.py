@@ -1,0 +1,124 @@
+"""The SFT warm-up loop (training/warmup.py): a fixed count, or until a criterion, with a cap."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from miniverl.config.models import RunConfig
+from miniverl.config.sections import WarmupUntilConfig
+from miniverl.environments.base import Task
+from miniverl.errors import ConfigError
+from miniverl.training.progress import ProgressReporter
+from miniverl.training.samples import Supervision
+from miniverl.training.warmup import criterion_tasks, run_sft_warmup, warmup_cycles
+from miniverl.utils.logging import EventLog
+
+
+class _Source:
+    supervision = Supervision(phase="sft", teacher_targets=False)
+    tasks_per_cycle = 2
+
+    def __init__(self) -> None:
+        self.cycles: list[int] = []
+
+    def samples(self, cycle: int, tasks: list[Any]) -> Any:
+        self.cycles.append(cycle)
+        return SimpleNamespace(samples=list(tasks))
+
+
+def _warm_up(
+    tmp_path: Path, values: list[float], *, cycles: int, until: WarmupUntilConfig | None
+) -> tuple[Any, _Source, list[dict[str, Any]]]:
+    source, measured = _Source(), iter(values)
+    log = tmp_path / "events.jsonl"
+    outcome = run_sft_warmup(
+        source,  # type: ignore[arg-type]
+        cycles=cycles,
+        next_tasks=lambda n: list(range(n)),
+        optimize=lambda samples, supervision, cycle: [{"loss": 0.5}],
+        events=EventLog(log, None),
+        progress=ProgressReporter(None, False),
+        until=until,
+        measure=(lambda: next(measured)) if until is not None else None,
+    )
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    return outcome, source, events
+
+
+def test_the_warm_up_stops_after_the_first_cycle_that_reaches_the_threshold(
+    tmp_path: Path,
+) -> None:
+    until = WarmupUntilConfig(threshold=0.8, max_cycles=6)
+    outcome, source, events = _warm_up(tmp_path, [0.1, 0.79, 0.8, 0.95, 1.0], cycles=6, until=until)
+    assert (outcome.cycles_run, outcome.stopped_by, outcome.value) == (3, "criterion", 0.8)
+    assert source.cycles == [-6, -5, -4]
+    per_cycle = [e["validation_success"] for e in events if e["event"] == "sft_warmup_cycle"]
+    assert per_cycle == [0.1, 0.79, 0.8]
+    [end] = [e for e in events if e["event"] == "sft_warmup_end"]
+    assert (end["stopped_by"], end["value"], end["cycles"], end["threshold"]) == (
+        "criterion",
+        0.8,
+        3,
+        0.8,
+    )
+
+
+def test_the_cap_stops_a_warm_up_that_never_reaches_the_threshold(tmp_path: Path) -> None:
+    until = WarmupUntilConfig(metric="success_at_k", k=1, threshold=0.9, max_cycles=3)
+    outcome, source, events = _warm_up(tmp_path, [0.2, 0.5, 0.89], cycles=3, until=until)
+    assert (outcome.cycles_run, outcome.stopped_by, outcome.value) == (3, "cap", 0.89)
+    assert source.cycles == [-3, -2, -1]
+    [end] = [e for e in events if e["event"] == "sft_warmup_end"]
+    assert (end["stopped_by"], end["value"], end["k"], end["metric"]) == (
+        "cap",
+        0.89,
+        1,
+        "success_at_k",
+    )
+
+
+def test_a_fixed_count_runs_every_cycle_and_measures_nothing(tmp_path: Path) -> None:
+    outcome, source, events = _warm_up(tmp_path, [], cycles=2, until=None)
+    assert (outcome.cycles_run, outcome.stopped_by) == (2, "cycles")
+    assert source.cycles == [-2, -1]
+    assert [e["event"] for e in events] == ["sft_warmup_start"] + ["sft_warmup_cycle"] * 2
+    assert all("validation_success" not in e for e in events)
+
+
+def test_the_cap_is_the_warm_up_length_the_recipe_plans() -> None:
+    fixed = RunConfig.from_mapping({"train": {"sft_warmup_cycles": 3}})
+    until = RunConfig.from_mapping(
+        {"train": {"sft_warmup_cycles": 0, "sft_warmup_until": {"max_cycles": 7}}}
+    )
+    assert (warmup_cycles(fixed.train), warmup_cycles(until.train)) == (3, 7)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"metric": "success_at_k"}, "metric: success_at_k needs k"),
+        ({"metric": "success", "k": 2}, "k only applies to metric: success_at_k"),
+    ],
+)
+def test_the_metric_and_k_must_agree(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        RunConfig.from_mapping({"train": {"sft_warmup_cycles": 0, "sft_warmup_until": fields}})
+
+
+def _task(i: int, k: int) -> Task:
+    return Task(task_id=f"t{i}", prompt=f"p{i}", answer="1", difficulty="easy", data={"k": k})
+
+
+def test_the_criterion_measures_the_validation_tasks_of_its_k() -> None:
+    config = RunConfig.from_mapping({"eval": {"max_tasks": 5}})
+    splits = {"eval": [_task(i, 1 + i % 3) for i in range(9)], "test": [_task(99, 1)]}
+    at_2 = WarmupUntilConfig(metric="success_at_k", k=2)
+    assert [t.task_id for t in criterion_tasks(config, splits, at_2)] == ["t1", "t4"]
+    assert len(criterion_tasks(config, splits, WarmupUntilConfig())) == 5
+    with pytest.raises(ConfigError, match="no validation task to measure success_at_k at k=4"):
+        criterion_tasks(config, splits, WarmupUntilConfig(metric="success_at_k", k=4))
