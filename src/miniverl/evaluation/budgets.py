@@ -6,9 +6,11 @@ is not matched and is measured instead (:func:`measure_budget`):
 - ``optimizer_steps``: optimizer updates of the arm phase (the cold start is shared, not counted);
 - ``trained_tokens``: selected target positions that entered a loss, summed over steps;
 - ``student_generated_tokens``: tokens the student sampled in training rollouts (eval excluded);
-- ``teacher_generated_tokens``: tokens the teacher sampled for the arm (offline_kd's pool);
+- ``teacher_generated_tokens``: tokens the teacher sampled for the arm (offline_kd's pool,
+  seqkd's and gkd_mix's fresh teacher samples);
 - ``teacher_scored_tokens``: positions the teacher ran a forward pass over: the full length
-  of every distinct trajectory the arm trained on with teacher targets (0 for oracle SFT);
+  of every distinct trajectory the arm trained on with teacher targets (0 for oracle SFT
+  and seqkd; kd_oracle's oracle traces count);
 - ``cpu_seconds``: process CPU time (all threads) of the arm phase, ``time.process_time``;
 - ``gpu_seconds``: wall seconds of the arm phase when it ran on CUDA (the device was held
   for that long), else None: a held-device measure, not kernel time.
@@ -44,6 +46,9 @@ BUDGET_FIELDS = (
 MATCHABLE = ("wall_seconds", "cpu_seconds", "teacher_scored_tokens", "student_generated_tokens")
 """Resources a compute-matched benchmark may hold equal to opd's spend."""
 REFERENCE_ARM = "opd"
+UNSCORED_ID_PARTS = (":oracle:", ":eval-", ":seqkd:")
+"""Trajectory-id parts of trajectories the teacher never scored: SFT oracle traces,
+evaluation episodes, and seqkd's teacher samples (trained on as hard labels)."""
 
 
 @dataclass
@@ -134,7 +139,7 @@ def measure_budget(
         seen: set[str] = set()
         for record in read_jsonl(paths.trajectories):
             tid = str(record.get("trajectory_id"))
-            if tid in seen or ":oracle:" in tid or ":eval-" in tid:
+            if tid in seen or any(part in tid for part in UNSCORED_ID_PARTS):
                 continue
             seen.add(tid)
             scored += len(record.get("token_ids") or [])
@@ -147,7 +152,8 @@ def measure_budget(
         "teacher_generated_tokens": sum(
             int(e.get("generated_tokens") or 0)
             for e in events
-            if e.get("event") == "rollouts_collected" and e.get("offline_kd_pool")
+            if e.get("event") == "rollouts_collected"
+            and (e.get("offline_kd_pool") or e.get("teacher_sampled"))
         ),
         "teacher_scored_tokens": scored,
         "cpu_seconds": round(cpu_seconds, 3),
