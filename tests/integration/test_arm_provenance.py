@@ -84,9 +84,7 @@ def test_kd_oracle_trains_on_oracle_ids_with_teacher_targets(
 def test_gkd_mix_trains_on_student_and_teacher_prefixes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    trainer, seen = _train_capturing(
-        tmp_path, monkeypatch, "gkd_mix", "train.rollouts_per_cycle=4"
-    )
+    trainer, seen = _train_capturing(tmp_path, monkeypatch, "gkd_mix", "train.rollouts_per_cycle=4")
     assert trainer.teacher is not None
     teacher_fp = backend_fingerprint(trainer.teacher)
     student_rows = [(s, fp) for s, fp in seen if ":gkd-teacher:" not in s.trajectory_id]

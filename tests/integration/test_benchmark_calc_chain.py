@@ -30,6 +30,8 @@ SHRINK = [
     "train.cycles=2",
     "train.rollouts_per_cycle=2",
     "rollout.max_new_tokens_per_turn=24",
+    "eval.teacher_gate_threshold=0",
+    "eval.teacher_gate_tasks=3",
 ]
 
 

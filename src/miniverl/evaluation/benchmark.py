@@ -59,6 +59,7 @@ from miniverl.evaluation.benchmark_stats import (
     seed_rows,
     significance_note,
 )
+from miniverl.evaluation.teacher_gate import refuse_failed_gates
 from miniverl.utils.io import read_json, sha256_file, write_json
 from miniverl.utils.logging import utc_now
 from miniverl.utils.runs import RunPaths
@@ -251,6 +252,8 @@ def run_benchmark(
         return None
 
     def wrapped(cell: Any, done: Mapping[Any, Any]) -> Mapping[str, Any]:
+        if not cell.is_cold_start:
+            refuse_failed_gates([done[type(cell)(cell.seed, 0, COLD_START)]])
         payload = dict(run_cell(cell, done))
         if not cell.is_cold_start:
             payload["arm_overrides"] = list(chosen[cell.arm])
@@ -271,6 +274,7 @@ def run_benchmark(
     )
     done, reused = run_cells(plan, store, wrapped, on_cell=progress, still_valid=still_valid)
     cold_starts = [done[c] for c in plan if c.is_cold_start]
+    refuse_failed_gates(cold_starts)
     rows = [done[c] for c in plan if not c.is_cold_start]
 
     from miniverl.evaluation.contrasts import all_contrasts, statistics_note, stop_or_go
@@ -304,6 +308,7 @@ def run_benchmark(
             "budget",
         ],
         "cold_starts": cold_starts,
+        "teacher_gate": {str(c["seed"]): c.get("teacher_gate") for c in cold_starts},
         "rows": rows,
         "aggregates": aggregate(seed_rows(rows), names, baseline_arm),
         "budgets": {
