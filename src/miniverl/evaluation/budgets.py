@@ -18,10 +18,10 @@ is not matched and is measured instead (:func:`measure_budget`):
 **Compute-matched mode** gives every arm the budget ``opd`` spent on the same seed and arm
 seed, in one resource (:data:`MATCHABLE`). The harness runs ``opd`` first in each
 (seed, arm seed), reads its spend with :func:`measure_budget`, and hands every other arm a
-:class:`BudgetCap`. A training loop that honours the cap calls :meth:`BudgetCap.charge`
-after each optimizer step with what that step spent, and stops when
-:meth:`BudgetCap.exhausted` is True; it then sets ``enforced`` so the record shows the cap
-was applied rather than merely computed. The cell always records the cap, the spend and
+:class:`BudgetCap`. The trainer honours the cap (``training/budget.py``): it sets ``enforced``,
+charges each cycle's spend over its optimizer steps with :meth:`BudgetCap.charge`, and
+stops after the cycle in which :meth:`BudgetCap.exhausted` became True, recording
+``stopped_at`` (cycle, global optimizer step, spend) and a ``compute_cap_reached`` event. The cell always records the cap, the spend and
 whether the cap bound, so an arm that overran an unenforced cap is visible, not hidden.
 """
 
@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from miniverl.training.budget import UNSCORED_ID_PARTS
 
 BUDGET_FIELDS = (
     "optimizer_steps",
@@ -46,9 +48,6 @@ BUDGET_FIELDS = (
 MATCHABLE = ("wall_seconds", "cpu_seconds", "teacher_scored_tokens", "student_generated_tokens")
 """Resources a compute-matched benchmark may hold equal to opd's spend."""
 REFERENCE_ARM = "opd"
-UNSCORED_ID_PARTS = (":oracle:", ":eval-", ":seqkd:")
-"""Trajectory-id parts of trajectories the teacher never scored: SFT oracle traces,
-evaluation episodes, and seqkd's teacher samples (trained on as hard labels)."""
 
 
 @dataclass
@@ -62,6 +61,8 @@ class BudgetCap:
     steps_charged: int = 0
     enforced: bool = False
     notes: list[str] = field(default_factory=list)
+    stopped_at: dict[str, Any] | None = None
+    """Set by the trainer when the cap stopped training: cycle, global optimizer step, spend."""
 
     def __post_init__(self) -> None:
         if self.resource not in MATCHABLE:

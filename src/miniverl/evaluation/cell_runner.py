@@ -18,9 +18,10 @@ result), then trains, then measures:
 
 **Compute-matched mode.** ``compute_matched=<resource>`` hands every non-opd arm a
 :class:`~miniverl.evaluation.budgets.BudgetCap` at opd's spend of the same (seed, arm
-seed) (opd is planned first). The cap is set on the trainer as ``trainer.budget_cap``; a
-trainer that honours it sets ``cap.enforced`` (see budgets.py). The cell records
-:func:`~miniverl.evaluation.budgets.cap_outcome` either way.
+seed) (opd is planned first). The cap is set on the trainer as ``trainer.budget_cap``; the
+trainer enforces it (``training/budget.py``: each cycle's spend is charged over its optimizer
+steps and training stops cleanly after the cycle that spends it, ``enforced: true`` and
+``stopped_at``). The cell records :func:`~miniverl.evaluation.budgets.cap_outcome`.
 """
 
 from __future__ import annotations
