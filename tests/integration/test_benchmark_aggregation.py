@@ -263,3 +263,29 @@ def test_cli_refuses_bad_arguments_before_training(tmp_path: Path) -> None:
     )
     assert bad_arm.exit_code == 1 and "unknown benchmark arm" in bad_arm.output
     assert not (tmp_path / "o").exists()
+
+
+def test_every_default_arm_records_its_sampling_and_loss_temperature() -> None:
+    from miniverl.evaluation.arms import arm_record
+
+    base = tiny_config("rollout.temperature=1.0", "loss.temperature=2.0")
+    records = {
+        name: arm_record(name, ovr, arm_config(base, name, ovr, 1))
+        for name, ovr in DEFAULT_ARMS.items()
+    }
+    temps = {n: (r["sampling_temperature"], r["loss_temperature"]) for n, r in records.items()}
+    assert temps == {
+        "sft_oracle": (None, None),
+        "seqkd": (1.0, None),
+        "offline_kd": (1.0, 2.0),
+        "kd_oracle": (None, 2.0),
+        "opd": (1.0, 2.0),
+        "opd_reverse_kl": (1.0, 2.0),
+        "offline_kd_reverse_kl": (1.0, 2.0),
+        "gkd_mix": (1.0, 2.0),
+        "opd_entropy_aware": (1.0, 2.0),
+    }
+    assert records["sft_oracle"]["reference_ceiling"] is True
+    assert not any(r["reference_ceiling"] for n, r in records.items() if n != "sft_oracle")
+    alias = arm_record("sft_only", ("run.mode=sft",), arm_config(base, "sft_only", (), 1))
+    assert alias["deprecated_alias_of"] == "sft_oracle" and alias["reference_ceiling"] is True

@@ -2,7 +2,9 @@
 
 ``config/models.py`` became sections / recipe / loading / limits, ``evaluation/verl_export.py``
 lost its key ledger to ``verl_ledger.py``, ``models/hf.py`` its shared backbone to
-``hf_shared.py`` and ``agent/loop.py`` its episode state machine to ``episode.py``; each old
+``hf_shared.py``, ``agent/loop.py`` its episode state machine to ``episode.py``,
+``evaluation/benchmark.py`` its arms, statistics and printing to ``arms.py``,
+``benchmark_stats.py`` and ``benchmark_print.py``; each old
 path still hands out the very same objects. ``LossConfig.divergence_kwargs`` is the one
 unpacking of the loss section into a ``DivergenceSpec``.
 """
@@ -27,6 +29,38 @@ MOVED = {
         "miniverl.evaluation.verl_ledger": ["KeyFate", "MAPPED", "DROPPED", "_rules"],
     },
     "miniverl.agent.loop": {"miniverl.agent.episode": ["EpisodeRequest"]},
+    "miniverl.evaluation.benchmark": {
+        "miniverl.evaluation.arms": [
+            "ARM_DESCRIPTIONS",
+            "BASELINE_ARM",
+            "DEFAULT_ARMS",
+            "FIXED_KEYS",
+            "arm_config",
+            "arm_config_for_arm_seed",
+            "check_arm_overrides",
+            "cold_start_config",
+            "fixed_view",
+            "resolve_arms",
+            "verify_held_fixed",
+        ],
+        "miniverl.evaluation.benchmark_stats": [
+            "BOOTSTRAP_RESAMPLES",
+            "BOOTSTRAP_SEED",
+            "aggregate",
+            "bootstrap_interval",
+            "describe",
+            "quantile",
+            "significance_note",
+        ],
+        "miniverl.evaluation.benchmark_print": ["print_benchmark", "print_contrasts"],
+    },
+    "miniverl.training.sources": {
+        "miniverl.training.teacher_sources": [
+            "MixedPrefixSource",
+            "TeacherSampleSource",
+            "oom_splitter",
+        ],
+    },
 }
 
 
@@ -37,6 +71,11 @@ def test_old_import_paths_hand_out_the_moved_objects(old: str) -> None:
         new_module = importlib.import_module(new)
         for name in names:
             assert getattr(old_module, name) is getattr(new_module, name), f"{old}.{name}"
+
+
+def test_benchmark_reexports_every_name_it_lists() -> None:
+    benchmark = importlib.import_module("miniverl.evaluation.benchmark")
+    assert all(hasattr(benchmark, name) for name in benchmark.__all__)
 
 
 def test_config_models_reexports_every_name_it_lists() -> None:
