@@ -12,8 +12,16 @@ What cannot be matched by construction (generated tokens, selected training toke
 teacher query ratio, wall clock) is measured per arm instead of being pretended away.
 With one or two seeds the harness says that no statistical significance is claimed;
 with three or more it reports mean, standard deviation and a seeded, paired bootstrap
-interval of the difference to ``sft_only``. Nothing in here imports torch at module
+interval of the difference to ``sft_oracle`` (a reference ceiling; see
+:mod:`miniverl.evaluation.arms`). Nothing in here imports torch at module
 level: the aggregation is plain Python and can be tested and reused without a trainer.
+
+Before any arm of a seed runs, that seed's cold start must have passed the teacher gate
+(:func:`~miniverl.evaluation.teacher_gate.refuse_failed_gates`); otherwise the benchmark
+raises :class:`~miniverl.errors.TeacherGateError` and writes no ``benchmark.json``. The arm
+definitions live in :mod:`~miniverl.evaluation.arms`, the summary statistics in
+:mod:`~miniverl.evaluation.benchmark_stats` and the console output in
+:mod:`~miniverl.evaluation.benchmark_print`; this module re-exports their names.
 """
 
 from __future__ import annotations
@@ -70,9 +78,10 @@ REFUSES_TO_CLAIM = (
     "Generated tokens, selected training tokens, teacher query ratio and wall clock cannot be matched by construction; "
     "they are measured per arm, not held fixed, and a difference in success is not normalized by them.",
     "generated_tokens counts tokens the student sampled in training rollouts; offline_kd's fixed teacher rollouts are "
-    "counted separately as teacher_generated_tokens, and sft_only samples nothing (it trains on oracle traces).",
+    "counted separately as teacher_generated_tokens (as are seqkd's and gkd_mix's fresh teacher samples), and sft_oracle "
+    "and kd_oracle sample nothing (they train on oracle traces).",
     "teacher_query_ratio is selected positions / model-generated tokens of the trained trajectories; the teacher still "
-    "runs a full forward pass over each scored sequence. sft_only queries no teacher and has no ratio.",
+    "runs a full forward pass over each scored sequence. sft_oracle and seqkd query no teacher scores and have no ratio.",
     "Intervals resample seeds, not tasks: they describe seed-to-seed variation on this held-out split only.",
 )
 
