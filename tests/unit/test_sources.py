@@ -371,6 +371,16 @@ def test_gkd_mix_mixes_student_and_teacher_prefixes_per_batch(tmp_path: Path) ->
     ).split(0, 8)) == 2  # fmt: skip
 
 
+@pytest.mark.parametrize("fraction", [0.0, 1.0])
+def test_gkd_mix_at_the_ends_is_all_teacher_or_all_student(tmp_path: Path, fraction: float) -> None:
+    student, teacher = Policy("11", 1.0), Policy("22", 2.0)
+    source = _mixed(tmp_path, student, teacher, lambda: backend_fingerprint(student))
+    source.student_fraction = fraction
+    batch = source.samples(0, calculator_tasks(3))
+    want = backend_fingerprint(student if fraction else teacher)
+    assert [s.trajectory.metadata["policy_fingerprint"] for s in batch.samples] == [want] * 3
+
+
 def test_gkd_mix_refuses_student_rollouts_of_a_foreign_fingerprint(tmp_path: Path) -> None:
     student, teacher = Policy("11", 1.0), Policy("22", 2.0)
     source = _mixed(tmp_path, student, teacher, lambda: backend_fingerprint(teacher))

@@ -176,7 +176,8 @@ class MixedPrefixSource:
         src = self.on_policy
         version = src.version()
         is_student = self.split(cycle, len(tasks))
-        student = src.collect([t for t, s in zip(tasks, is_student, strict=True) if s], cycle)
+        student_tasks = [t for t, s in zip(tasks, is_student, strict=True) if s]
+        student = src.collect(student_tasks, cycle) if student_tasks else []
         teacher = teacher_rollouts(
             self.teacher_runner(),
             [t for t, s in zip(tasks, is_student, strict=True) if not s],
