@@ -104,7 +104,7 @@ def test_bootstrap_is_seeded_and_refuses_fewer_than_three_values() -> None:
 
 
 def test_aggregate_pairs_differences_by_seed() -> None:
-    finals = {"sft_only": {1: 0.5, 2: 0.25, 3: 0.75}, "opd": {1: 0.75, 2: 0.5, 3: 0.5}}
+    finals = {"sft_oracle": {1: 0.5, 2: 0.25, 3: 0.75}, "opd": {1: 0.75, 2: 0.5, 3: 0.5}}
     rows = [
         {
             "arm": arm,
@@ -112,14 +112,14 @@ def test_aggregate_pairs_differences_by_seed() -> None:
             "final_success": value,
             "baseline_success": 0.0,
             "wall_seconds": float(seed),
-            "teacher_query_ratio": None if arm == "sft_only" else 1.0,
+            "teacher_query_ratio": None if arm == "sft_oracle" else 1.0,
         }
         for arm, per in finals.items()
         for seed, value in reversed(list(per.items()))
     ]
-    out = aggregate(rows, ["sft_only", "opd"], BASELINE_ARM)
-    assert out["sft_only"]["difference_to_baseline"] is None
-    assert out["sft_only"]["teacher_query_ratio"]["n"] == 0
+    out = aggregate(rows, ["sft_oracle", "opd"], BASELINE_ARM)
+    assert out["sft_oracle"]["difference_to_baseline"] is None
+    assert out["sft_oracle"]["teacher_query_ratio"]["n"] == 0
     diff = out["opd"]["difference_to_baseline"]
     assert diff["seeds"] == [1, 2, 3] and diff["values"] == [0.25, 0.25, -0.25]
     mean, std = _brute_mean_std(diff["values"])
@@ -137,7 +137,7 @@ def test_aggregate_without_a_baseline_arm_has_no_differences() -> None:
 def test_significance_notes() -> None:
     assert significance_note(1) == "no statistical significance is claimed (1 seed)"
     assert significance_note(2).startswith("no statistical significance is claimed (2 seeds")
-    assert "bootstrap" in significance_note(3) and "sft_only" in significance_note(3)
+    assert "bootstrap" in significance_note(3) and "sft_oracle" in significance_note(3)
 
 
 # ---------------------------------------------------------------------- held fixed
@@ -152,7 +152,17 @@ def test_default_arms_hold_everything_fixed() -> None:
         check_arm_overrides(name, overrides)
     view = verify_held_fixed(configs)
     assert view["optimizer_steps"] == base.train.cycles
-    assert {c.run.mode for c in configs.values()} == {"sft", "offline_kd", "opd"}
+    assert {c.run.mode for c in configs.values()} == {
+        "sft",
+        "seqkd",
+        "offline_kd",
+        "kd_oracle",
+        "opd",
+        "gkd_mix",
+    }
+    assert configs["offline_kd_reverse_kl"].loss.divergence == "reverse_kl"
+    assert configs["offline_kd_reverse_kl"].run.mode == "offline_kd"
+    assert configs["gkd_mix"].train.gkd_student_fraction == 0.5
     assert {configs[n].loss.divergence for n in ("opd", "opd_reverse_kl", "opd_entropy_aware")} == {
         "forward_kl",
         "reverse_kl",
@@ -230,8 +240,9 @@ def test_run_benchmark_refuses_before_training(tmp_path: Path) -> None:
     assert not any((tmp_path / name).exists() for name in "abcd")
     assert resolve_arms(["opd", "sft_only", "opd"]) == {
         "opd": DEFAULT_ARMS["opd"],
-        "sft_only": DEFAULT_ARMS["sft_only"],
-    }
+        "sft_only": DEFAULT_ARMS["sft_oracle"],
+    }, "the deprecated alias keeps its name and runs sft_oracle's definition"
+    assert "sft_only" not in resolve_arms(None)
 
 
 def test_cli_refuses_bad_arguments_before_training(tmp_path: Path) -> None:
@@ -252,3 +263,29 @@ def test_cli_refuses_bad_arguments_before_training(tmp_path: Path) -> None:
     )
     assert bad_arm.exit_code == 1 and "unknown benchmark arm" in bad_arm.output
     assert not (tmp_path / "o").exists()
+
+
+def test_every_default_arm_records_its_sampling_and_loss_temperature() -> None:
+    from miniverl.evaluation.arms import arm_record
+
+    base = tiny_config("rollout.temperature=1.0", "loss.temperature=2.0")
+    records = {
+        name: arm_record(name, ovr, arm_config(base, name, ovr, 1))
+        for name, ovr in DEFAULT_ARMS.items()
+    }
+    temps = {n: (r["sampling_temperature"], r["loss_temperature"]) for n, r in records.items()}
+    assert temps == {
+        "sft_oracle": (None, None),
+        "seqkd": (1.0, None),
+        "offline_kd": (1.0, 2.0),
+        "kd_oracle": (None, 2.0),
+        "opd": (1.0, 2.0),
+        "opd_reverse_kl": (1.0, 2.0),
+        "offline_kd_reverse_kl": (1.0, 2.0),
+        "gkd_mix": (1.0, 2.0),
+        "opd_entropy_aware": (1.0, 2.0),
+    }
+    assert records["sft_oracle"]["reference_ceiling"] is True
+    assert not any(r["reference_ceiling"] for n, r in records.items() if n != "sft_oracle")
+    alias = arm_record("sft_only", ("run.mode=sft",), arm_config(base, "sft_only", (), 1))
+    assert alias["deprecated_alias_of"] == "sft_oracle" and alias["reference_ceiling"] is True

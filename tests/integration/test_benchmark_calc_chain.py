@@ -30,6 +30,8 @@ SHRINK = [
     "train.cycles=2",
     "train.rollouts_per_cycle=2",
     "rollout.max_new_tokens_per_turn=24",
+    "eval.teacher_gate_threshold=0",
+    "eval.teacher_gate_tasks=3",
 ]
 
 
@@ -97,7 +99,10 @@ def test_cells_endpoints_and_budgets(bench: tuple[Path, str]) -> None:
     opd = next(r for r in data["rows"] if r["arm"] == "opd")
     assert opd["budget"]["student_generated_tokens"] == opd["generated_tokens"] > 0
     cold = data["cold_starts"][0]
-    assert cold["start_endpoints"]["episodes"] == 6 and cold["teacher_gate"] is None
+    assert cold["start_endpoints"]["episodes"] == 6
+    gate = cold["teacher_gate"]
+    assert gate["passed"] is True and gate["threshold"] == 0.0 and gate["tasks"] == 3
+    assert gate["actions"] > 0 and data["teacher_gate"] == {"5": gate}
     assert {c["check"] for c in data["stop_or_go"]["checks"]} == {
         "teacher_gate_passed",
         "oracle_sft_not_at_ceiling",

@@ -27,6 +27,7 @@ SMALL = (
     "rollout.max_turns=2",
     "rollout.max_new_tokens_per_turn=16",
     "rollout.max_total_tokens=256",
+    "eval.teacher_gate_threshold=0",
 )
 
 

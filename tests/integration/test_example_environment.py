@@ -33,6 +33,7 @@ TINY = [
     "rollout.max_new_tokens_per_turn=16",
     "rollout.max_total_tokens=200",
     "loss.top_k=8",
+    "eval.teacher_gate_threshold=0",
 ]
 
 pytestmark = pytest.mark.slow

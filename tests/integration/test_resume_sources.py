@@ -65,3 +65,32 @@ def test_offline_kd_resume_continues_the_pool_walk(
     b = load_file(str(resumed.paths.final_checkpoint / "adapter.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _stable(straight.paths.metrics) == _stable(resumed.paths.metrics)
+
+
+@pytest.mark.parametrize("mode", ["seqkd", "kd_oracle", "gkd_mix"])
+def test_new_arm_sources_resume_bit_identically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Stateless sources: a cycle's samples follow from (run seed, cycle, task cursor, step)."""
+    config = tiny_config(f"run.mode={mode}", "train.cycles=3", "train.rollouts_per_cycle=4")
+    straight = OPDTrainer(config, output_dir=tmp_path / "straight", quiet=True)
+    straight.train()
+    original = OPDTrainer._run_cycle
+
+    def run_cycle(self: OPDTrainer, c: int) -> None:
+        original(self, c)
+        if c == 1:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(OPDTrainer, "_run_cycle", run_cycle)
+        with pytest.raises(KeyboardInterrupt):
+            OPDTrainer(config, output_dir=tmp_path / "resumed", quiet=True).train()
+    resumed = OPDTrainer(
+        config, output_dir=tmp_path / "resumed", resume_from="cycle-0000", quiet=True
+    )
+    resumed.train()
+    a = load_file(str(straight.paths.final_checkpoint / "adapter.safetensors"))
+    b = load_file(str(resumed.paths.final_checkpoint / "adapter.safetensors"))
+    assert a and all(torch.equal(a[k], b[k]) for k in a)
+    assert _stable(straight.paths.metrics) == _stable(resumed.paths.metrics)

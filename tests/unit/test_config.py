@@ -120,6 +120,21 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         "gradient_accumulation_steps=4 takes 2; set train.gradient_accumulation_steps to 8 (or auto), or use "
         "train.opd_freshness: replay",
     ),
+    "gkd_mix, two steps": (
+        {"run": {"mode": "gkd_mix"}, "train": {"rollouts_per_cycle": 8, "gradient_accumulation_steps": 4}},
+        "run.mode: gkd_mix allows one optimizer step per batch (its student rollouts are on-policy), but "
+        "rollouts_per_cycle=8 with gradient_accumulation_steps=4 takes 2; set train.gradient_accumulation_steps "
+        "to 8 (or auto)",
+    ),
+    "gkd_mix not strict": (
+        {"run": {"mode": "gkd_mix"}, "cache": {"strict_policy_version": False}},
+        "run.mode: gkd_mix requires cache.strict_policy_version: true (a target produced under another policy "
+        "version is not on-policy)",
+    ),
+    "seqkd reuse": (
+        {"run": {"mode": "seqkd"}, "cache": {"reuse_across_policy_versions": True}},
+        "cache.reuse_across_policy_versions is only meaningful in run.mode: offline_kd",
+    ),
     "replay outside opd": (
         {"run": {"mode": "sft"}, "train": {"opd_freshness": "replay"}},
         "train.opd_freshness: replay only applies to run.mode: opd",

@@ -4,7 +4,8 @@
 lost its key ledger to ``verl_ledger.py``, ``models/hf.py`` its shared backbone to
 ``hf_shared.py``, ``agent/loop.py`` its episode state machine to ``episode.py``,
 ``models/toy.py`` its shapes to ``toy_config.py`` and the trainer its cold start to
-``training/cold_start.py``; each old path still hands out the very same objects, and
+``training/cold_start.py``, ``evaluation/benchmark.py`` its arms, statistics and printing to
+``arms.py``, ``benchmark_stats.py`` and ``benchmark_print.py``; each old path still hands out the very same objects, and
 ``training/trainer.py`` still hands out ``GroupResult`` (now in ``training/gradients.py``).
 ``LossConfig.divergence_kwargs`` is the one
 unpacking of the loss section into a ``DivergenceSpec``.
@@ -37,6 +38,38 @@ MOVED = {
         "miniverl.training.cold_start": ["COLD_START_MARKER", "COLD_START_STUDENT"],
         "miniverl.training.gradients": ["GroupResult"],
     },
+    "miniverl.evaluation.benchmark": {
+        "miniverl.evaluation.arms": [
+            "ARM_DESCRIPTIONS",
+            "BASELINE_ARM",
+            "DEFAULT_ARMS",
+            "FIXED_KEYS",
+            "arm_config",
+            "arm_config_for_arm_seed",
+            "check_arm_overrides",
+            "cold_start_config",
+            "fixed_view",
+            "resolve_arms",
+            "verify_held_fixed",
+        ],
+        "miniverl.evaluation.benchmark_stats": [
+            "BOOTSTRAP_RESAMPLES",
+            "BOOTSTRAP_SEED",
+            "aggregate",
+            "bootstrap_interval",
+            "describe",
+            "quantile",
+            "significance_note",
+        ],
+        "miniverl.evaluation.benchmark_print": ["print_benchmark", "print_contrasts"],
+    },
+    "miniverl.training.sources": {
+        "miniverl.training.teacher_sources": [
+            "MixedPrefixSource",
+            "TeacherSampleSource",
+            "oom_splitter",
+        ],
+    },
 }
 
 
@@ -47,6 +80,11 @@ def test_old_import_paths_hand_out_the_moved_objects(old: str) -> None:
         new_module = importlib.import_module(new)
         for name in names:
             assert getattr(old_module, name) is getattr(new_module, name), f"{old}.{name}"
+
+
+def test_benchmark_reexports_every_name_it_lists() -> None:
+    benchmark = importlib.import_module("miniverl.evaluation.benchmark")
+    assert all(hasattr(benchmark, name) for name in benchmark.__all__)
 
 
 def test_config_models_reexports_every_name_it_lists() -> None:

@@ -232,7 +232,7 @@ def test_offline_pool_resumes_at_the_same_position(tmp_path: Path) -> None:
 def test_build_source_maps_each_mode(tmp_path: Path) -> None:
     student = Policy("1", 1.0)
     kinds = {}
-    for mode in ("sft", "offline_kd", "opd"):
+    for mode in ("sft", "offline_kd", "opd", "seqkd", "kd_oracle", "gkd_mix"):
         kinds[mode] = type(
             S.build_source(
                 mode,
@@ -254,6 +254,9 @@ def test_build_source_maps_each_mode(tmp_path: Path) -> None:
         "sft": S.OracleSource,
         "offline_kd": S.OfflinePoolSource,
         "opd": S.OnPolicySource,
+        "seqkd": S.TeacherSampleSource,
+        "kd_oracle": S.OracleSource,
+        "gkd_mix": S.MixedPrefixSource,
     }
     with pytest.raises(ValueError, match="no sample source"):
         names = list(inspect.signature(S.build_source).parameters)[1:]
@@ -282,35 +285,19 @@ def test_the_cycle_never_reads_the_mode(name: str) -> None:
         for node in ast.walk(tree)
         if isinstance(node, ast.Compare)
         and any(
-            isinstance(c, ast.Constant) and c.value in {"sft", "opd", "offline_kd"}
+            isinstance(c, ast.Constant)
+            and c.value in {"sft", "opd", "offline_kd", "seqkd", "kd_oracle", "gkd_mix"}
             for c in node.comparators
         )
     ]
     assert reads == [] and compares == []
 
 
-class OracleKDSource(S.OracleSource):
-    """kd_oracle: teacher KL targets at the oracle's states (the example of docs/design.md §4)."""
-
-    supervision = S.Supervision(phase="kd_oracle", teacher_targets=True)
-
-    def __init__(self, *, targets: S.TeacherTargets, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.targets = targets
-
-    def samples(self, cycle: int, tasks: Any) -> S.CycleSamples:
-        oracle = super().samples(cycle, tasks).samples
-        v = self.version()
-        trajectories = [s.trajectory for s in oracle]
-        return S.CycleSamples(
-            self.targets.score(trajectories, cycle=cycle, version=v, expect_version=v)
-        )
-
-
-def test_a_new_arm_is_a_small_source(tmp_path: Path) -> None:
+def test_kd_oracle_scores_the_oracle_token_ids(tmp_path: Path) -> None:
+    """kd_oracle: the oracle's ids, every one scored by the teacher (the example of docs/design.md §4)."""
     runner = _runner(Policy("7", 1.0))
     scorer = FakeScorer()
-    source = OracleKDSource(
+    source = S.OracleSource(
         targets=_targets(tmp_path, scorer),
         runner=runner,
         version=lambda: 0,
@@ -319,11 +306,92 @@ def test_a_new_arm_is_a_small_source(tmp_path: Path) -> None:
     )
     tasks = calculator_tasks(2)
     batch = source.samples(0, tasks)
+    assert source.supervision == S.Supervision(phase="kd_oracle", teacher_targets=True)
     assert [s.trajectory.token_ids for s in batch.samples] == [
         runner.oracle_rollout(t).token_ids for t in tasks
     ]
     assert scorer.scored == [s.trajectory_id for s in batch.samples]
-    assert all(s.teacher_entropy for s in batch.samples)
+    assert all(s.teacher_entropy and ":kd-oracle:c0" in s.trajectory_id for s in batch.samples)
+
+
+def _teacher_sampled(tmp_path: Path, teacher: Policy) -> S.TeacherSampleSource:
+    return S.TeacherSampleSource(
+        teacher_runner=lambda: _runner(teacher),
+        config=tiny_config("run.mode=seqkd"),
+        version=lambda: 3,
+        events=_events(tmp_path),
+        trajectory_log=tmp_path / "t.jsonl",
+    )
+
+
+def test_seqkd_trains_on_fresh_teacher_sampled_ids_as_hard_labels(tmp_path: Path) -> None:
+    student, teacher = Policy("11", 1.0), Policy("22", 2.0)
+    source = _teacher_sampled(tmp_path, teacher)
+    tasks = calculator_tasks(3)
+    first, second = source.samples(0, tasks), source.samples(1, tasks)
+    said = teacher.tokenizer.encode(final_text("22"))
+    assert said != student.tokenizer.encode(final_text("11"))
+    assert source.supervision == S.Supervision(phase="seqkd", teacher_targets=False)
+    for sample in first.samples:
+        assert _generated(sample.trajectory) == said
+        assert sample.trajectory.metadata["policy_fingerprint"] == backend_fingerprint(teacher)
+        assert sample.alignment.target_token_ids == [
+            sample.trajectory.token_ids[p]
+            for p in model_target_positions(sample.trajectory.model_generated_mask)
+        ]
+    ids = [s.trajectory_id for s in first.samples + second.samples]
+    assert len(set(ids)) == 6, "every cycle samples the teacher afresh"
+    assert first.rollout_stats == {}, "teacher tokens are not student-generated tokens"
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["teacher_sampled"] for e in events if e["event"] == "rollouts_collected"] == [
+        True,
+        True,
+    ]
+
+
+def _mixed(tmp_path: Path, student: Policy, teacher: Policy, fingerprint: Any) -> Any:
+    on_policy = _on_policy(tmp_path, student, fingerprint=fingerprint, scorer=FakeScorer())
+    return S.MixedPrefixSource(
+        on_policy=on_policy, teacher_runner=lambda: _runner(teacher), student_fraction=0.5
+    )
+
+
+def test_gkd_mix_mixes_student_and_teacher_prefixes_per_batch(tmp_path: Path) -> None:
+    student, teacher = Policy("11", 1.0), Policy("22", 2.0)
+    source = _mixed(tmp_path, student, teacher, lambda: backend_fingerprint(student))
+    tasks = calculator_tasks(4)
+    batch = source.samples(0, tasks)
+    by = {backend_fingerprint(student): "11", backend_fingerprint(teacher): "22"}
+    split = source.split(0, 4)
+    assert sum(split) == 2 and split == source.split(0, 4), "λ = 0.5, seeded"
+    assert [s.trajectory.task_id for s in batch.samples] == [t.task_id for t in tasks]
+    for is_student, sample in zip(split, batch.samples, strict=True):
+        answer = by[sample.trajectory.metadata["policy_fingerprint"]]
+        assert answer == ("11" if is_student else "22")
+        assert _generated(sample.trajectory) == student.tokenizer.encode(final_text(answer))
+        assert sample.provider is None and sample.teacher_entropy, "all scored by the teacher"
+    assert batch.rollout_stats["tasks"] == 2, "only the student's rollouts count as its tokens"
+    assert not source.supervision.strict_on_policy and source.supervision.teacher_targets
+    assert sum(S.MixedPrefixSource(
+        on_policy=source.on_policy, teacher_runner=lambda: _runner(teacher), student_fraction=0.25
+    ).split(0, 8)) == 2  # fmt: skip
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0])
+def test_gkd_mix_at_the_ends_is_all_teacher_or_all_student(tmp_path: Path, fraction: float) -> None:
+    student, teacher = Policy("11", 1.0), Policy("22", 2.0)
+    source = _mixed(tmp_path, student, teacher, lambda: backend_fingerprint(student))
+    source.student_fraction = fraction
+    batch = source.samples(0, calculator_tasks(3))
+    want = backend_fingerprint(student if fraction else teacher)
+    assert [s.trajectory.metadata["policy_fingerprint"] for s in batch.samples] == [want] * 3
+
+
+def test_gkd_mix_refuses_student_rollouts_of_a_foreign_fingerprint(tmp_path: Path) -> None:
+    student, teacher = Policy("11", 1.0), Policy("22", 2.0)
+    source = _mixed(tmp_path, student, teacher, lambda: backend_fingerprint(teacher))
+    with pytest.raises(OffPolicyError, match="was sampled by weights with policy fingerprint"):
+        source.samples(0, calculator_tasks(4))
 
 
 @pytest.mark.parametrize(

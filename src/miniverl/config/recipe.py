@@ -140,6 +140,12 @@ class RunConfig(_Section):
             return "supervised_fine_tuning_on_oracle_traces"
         if self.run.mode == "offline_kd":
             return "offline_knowledge_distillation"
+        if self.run.mode == "seqkd":
+            return "sequence_level_knowledge_distillation"
+        if self.run.mode == "kd_oracle":
+            return "knowledge_distillation_at_oracle_states"
+        if self.run.mode == "gkd_mix":
+            return "generalized_knowledge_distillation_mixed_prefixes"
         if self.train.opd_freshness == "replay" and self.train.replay_passes > 1:
             return "online_distillation_with_replay"
         return "on_policy_distillation"
@@ -149,10 +155,10 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
     mode = cfg.run.mode
     if mode == "opd" and cfg.cache.reuse_across_policy_versions:
         yield "run.mode: opd cannot set cache.reuse_across_policy_versions: true (on-policy targets must come from the current rollouts; only offline_kd may reuse a frozen cache)"
-    if mode == "sft" and cfg.cache.reuse_across_policy_versions:
+    if mode not in ("opd", "offline_kd") and cfg.cache.reuse_across_policy_versions:
         yield "cache.reuse_across_policy_versions is only meaningful in run.mode: offline_kd"
-    if mode == "opd" and not cfg.cache.strict_policy_version:
-        yield "run.mode: opd requires cache.strict_policy_version: true (a target produced under another policy version is not on-policy)"
+    if mode in ("opd", "gkd_mix") and not cfg.cache.strict_policy_version:
+        yield f"run.mode: {mode} requires cache.strict_policy_version: true (a target produced under another policy version is not on-policy)"
     if cfg.loss.divergence == "jsd" and cfg.loss.jsd_beta in (0.0, 1.0):
         which = "forward_kl" if cfg.loss.jsd_beta == 0.0 else "reverse_kl"
         yield f"loss.divergence: jsd needs 0 < loss.jsd_beta < 1, got {cfg.loss.jsd_beta}; use loss.divergence: {which} instead"
@@ -207,6 +213,12 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
             f"rollouts_per_cycle={tr.rollouts_per_cycle} with gradient_accumulation_steps={tr.group_size()} "
             f"takes {tr.steps_per_rollout_batch()}; set train.gradient_accumulation_steps to {tr.rollouts_per_cycle} (or auto), "
             "or use train.opd_freshness: replay"
+        )
+    if mode == "gkd_mix" and tr.steps_per_rollout_batch() > 1:
+        yield (
+            f"run.mode: gkd_mix allows one optimizer step per batch (its student rollouts are on-policy), but "
+            f"rollouts_per_cycle={tr.rollouts_per_cycle} with gradient_accumulation_steps={tr.group_size()} "
+            f"takes {tr.steps_per_rollout_batch()}; set train.gradient_accumulation_steps to {tr.rollouts_per_cycle} (or auto)"
         )
     if tr.opd_freshness == "replay" and mode != "opd":
         yield "train.opd_freshness: replay only applies to run.mode: opd"

@@ -43,9 +43,9 @@ class RunSection(_Section):
         min_length=1,
         max_length=128,
     )
-    mode: Literal["sft", "offline_kd", "opd"] = Field(
+    mode: Literal["sft", "offline_kd", "opd", "seqkd", "kd_oracle", "gkd_mix"] = Field(
         "opd",
-        description="sft: cross-entropy on oracle traces; offline_kd: one fixed trajectory set and one frozen teacher cache; opd: fresh student rollouts scored by the teacher every cycle.",
+        description="sft: cross-entropy on oracle traces; offline_kd: one fixed trajectory set and one frozen teacher cache; opd: fresh student rollouts scored by the teacher every cycle; seqkd: cross-entropy on fresh teacher samples every cycle; kd_oracle: teacher targets at the oracle's states; gkd_mix: per batch, train.gkd_student_fraction student rollouts and the rest fresh teacher samples, all scored by the teacher.",
     )
     seed: int = Field(
         1234,
@@ -546,6 +546,12 @@ class TrainConfig(_Section):
     )
     checkpoint_every: int = Field(
         1, ge=1, le=MAX_STEPS, description="Save a resumable checkpoint every N cycles."
+    )
+    gkd_student_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="run.mode: gkd_mix only: the fraction λ of each batch's tasks rolled out by the student (the rest are fresh teacher samples).",
     )
 
     @field_validator("gradient_accumulation_steps", "trajectory_batch_size")

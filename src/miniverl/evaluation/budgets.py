@@ -6,9 +6,11 @@ is not matched and is measured instead (:func:`measure_budget`):
 - ``optimizer_steps``: optimizer updates of the arm phase (the cold start is shared, not counted);
 - ``trained_tokens``: selected target positions that entered a loss, summed over steps;
 - ``student_generated_tokens``: tokens the student sampled in training rollouts (eval excluded);
-- ``teacher_generated_tokens``: tokens the teacher sampled for the arm (offline_kd's pool);
+- ``teacher_generated_tokens``: tokens the teacher sampled for the arm (offline_kd's pool,
+  seqkd's and gkd_mix's fresh teacher samples);
 - ``teacher_scored_tokens``: positions the teacher ran a forward pass over: the full length
-  of every distinct trajectory the arm trained on with teacher targets (0 for oracle SFT);
+  of every distinct trajectory the arm trained on with teacher targets (0 for oracle SFT
+  and seqkd; kd_oracle's oracle traces count);
 - ``cpu_seconds``: process CPU time (all threads) of the arm phase, ``time.process_time``;
 - ``gpu_seconds``: wall seconds of the arm phase when it ran on CUDA (the device was held
   for that long), else None: a held-device measure, not kernel time.
@@ -16,10 +18,10 @@ is not matched and is measured instead (:func:`measure_budget`):
 **Compute-matched mode** gives every arm the budget ``opd`` spent on the same seed and arm
 seed, in one resource (:data:`MATCHABLE`). The harness runs ``opd`` first in each
 (seed, arm seed), reads its spend with :func:`measure_budget`, and hands every other arm a
-:class:`BudgetCap`. A training loop that honours the cap calls :meth:`BudgetCap.charge`
-after each optimizer step with what that step spent, and stops when
-:meth:`BudgetCap.exhausted` is True; it then sets ``enforced`` so the record shows the cap
-was applied rather than merely computed. The cell always records the cap, the spend and
+:class:`BudgetCap`. The trainer honours the cap (``training/budget.py``): it sets ``enforced``,
+charges each cycle's spend over its optimizer steps with :meth:`BudgetCap.charge`, and
+stops after the cycle in which :meth:`BudgetCap.exhausted` became True, recording
+``stopped_at`` (cycle, global optimizer step, spend) and a ``compute_cap_reached`` event. The cell always records the cap, the spend and
 whether the cap bound, so an arm that overran an unenforced cap is visible, not hidden.
 """
 
@@ -30,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from miniverl.training.budget import UNSCORED_ID_PARTS
 
 BUDGET_FIELDS = (
     "optimizer_steps",
@@ -57,6 +61,8 @@ class BudgetCap:
     steps_charged: int = 0
     enforced: bool = False
     notes: list[str] = field(default_factory=list)
+    stopped_at: dict[str, Any] | None = None
+    """Set by the trainer when the cap stopped training: cycle, global optimizer step, spend."""
 
     def __post_init__(self) -> None:
         if self.resource not in MATCHABLE:
@@ -134,7 +140,7 @@ def measure_budget(
         seen: set[str] = set()
         for record in read_jsonl(paths.trajectories):
             tid = str(record.get("trajectory_id"))
-            if tid in seen or ":oracle:" in tid or ":eval-" in tid:
+            if tid in seen or any(part in tid for part in UNSCORED_ID_PARTS):
                 continue
             seen.add(tid)
             scored += len(record.get("token_ids") or [])
@@ -147,7 +153,8 @@ def measure_budget(
         "teacher_generated_tokens": sum(
             int(e.get("generated_tokens") or 0)
             for e in events
-            if e.get("event") == "rollouts_collected" and e.get("offline_kd_pool")
+            if e.get("event") == "rollouts_collected"
+            and (e.get("offline_kd_pool") or e.get("teacher_sampled"))
         ),
         "teacher_scored_tokens": scored,
         "cpu_seconds": round(cpu_seconds, 3),

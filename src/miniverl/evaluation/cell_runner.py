@@ -6,8 +6,9 @@ interrupted attempt left in its directories (a partial run is never resumed into
 result), then trains, then measures:
 
 - a cold-start cell: the exported weights' SHA-256, the cold start's evaluations, the
-  teacher gate (``teacher_gate``: whatever ``trainer.teacher_gate_report`` holds after
-  training, ``{value, threshold, passed}``, or None when no gate ran) and, for calc_chain,
+  teacher gate (``teacher_gate``: :func:`~miniverl.evaluation.teacher_gate.cold_start_teacher_gate`
+  of the finished cold start, ``{value, threshold, passed, ...}`` or ``{skipped, reason}``;
+  also set as ``trainer.teacher_gate_report`` and copied beside the cold-start weights) and, for calc_chain,
   the endpoints of its last greedy evaluation (the state every arm starts from);
 - an arm cell: :func:`miniverl.evaluation.benchmark.measure_arm`, the budget
   (:func:`miniverl.evaluation.budgets.measure_budget`), the final greedy outcome of every
@@ -17,9 +18,10 @@ result), then trains, then measures:
 
 **Compute-matched mode.** ``compute_matched=<resource>`` hands every non-opd arm a
 :class:`~miniverl.evaluation.budgets.BudgetCap` at opd's spend of the same (seed, arm
-seed) (opd is planned first). The cap is set on the trainer as ``trainer.budget_cap``; a
-trainer that honours it sets ``cap.enforced`` (see budgets.py). The cell records
-:func:`~miniverl.evaluation.budgets.cap_outcome` either way.
+seed) (opd is planned first). The cap is set on the trainer as ``trainer.budget_cap``; the
+trainer enforces it (``training/budget.py``: each cycle's spend is charged over its optimizer
+steps and training stops cleanly after the cycle that spends it, ``enforced: true`` and
+``stopped_at``). The cell records :func:`~miniverl.evaluation.budgets.cap_outcome`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from miniverl.evaluation.endpoints import (
     curve_is_dense_enough,
     summarize_episodes,
 )
+from miniverl.evaluation.teacher_gate import TEACHER_GATE_FILE, cold_start_teacher_gate
 from miniverl.utils.io import read_json, sha256_file
 from miniverl.utils.runs import RunPaths
 
@@ -159,6 +162,9 @@ def make_trainer_cell_runner(
         trainer.train()
         trainer.export_cold_start(cold_dir)
         wall, cpu = watch.read()
+        trainer.teacher_gate_report = cold_start_teacher_gate(trainer)
+        if not trainer.teacher_gate_report.get("skipped"):
+            shutil.copyfile(run_dir / TEACHER_GATE_FILE, cold_dir / TEACHER_GATE_FILE)
         marker = read_json(cold_dir / COLD_START_MARKER)
         evaluations = marker.get("evaluations") or {}
         by_tag = _eval_trajectories(run_dir)

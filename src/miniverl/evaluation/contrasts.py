@@ -194,6 +194,15 @@ def teacher_gate_check(cold_starts: Sequence[Mapping[str, Any]]) -> dict[str, An
             None,
             "the cold start recorded no teacher gate (teacher_gate: {value, threshold, passed})",
         )
+    skipped = [g for g in gates if g.get("skipped")]
+    if skipped:
+        return _check(
+            "teacher_gate_passed",
+            None,
+            None,
+            skipped[0].get("threshold"),
+            f"the teacher gate was skipped: {skipped[0].get('reason')}",
+        )
     values = [g.get("value") for g in gates]
     passed = all(bool(g.get("passed")) for g in gates)
     return _check(

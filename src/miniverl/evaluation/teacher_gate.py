@@ -39,7 +39,7 @@ from miniverl.agent.protocol import format_final, format_tool_call
 from miniverl.config.models import RolloutConfig
 from miniverl.environments.base import Task, ToolEnvironment
 from miniverl.environments.oracle_state import next_oracle_action, oracle_tool_results
-from miniverl.errors import TeacherGateError
+from miniverl.errors import TeacherGateError, ToolEnvironmentError
 from miniverl.schemas.trajectory import Trajectory
 from miniverl.utils.io import read_json, write_json
 from miniverl.utils.seeding import derive_seed
@@ -328,6 +328,74 @@ def trainer_teacher_gate(trainer: Any, *, record: bool = True) -> TeacherGateRes
     return result
 
 
+def cold_start_teacher_gate(trainer: Any) -> dict[str, Any]:
+    """The gate of a finished cold start, as the benchmark records it (``teacher_gate``).
+
+    ``{value, threshold, passed, actions, off_path_accuracy, oracle_state_accuracy}`` after
+    :func:`trainer_teacher_gate` (recorded in the run directory and its event log), or
+    ``{skipped: true, reason, threshold, passed: None, value: None}`` where no gate can be
+    computed: a backend other than toy, no teacher, or an environment without an oracle to
+    say what the correct next action is. A skipped gate never refuses a benchmark; the
+    stop-or-go check reports it as not measured, with the reason.
+    """
+    cfg = trainer.config
+    threshold = float(cfg.eval.teacher_gate_threshold)
+    reason = None
+    tasks = trainer.splits["eval"][: cfg.eval.teacher_gate_tasks]
+    if cfg.models.backend != "toy":
+        reason = (
+            f"the gate is computed for the toy backend only (models.backend: {cfg.models.backend})"
+        )
+    elif trainer.teacher is None:
+        reason = "the cold start has no teacher"
+    elif not tasks:
+        reason = "the eval split holds no tasks"
+    else:
+        try:
+            oracle_tool_results(trainer.environment, tasks[0])
+        except (NotImplementedError, ToolEnvironmentError) as err:
+            reason = f"environment {cfg.environment.name!r} has no oracle state ({err})"
+    if reason is not None:
+        trainer.events.emit(
+            "teacher_gate", echo=f"teacher gate skipped: {reason}", skipped=True, reason=reason
+        )
+        return {
+            "skipped": True,
+            "reason": reason,
+            "value": None,
+            "threshold": threshold,
+            "passed": None,
+        }
+    result = trainer_teacher_gate(trainer)
+    return {
+        "value": result.value,
+        "threshold": threshold,
+        "passed": bool(result.actions) and result.value >= threshold,
+        "actions": result.actions,
+        "off_path_actions": result.off_path_actions,
+        "off_path_accuracy": result.off_path_accuracy,
+        "oracle_state_accuracy": result.oracle_state_accuracy,
+        "tasks": len(tasks),
+    }
+
+
+def refuse_failed_gates(cold_starts: Sequence[dict[str, Any]]) -> None:
+    """Raise :class:`TeacherGateError` when any seed's recorded gate failed (skipped gates pass)."""
+    for cold in cold_starts:
+        gate = cold.get("teacher_gate") or {}
+        if gate.get("passed") is False:
+            raise TeacherGateError(
+                f"teacher gate failed for seed {cold.get('seed')}: the teacher reproduces the correct "
+                f"next action at {gate.get('value', 0.0):.3f} of {gate.get('actions')} student-visited "
+                f"states, under eval.teacher_gate_threshold {gate.get('threshold'):.3f}; "
+                "no benchmark arm was started and no benchmark.json was written",
+                hint="fit the toy teacher longer (models.toy_fit.max_steps, models.toy_fit.target_success) "
+                "or on more noise-injected traces (models.toy_fit.noise_fraction); lower "
+                "eval.teacher_gate_threshold only knowingly (the cold start is stored and reused "
+                "only under the same base config)",
+            )
+
+
 def load_teacher_gate(directory: str | Path) -> dict[str, Any]:
     """The stored gate record of a run directory (JSON only)."""
     return dict(read_json(Path(directory) / TEACHER_GATE_FILE))
@@ -338,10 +406,12 @@ __all__ = [
     "TEACHER_GATE_FILE",
     "GateState",
     "TeacherGateResult",
+    "cold_start_teacher_gate",
     "evaluate_teacher_gate",
     "gate_states",
     "load_teacher_gate",
     "record_teacher_gate",
+    "refuse_failed_gates",
     "require_teacher_gate",
     "score_teacher_gate",
     "teacher_reproduces",

@@ -50,6 +50,7 @@ EVENT_NAMES: frozenset[str] = frozenset(
         "checkpoint_loaded",
         "checkpoint_saved",
         "checkpoints_superseded",
+        "compute_cap_reached",
         "cycle_end",
         "cycle_skipped_no_selected_positions",
         "eval",

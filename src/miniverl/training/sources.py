@@ -1,15 +1,22 @@
 """Sample sources: where one cycle's training samples come from (docs/design.md §3).
 
 The trainer's cycle is the same for every mode: tasks -> ``source.samples`` -> optimize ->
-commit. What differs between ``sft``, ``offline_kd`` and ``opd`` is only *where the
-trajectories come from* and *whether the teacher scores them*; each way of getting data is
-one small class here, built by :func:`build_source` (the only place that reads the mode).
+commit. What differs between the modes is only *where the trajectories come from* and
+*whether the teacher scores them*; each way of getting data is one small class here, built
+by :func:`build_source` (the only place that reads the mode):
+
+- ``sft``: oracle traces, hard labels (:class:`OracleSource`);
+- ``kd_oracle``: oracle traces, teacher targets (:class:`OracleSource` with targets);
+- ``seqkd``: fresh teacher samples every cycle, hard labels
+  (:class:`~miniverl.training.teacher_sources.TeacherSampleSource`);
+- ``offline_kd``: one fixed pool of teacher samples, teacher targets (:class:`OfflinePoolSource`);
+- ``opd``: fresh student rollouts, teacher targets (:class:`OnPolicySource`);
+- ``gkd_mix``: per batch a fraction λ of student rollouts and the rest fresh teacher samples,
+  teacher targets (:class:`~miniverl.training.teacher_sources.MixedPrefixSource`).
 
 Two pieces compose:
 
-- a **prefix provider** chooses the trajectories: oracle traces (:class:`OracleSource`), one
-  fixed pool of teacher rollouts (:class:`OfflinePoolSource`), fresh student rollouts
-  (:class:`OnPolicySource`);
+- a **prefix provider** chooses the trajectories (the table's middle column);
 - :class:`~miniverl.training.targets.TeacherTargets` (``training/targets.py``) turns trajectories into teacher-scored samples (select -> privileged
   render -> align -> score -> cache write -> read back through the cache's checks). A source
   without it trains on hard labels (the trajectory's own tokens, cross-entropy).
@@ -31,7 +38,6 @@ from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task
 from miniverl.schemas.trajectory import Trajectory
-from miniverl.training.memory import split_on_oom
 from miniverl.training.onpolicy import check_on_policy
 from miniverl.training.samples import (
     CycleSamples,
@@ -45,6 +51,12 @@ from miniverl.training.targets import (
     TeacherTargets,
     cache_key,
     make_select_and_align,
+)
+from miniverl.training.teacher_sources import (
+    MixedPrefixSource,
+    TeacherSampleSource,
+    oom_splitter,
+    teacher_rollouts,
 )
 from miniverl.trajectory.io import append_trajectories, read_trajectories
 from miniverl.utils.logging import EventLog
@@ -72,22 +84,17 @@ class SampleSource(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def oom_splitter(events: EventLog, what: str) -> Any:
-    """A ``rollout_batch`` splitter that halves a decode round on out-of-memory (recorded)."""
-
-    def split(decode: Any, requests: list[Any]) -> Any:
-        return split_on_oom(decode, requests, what=what, events=events)
-
-    return split
-
-
 # ====================================================================== sources
 
 
 class OracleSource:
-    """``sft`` and the SFT warm-up: the environment's oracle traces, hard labels."""
+    """``sft``, the SFT warm-up and ``kd_oracle``: the environment's oracle traces.
 
-    supervision = Supervision(phase="sft", teacher_targets=False)
+    Without ``targets`` the samples are hard labels (cross-entropy on the oracle's tokens).
+    With ``targets`` (``kd_oracle``) the teacher scores the oracle's states and the student
+    matches its distribution there (forward KL at ``loss.temperature``); those trajectories
+    are named ``<task>:kd-oracle:c<cycle>`` so budgets count them as teacher-scored.
+    """
 
     def __init__(
         self,
@@ -96,21 +103,35 @@ class OracleSource:
         version: Callable[[], int],
         trajectory_log: Path,
         tasks_per_cycle: int,
+        targets: TeacherTargets | None = None,
     ) -> None:
         self.runner = runner
         self.version = version
         self.trajectory_log = trajectory_log
         self.tasks_per_cycle = tasks_per_cycle
+        self.targets = targets
+        self.supervision = (
+            Supervision(phase="sft", teacher_targets=False)
+            if targets is None
+            else Supervision(phase="kd_oracle", teacher_targets=True)
+        )
 
     def samples(self, cycle: int, tasks: Sequence[Task]) -> CycleSamples:
+        version = self.version()
+        kind = "oracle" if self.targets is None else "kd-oracle"
         trajectories = [
             self.runner.oracle_rollout(
-                t, trajectory_id=f"{t.task_id}:oracle:c{cycle}", policy_version=self.version()
+                t, trajectory_id=f"{t.task_id}:{kind}:c{cycle}", policy_version=version
             )
             for t in tasks
         ]
         append_trajectories(self.trajectory_log, trajectories)
-        return CycleSamples([hard_label_sample(traj) for traj in trajectories])
+        if self.targets is None:
+            return CycleSamples([hard_label_sample(traj) for traj in trajectories])
+        scored = self.targets.score(
+            trajectories, cycle=cycle, version=version, expect_version=version
+        )
+        return CycleSamples(scored)
 
     def finish_cycle(self, cycle: int) -> None:
         return None
@@ -373,13 +394,22 @@ def build_source(
     trajectory_log: Path,
     vocab_size: int | None = None,
 ) -> SampleSource:
-    """The one place that maps ``run.mode`` to a source."""
-    if mode == "sft":
+    """The one place that maps ``run.mode`` to a source (the module docstring's table)."""
+    if mode in ("sft", "kd_oracle"):
         return OracleSource(
             runner=student_runner,
             version=version,
             trajectory_log=trajectory_log,
             tasks_per_cycle=config.train.rollouts_per_cycle,
+            targets=targets if mode == "kd_oracle" else None,
+        )
+    if mode == "seqkd":
+        return TeacherSampleSource(
+            teacher_runner=teacher_runner,
+            config=config,
+            version=version,
+            events=events,
+            trajectory_log=trajectory_log,
         )
     if mode == "offline_kd":
         return OfflinePoolSource(
@@ -392,8 +422,8 @@ def build_source(
             trajectory_log=trajectory_log,
             vocab_size=vocab_size,
         )
-    if mode == "opd":
-        return OnPolicySource(
+    if mode in ("opd", "gkd_mix"):
+        on_policy = OnPolicySource(
             runner=student_runner,
             student=student,
             targets=targets,
@@ -405,6 +435,13 @@ def build_source(
             progress=progress,
             trajectory_log=trajectory_log,
         )
+        if mode == "opd":
+            return on_policy
+        return MixedPrefixSource(
+            on_policy=on_policy,
+            teacher_runner=teacher_runner,
+            student_fraction=config.train.gkd_student_fraction,
+        )
     raise ValueError(f"no sample source for run.mode {mode!r}")
 
 
@@ -412,11 +449,13 @@ __all__ = [
     "OFFLINE_POOL_CYCLE",
     "RESIDENT_ROUND_TRIP_REASON",
     "CycleSamples",
+    "MixedPrefixSource",
     "OfflinePoolSource",
     "OnPolicySource",
     "OracleSource",
     "SampleSource",
     "Supervision",
+    "TeacherSampleSource",
     "TeacherTargets",
     "TrainingSample",
     "build_source",
@@ -425,4 +464,5 @@ __all__ = [
     "make_select_and_align",
     "oom_splitter",
     "summarize_rollouts",
+    "teacher_rollouts",
 ]

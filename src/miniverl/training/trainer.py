@@ -43,6 +43,7 @@ from miniverl.schemas.records import CycleRecord, EvalRecord, StepRecord
 from miniverl.selection.selectors import aggregate_selection_stats
 from miniverl.teachers.local import LocalTeacherScorer
 from miniverl.training import toy_teacher
+from miniverl.training.budget import make_cap_meter
 from miniverl.training.checkpoint_retention import prune_cycle_checkpoints
 from miniverl.training.checkpoint_select import select_resume_checkpoint
 from miniverl.training.cold_start import (
@@ -455,8 +456,10 @@ class OPDTrainer:
                     self.save_checkpoint("warmup", cycle=-1)
             if not self._training_finished:
                 self.teacher_adapter_report = prepare_teacher_adapter(self)
+                meter = make_cap_meter(getattr(self, "budget_cap", None), self.paths)
                 with self.progress.task("cycles", cfg.train.cycles - self._start_cycle) as advance:
                     for cycle in range(self._start_cycle, cfg.train.cycles):
+                        steps_before = self.global_step
                         self._run_cycle(cycle)
                         last = cycle == cfg.train.cycles - 1
                         held_out = None
@@ -465,6 +468,13 @@ class OPDTrainer:
                         if last or (cycle + 1) % cfg.train.checkpoint_every == 0:
                             self.save_checkpoint(f"cycle-{cycle:04d}", cycle=cycle)
                         advance(stats=format_live_line(self.last_cycle_summary, held_out))
+                        if meter is not None and meter.after_cycle(
+                            cycle=cycle,
+                            steps=self.global_step - steps_before,
+                            global_step=self.global_step,
+                            events=self.events,
+                        ):
+                            break
                 self.evaluate("final", temperature=0.0)
                 if self.cache is not None:
                     self.cache.close()

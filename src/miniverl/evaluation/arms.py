@@ -1,0 +1,228 @@
+"""Benchmark arms: their definitions, what every arm must hold fixed, and their configs.
+
+Split from :mod:`miniverl.evaluation.benchmark` (which re-exports every name). An arm is
+the override keys it applies to the base recipe; every arm of a seed starts from the same
+cold start and must run the same splits, cycles, optimizer steps, rollout bounds and
+evaluation (:func:`verify_held_fixed`). :func:`arm_temperatures` is what benchmark.json
+records per arm: the temperature trajectories were sampled at and the loss temperature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from miniverl.config.models import RunConfig, parse_override
+from miniverl.errors import ConfigError
+
+BASELINE_ARM = "sft_oracle"
+DEFAULT_ARMS: dict[str, tuple[str, ...]] = {
+    "sft_oracle": ("run.mode=sft",),
+    "seqkd": ("run.mode=seqkd",),
+    "offline_kd": ("run.mode=offline_kd", "loss.divergence=forward_kl"),
+    "kd_oracle": ("run.mode=kd_oracle", "loss.divergence=forward_kl"),
+    "opd": ("run.mode=opd", "loss.divergence=forward_kl"),
+    "opd_reverse_kl": ("run.mode=opd", "loss.divergence=reverse_kl"),
+    "offline_kd_reverse_kl": ("run.mode=offline_kd", "loss.divergence=reverse_kl"),
+    "gkd_mix": ("run.mode=gkd_mix", "loss.divergence=forward_kl"),
+    "opd_entropy_aware": ("run.mode=opd", "loss.divergence=entropy_aware"),
+}
+"""Each arm is the set of override keys it applies to the base recipe (recorded verbatim).
+``gkd_mix`` takes λ from ``train.gkd_student_fraction`` (0.5 unless the recipe says otherwise)."""
+
+ARM_ALIASES: dict[str, str] = {"sft_only": "sft_oracle"}
+"""Deprecated arm names, still accepted: the alias runs under its own name with the
+definition and description of the arm it stands for."""
+
+REFERENCE_CEILING_ARMS = ("sft_oracle", "sft_only")
+"""Arms that copy a perfect oracle: a reference ceiling, not a like-for-like baseline
+(every other arm distils an imperfect teacher)."""
+
+ARM_DESCRIPTIONS: dict[str, str] = {
+    "sft_oracle": "reference ceiling: continues oracle-trace SFT for the same number of optimizer steps",
+    "sft_only": "deprecated alias of sft_oracle (reference ceiling: oracle-trace SFT)",
+    "seqkd": "sequence-level KD: cross-entropy on fresh teacher samples every cycle",
+    "offline_kd": "one fixed set of teacher rollouts and one frozen teacher cache (forward KL)",
+    "kd_oracle": "teacher forward-KL targets at the oracle's states (oracle prefixes)",
+    "opd": "on-policy distillation, forward KL",
+    "opd_reverse_kl": "on-policy distillation, reverse KL",
+    "offline_kd_reverse_kl": "offline_kd with reverse KL",
+    "gkd_mix": "per batch a fraction λ of student rollouts and the rest teacher samples, forward KL",
+    "opd_entropy_aware": "on-policy distillation, entropy-aware forward/reverse KL",
+}
+
+FIXED_KEYS: tuple[str, ...] = (
+    "environment",
+    "eval",
+    "models",
+    "run.seed",
+    "train.cycles",
+    "train.rollouts_per_cycle",
+    "rollout.max_turns",
+    "rollout.max_new_tokens_per_turn",
+    "rollout.max_total_tokens",
+    "rollout.max_parse_errors",
+    "rollout.max_repeated_calls",
+)
+"""Config keys no arm may override: splits, evaluation, the models the cold start was
+trained for, the seed (set by the harness), cycles, rollouts per cycle and rollout bounds."""
+
+
+def _dotted(data: Mapping[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def _touches(override_key: str, fixed: str) -> bool:
+    return (
+        override_key == fixed
+        or override_key.startswith(fixed + ".")
+        or fixed.startswith(override_key + ".")
+    )
+
+
+def check_arm_overrides(arm: str, overrides: Sequence[str]) -> None:
+    """Refuse an arm whose overrides touch anything the benchmark holds fixed."""
+    for item in overrides:
+        key = ".".join(parse_override(item)[0])
+        hit = next((fixed for fixed in FIXED_KEYS if _touches(key, fixed)), None)
+        if hit is not None:
+            raise ConfigError(
+                f"benchmark arm {arm!r} overrides {key!r}, which the benchmark holds fixed ({hit})",
+                hint="arms may change the objective (run.mode, loss.*, selection.*, teacher.*, train.lr, ...); "
+                "put split, cycle, rollout-bound, model and evaluation changes in the base overrides instead",
+            )
+
+
+def fixed_view(config: RunConfig) -> dict[str, Any]:
+    """The values of :data:`FIXED_KEYS` plus the planned optimizer steps of the arm phase."""
+    data = config.to_dict()
+    view = {key: _dotted(data, key) for key in FIXED_KEYS}
+    view["optimizer_steps"] = config.train.cycles * config.train.steps_per_rollout_batch()
+    return view
+
+
+def verify_held_fixed(configs: Mapping[str, RunConfig]) -> dict[str, Any]:
+    """Compare the arms' validated configs key by key; refuse any difference."""
+    names = list(configs)
+    reference = fixed_view(configs[names[0]])
+    for name in names[1:]:
+        view = fixed_view(configs[name])
+        for key, value in reference.items():
+            if view[key] != value:
+                raise ConfigError(
+                    f"benchmark arms {names[0]!r} and {name!r} differ in {key} ({value!r} vs {view[key]!r}), which must be held fixed",
+                    hint="every arm must run the same splits, cycles, optimizer steps, rollout bounds and evaluation settings",
+                )
+    return reference
+
+
+def cold_start_config(base: RunConfig, seed: int) -> RunConfig:
+    """The shared cold start: the base recipe with no distillation cycles.
+
+    ``train()`` then fits the toy teacher, evaluates the baseline, runs the SFT warm-up
+    and evaluates again. ``sft`` mode skips the warm-up and loads no teacher, so an sft
+    base recipe is run in opd mode for the cold start only.
+    """
+    overrides = [
+        f"run.seed={seed}",
+        "train.cycles=0",
+        f"run.name={base.run.name}-cold-start-s{seed}",
+    ]
+    if base.run.mode == "sft":
+        overrides.append("run.mode=opd")
+    return base.with_overrides(overrides)
+
+
+def arm_config(base: RunConfig, arm: str, overrides: Sequence[str], seed: int) -> RunConfig:
+    """The base recipe plus the arm's override keys, at ``seed`` (the harness owns the seed)."""
+    return base.with_overrides(
+        [*overrides, f"run.seed={seed}", f"run.name={base.run.name}-{arm}-s{seed}"]
+    )
+
+
+def resolve_arms(
+    arms: Sequence[str] | None, definitions: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, tuple[str, ...]]:
+    """Arm name -> override keys, in the requested order; unknown names are refused.
+
+    With the default definitions a deprecated alias (:data:`ARM_ALIASES`) is accepted and
+    keeps its own name; it is never part of the default set.
+    """
+    known = {name: tuple(spec) for name, spec in (definitions or DEFAULT_ARMS).items()}
+    names = list(dict.fromkeys(arms)) if arms else list(known)
+    if definitions is None:
+        known.update({alias: known[arm] for alias, arm in ARM_ALIASES.items()})
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(
+            f"unknown benchmark arm(s) {', '.join(unknown)}", hint=f"choose from {', '.join(known)}"
+        )
+    if not names:
+        raise ConfigError("no benchmark arms selected")
+    return {name: known[name] for name in names}
+
+
+def arm_config_for_arm_seed(config: RunConfig, arm_seed: int) -> RunConfig:
+    """An arm's config at ``arm_seed``: arm seed 0 is unchanged; others get a derived ``run.seed``.
+
+    Splits come from ``environment.split_seed``, so the held-out tasks stay the same.
+    """
+    from miniverl.evaluation.cells import arm_phase_seed
+
+    if arm_seed == 0:
+        return config
+    return config.with_overrides(
+        [
+            f"run.seed={arm_phase_seed(config.run.seed, arm_seed)}",
+            f"run.name={config.run.name}-a{arm_seed}",
+        ]
+    )
+
+
+def arm_baseline(arms: Sequence[str]) -> str | None:
+    """The arm every other arm's difference is taken against: the first oracle-SFT arm that runs."""
+    return next((a for a in arms if a in REFERENCE_CEILING_ARMS), None)
+
+
+def arm_record(name: str, overrides: Sequence[str], config: RunConfig) -> dict[str, Any]:
+    """benchmark.json's ``arms[name]``: overrides, description, mode, temperatures, labels.
+
+    ``sampling_temperature`` is the temperature the arm's training trajectories were
+    sampled at (None for arms that train on oracle traces); ``loss_temperature`` the
+    divergence temperature (None for cross-entropy arms); see training/temperatures.py.
+    """
+    from miniverl.training.temperatures import temperature_fields
+
+    record: dict[str, Any] = {
+        "overrides": list(overrides),
+        "description": ARM_DESCRIPTIONS.get(name, ""),
+        "mode": config.run.mode,
+        "objective": config.objective_label(),
+        **temperature_fields(config),
+        "reference_ceiling": name in REFERENCE_CEILING_ARMS,
+    }
+    if name in ARM_ALIASES:
+        record["deprecated_alias_of"] = ARM_ALIASES[name]
+    return record
+
+
+__all__ = [
+    "ARM_ALIASES",
+    "ARM_DESCRIPTIONS",
+    "BASELINE_ARM",
+    "DEFAULT_ARMS",
+    "FIXED_KEYS",
+    "REFERENCE_CEILING_ARMS",
+    "arm_baseline",
+    "arm_config",
+    "arm_config_for_arm_seed",
+    "arm_record",
+    "check_arm_overrides",
+    "cold_start_config",
+    "fixed_view",
+    "resolve_arms",
+    "verify_held_fixed",
+]
