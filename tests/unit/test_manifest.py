@@ -175,3 +175,14 @@ def test_the_objective_block_follows_the_scorer_shape_and_mode() -> None:
     assert build_manifest(dataclasses.replace(sft_inputs, cache_in_use=False))[
         "measurement_status"
     ]["cache"] == ("not_used")
+
+
+def test_seqkd_is_reported_as_cross_entropy_on_teacher_samples_not_as_a_divergence() -> None:
+    seqkd = tiny_config("run.mode=seqkd")
+    block = objective_block(seqkd, _inputs(config=seqkd).resolved, "bucketed")
+    assert (block["label"], block["divergence"]) == (
+        "sequence_level_knowledge_distillation",
+        "cross_entropy",
+    )
+    assert block["loss_temperature"] is None
+    assert block["sft_warmup_cycles"] == seqkd.train.sft_warmup_cycles

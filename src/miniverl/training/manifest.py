@@ -128,6 +128,10 @@ def supervision_shape(config: RunConfig, scorer_shape: str | None) -> str:
     return "exact_hidden" if scorer_shape == "exact_hidden" else "bucketed_topk_plus_tail"
 
 
+HARD_LABEL_MODES = ("sft", "seqkd")
+"""Modes trained by cross-entropy on sampled ids (oracle or teacher), not by a divergence."""
+
+
 def objective_block(
     config: RunConfig, resolved: ResolvedRun, scorer_shape: str | None
 ) -> dict[str, Any]:
@@ -137,7 +141,7 @@ def objective_block(
     """
     cfg = config
     supervision = supervision_shape(cfg, scorer_shape)
-    distills = cfg.run.mode != "sft"
+    distills = cfg.run.mode not in HARD_LABEL_MODES
     entropy_aware = cfg.loss.divergence == "entropy_aware"
     return {
         "label": cfg.objective_label(),
@@ -161,7 +165,7 @@ def objective_block(
         "replay_passes": cfg.train.replay_passes,
         "group_size": resolved.group_size,
         "trajectory_batch_size": resolved.trajectory_batch_size,
-        "sft_warmup_cycles": cfg.train.sft_warmup_cycles if distills else 0,
+        "sft_warmup_cycles": cfg.train.sft_warmup_cycles if cfg.run.mode != "sft" else 0,
     }
 
 
