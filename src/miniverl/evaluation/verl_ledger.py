@@ -468,6 +468,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
             for key in ("metric", "k", "threshold", "max_cycles")
         },
         "train.sft_lr": n_a("warm-up only"),
+        "train.gkd_student_fraction": n_a("gkd_mix only; a verl export needs run.mode: opd"),
         "train.opd_freshness": freshness,
         "train.replay_passes": lambda v, c: KeyFate(
             "",
