@@ -141,7 +141,7 @@ __all__ = [
 
 
 class OPDTrainer:
-    """Runs ``sft``, ``offline_kd`` or ``opd`` for one ``RunConfig`` into one run directory."""
+    """Runs one ``RunConfig`` into one run directory; its sample source (``training/sources.py``) is the mode."""
 
     def __init__(
         self,
