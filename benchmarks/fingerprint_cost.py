@@ -47,7 +47,7 @@ TARGET = 0.02
 
 
 class FingerprintClock:
-    """Wraps ``fingerprint.tensor_fingerprint`` and ``OPDTrainer._run_cycle`` with timers."""
+    """Wraps ``fingerprint.tensor_fingerprint`` and ``OPDTrainer.run_cycle`` with timers."""
 
     def __init__(self) -> None:
         self.in_cycle = False
@@ -55,7 +55,7 @@ class FingerprintClock:
         self.cycles: list[float] = []
         self.calls_per_cycle: list[int] = []
         self._original_fp: Callable[..., str] = fingerprint.tensor_fingerprint
-        self._original_cycle = OPDTrainer._run_cycle
+        self._original_cycle = OPDTrainer.run_cycle
 
     def __enter__(self) -> FingerprintClock:
         clock = self
@@ -79,12 +79,12 @@ class FingerprintClock:
             clock.calls_per_cycle.append(len(clock.calls) - before)
 
         fingerprint.tensor_fingerprint = timed_fingerprint  # type: ignore[assignment]
-        OPDTrainer._run_cycle = timed_cycle  # type: ignore[method-assign]
+        OPDTrainer.run_cycle = timed_cycle  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
         fingerprint.tensor_fingerprint = self._original_fp  # type: ignore[assignment]
-        OPDTrainer._run_cycle = self._original_cycle  # type: ignore[method-assign]
+        OPDTrainer.run_cycle = self._original_cycle  # type: ignore[method-assign]
 
     def report(self, name: str, params: int) -> float:
         fp_total, cycle_total = sum(self.calls), sum(self.cycles)

@@ -18,6 +18,7 @@ from helpers import tiny_config
 from miniverl.agent.loop import RolloutRunner
 from miniverl.models.fingerprint import backend_fingerprint
 from miniverl.training.trainer import OPDTrainer
+from miniverl.training.update import PolicyUpdater
 from miniverl.utils.seeding import derive_seed
 
 
@@ -27,14 +28,14 @@ def _train_capturing(
     """Train a tiny ``mode`` run; every trained sample of the arm phase, with the student's
     fingerprint at the moment it was optimized."""
     seen: list[tuple[Any, str | None]] = []
-    original = OPDTrainer._optimize
+    original = PolicyUpdater.optimize
 
-    def optimize(self: OPDTrainer, samples: Any, supervision: Any, *, cycle: int) -> Any:
+    def optimize(self: PolicyUpdater, samples: Any, supervision: Any, *, cycle: int) -> Any:
         if supervision.phase != "sft":
-            seen.extend((s, self.policy_fingerprint) for s in samples if s.trainable)
+            seen.extend((s, self.state.policy_fingerprint) for s in samples if s.trainable)
         return original(self, samples, supervision, cycle=cycle)
 
-    monkeypatch.setattr(OPDTrainer, "_optimize", optimize)
+    monkeypatch.setattr(PolicyUpdater, "optimize", optimize)
     trainer = OPDTrainer(
         tiny_config(f"run.mode={mode}", "train.cycles=2", "rollout.temperature=1.0", *extra),
         output_dir=tmp_path / mode,

@@ -48,4 +48,4 @@ def test_an_oom_at_the_smallest_chunk_halves_the_trajectory_batch(
     manifest = json.loads(split.paths.manifest.read_text())
     assert manifest["batching"]["trajectory_batch_planned"] == 4
     assert manifest["batching"]["trajectory_batch_size"] == 1
-    assert manifest["batching"]["cpu_threads"] == split.cpu_threads
+    assert manifest["batching"]["cpu_threads"] == split.resolved.cpu_threads

@@ -52,9 +52,9 @@ def _student_collector(trainer: OPDTrainer) -> OnPolicySource:
         student=trainer.student,
         targets=None,  # type: ignore[arg-type]
         config=trainer.config,
-        version=lambda: trainer.parameter_version,
-        step=lambda: trainer.global_step,
-        fingerprint=lambda: trainer.policy_fingerprint,
+        version=lambda: trainer.state.parameter_version,
+        step=lambda: trainer.state.global_step,
+        fingerprint=lambda: trainer.state.policy_fingerprint,
         events=trainer.events,
         progress=trainer.progress,
         trajectory_log=trainer.paths.trajectories,
@@ -67,7 +67,9 @@ def test_batched_training_rollouts_equal_sequential(tmp_path: Path) -> None:
         trainer = _trainer(
             tmp_path, f"roll-{size}", f"rollout.batch_size={size}", "rollout.temperature=1.0"
         )
-        tasks = trainer._next_tasks(6)
-        collected[size] = [t.model_dump(mode="json") for t in _student_collector(trainer).collect(tasks, cycle=0)]
+        tasks = trainer.next_tasks(6)
+        collected[size] = [
+            t.model_dump(mode="json") for t in _student_collector(trainer).collect(tasks, cycle=0)
+        ]
     assert collected["1"] == collected["null"]
     assert len({tuple(t["token_ids"]) for t in collected["1"]}) > 1

@@ -29,7 +29,7 @@ def test_resume_reuses_the_stored_overrides_and_the_hint_is_exact(
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(tiny_config().to_yaml())
     run = tmp_path / "run"
-    original = OPDTrainer._run_cycle
+    original = OPDTrainer.run_cycle
 
     def interrupted(self: OPDTrainer, cycle: int) -> None:
         if cycle == 1:
@@ -37,7 +37,7 @@ def test_resume_reuses_the_stored_overrides_and_the_hint_is_exact(
         original(self, cycle)
 
     with monkeypatch.context() as m:
-        m.setattr(OPDTrainer, "_run_cycle", interrupted)
+        m.setattr(OPDTrainer, "run_cycle", interrupted)
         code, out = _invoke(
             "train", str(recipe), "train.cycles=3", "loss.divergence=reverse_kl",
             "--output", str(run), "--quiet", "--no-report",

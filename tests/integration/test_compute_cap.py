@@ -26,7 +26,7 @@ def test_the_trainer_stops_after_the_cycle_that_spends_the_cap(tmp_path: Path) -
     assert cap.spent == cycles[0]["rollouts"]["generated_tokens"]
     assert cap.stopped_at == {
         "cycle": 0,
-        "global_optimizer_step": trainer.global_step,
+        "global_optimizer_step": trainer.state.global_step,
         "spent": cap.spent,
         "limit": 1.0,
     }

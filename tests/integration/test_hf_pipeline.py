@@ -60,7 +60,7 @@ def test_opd_runs_end_to_end_on_the_hf_backend(
         quiet=True,
     )
     summary = trainer.train()
-    assert summary["global_optimizer_step"] == 3 == trainer.parameter_version
+    assert summary["global_optimizer_step"] == 3 == trainer.state.parameter_version
     TeacherCache.open(trainer.paths.teacher_cache).validate()
     adapter = load_file(str(trainer.paths.final_checkpoint / "adapter.safetensors"))
     assert adapter and all("lora_" in name for name in adapter), (

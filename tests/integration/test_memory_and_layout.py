@@ -48,7 +48,8 @@ def test_resident_and_swap_give_the_same_losses(tmp_path: Path) -> None:
     swap = OPDTrainer(tiny_config("memory.strategy=swap"), output_dir=tmp_path / "swap", quiet=True)
     resident.train()
     swap.train()
-    assert resident.memory_plan.strategy == "resident" and swap.memory_plan.strategy == "swap"
+    assert resident.resolved.memory_plan.strategy == "resident"
+    assert swap.resolved.memory_plan.strategy == "swap"
     assert _losses(resident) == _losses(swap)
     a, b = _weights(resident), _weights(swap)
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -166,12 +167,8 @@ def test_the_group_loss_does_not_depend_on_the_micro_batch_layout(
     config = tiny_config("train.rollouts_per_cycle=4", "environment.train_tasks=8")
     trainer = OPDTrainer(config, output_dir=tmp_path / "layout", quiet=True)
     trainer.setup(write_artifacts=False)
-    trainer._run_sft_warmup(1)
-    samples = [
-        s
-        for s in trainer.source.samples(0, trainer._next_tasks(4)).samples
-        if s.trainable
-    ]
+    trainer.run_sft_warmup(1)
+    samples = [s for s in trainer.source.samples(0, trainer.next_tasks(4)).samples if s.trainable]
     assert len(samples) >= 3
 
     def group_loss(rows: int) -> tuple[float, list[torch.Tensor]]:

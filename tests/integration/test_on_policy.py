@@ -19,6 +19,7 @@ from helpers import tiny_config
 from miniverl.cache.store import TeacherCache
 from miniverl.errors import OffPolicyError, StaleCacheError
 from miniverl.models.fingerprint import backend_fingerprint, tensor_fingerprint
+from miniverl.training import trainer as trainer_module
 from miniverl.training.sources import OnPolicySource
 from miniverl.training.trainer import OPDTrainer
 from miniverl.trajectory.io import read_trajectories
@@ -39,14 +40,14 @@ def _records(path: Path, kind: str) -> list[dict]:
 
 def _roll_out_with_the_teacher(monkeypatch: pytest.MonkeyPatch) -> None:
     """The one-line bug of the review: the collection step samples from the teacher."""
-    original = OPDTrainer._build_source
+    original = trainer_module.build_source
 
-    def build(self: OPDTrainer):  # type: ignore[no-untyped-def]
-        source = original(self)
-        source.runner = self._teacher_runner()
+    def build(mode, **kwargs):  # type: ignore[no-untyped-def]
+        source = original(mode, **kwargs)
+        source.runner = kwargs["teacher_runner"]()
         return source
 
-    monkeypatch.setattr(OPDTrainer, "_build_source", build)
+    monkeypatch.setattr(trainer_module, "build_source", build)
 
 
 @pytest.mark.parametrize("overrides", list(PATHS.values()), ids=list(PATHS))
@@ -58,7 +59,7 @@ def test_opd_rollouts_sampled_by_another_model_are_refused(
     with pytest.raises(OffPolicyError, match="was sampled by weights with policy fingerprint"):
         trainer.train()
     assert isinstance(OffPolicyError("x"), StaleCacheError)
-    assert trainer.parameter_version == 1, "only the SFT warm-up step may have been committed"
+    assert trainer.state.parameter_version == 1, "only the SFT warm-up step may have been committed"
 
 
 def test_opd_rollouts_of_weights_changed_since_sampling_are_refused(

@@ -25,7 +25,7 @@ def _stable(path: Path) -> list[dict]:
 
 
 def _interrupt_at(monkeypatch: pytest.MonkeyPatch, cycle: int) -> None:
-    original = OPDTrainer._run_cycle
+    original = OPDTrainer.run_cycle
 
     def run_cycle(self: OPDTrainer, c: int) -> None:
         if c == cycle:
@@ -33,7 +33,7 @@ def _interrupt_at(monkeypatch: pytest.MonkeyPatch, cycle: int) -> None:
             raise KeyboardInterrupt
         original(self, c)
 
-    monkeypatch.setattr(OPDTrainer, "_run_cycle", run_cycle)
+    monkeypatch.setattr(OPDTrainer, "run_cycle", run_cycle)
 
 
 @pytest.mark.parametrize(

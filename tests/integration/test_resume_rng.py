@@ -59,7 +59,7 @@ def test_resume_restores_every_rng_stream_bit_identical_lora_dropout_adapters(
     straight = OPDTrainer(config, output_dir=tmp_path / "straight", quiet=True)
     straight.train()
 
-    original = OPDTrainer._run_cycle
+    original = OPDTrainer.run_cycle
 
     def stop_after_cycle_0(self: OPDTrainer, cycle: int) -> None:
         if cycle == 1:
@@ -67,7 +67,7 @@ def test_resume_restores_every_rng_stream_bit_identical_lora_dropout_adapters(
         original(self, cycle)
 
     with monkeypatch.context() as m:
-        m.setattr(OPDTrainer, "_run_cycle", stop_after_cycle_0)
+        m.setattr(OPDTrainer, "run_cycle", stop_after_cycle_0)
         with pytest.raises(KeyboardInterrupt):
             OPDTrainer(config, output_dir=tmp_path / "resumed", quiet=True).train()
     # a fresh process would start from a different RNG state; make that explicit here

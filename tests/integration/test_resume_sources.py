@@ -40,7 +40,7 @@ def test_offline_kd_resume_continues_the_pool_walk(
     straight = OPDTrainer(config, output_dir=tmp_path / "straight", quiet=True)
     straight.train()
 
-    original = OPDTrainer._run_cycle
+    original = OPDTrainer.run_cycle
 
     def run_cycle(self: OPDTrainer, c: int) -> None:
         original(self, c)
@@ -48,7 +48,7 @@ def test_offline_kd_resume_continues_the_pool_walk(
             raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(OPDTrainer, "_run_cycle", run_cycle)
+        m.setattr(OPDTrainer, "run_cycle", run_cycle)
         with pytest.raises(KeyboardInterrupt):
             OPDTrainer(config, output_dir=tmp_path / "resumed", quiet=True).train()
     checkpoint = tmp_path / "resumed" / "checkpoints" / "cycle-0000"
@@ -75,7 +75,7 @@ def test_new_arm_sources_resume_bit_identically(
     config = tiny_config(f"run.mode={mode}", "train.cycles=3", "train.rollouts_per_cycle=4")
     straight = OPDTrainer(config, output_dir=tmp_path / "straight", quiet=True)
     straight.train()
-    original = OPDTrainer._run_cycle
+    original = OPDTrainer.run_cycle
 
     def run_cycle(self: OPDTrainer, c: int) -> None:
         original(self, c)
@@ -83,7 +83,7 @@ def test_new_arm_sources_resume_bit_identically(
             raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(OPDTrainer, "_run_cycle", run_cycle)
+        m.setattr(OPDTrainer, "run_cycle", run_cycle)
         with pytest.raises(KeyboardInterrupt):
             OPDTrainer(config, output_dir=tmp_path / "resumed", quiet=True).train()
     resumed = OPDTrainer(

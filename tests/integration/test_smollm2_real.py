@@ -384,7 +384,7 @@ def test_one_opd_cycle_on_the_real_model_changes_only_the_student_adapter(
     actor_before = trainer.student.adapter_state("actor")
     summary = trainer.train()
 
-    assert summary["global_optimizer_step"] == 1 and trainer.parameter_version == 1
+    assert summary["global_optimizer_step"] == 1 and trainer.state.parameter_version == 1
     report = summary["teacher_adapter"]
     assert report["reused"] is False and report["steps"] == 1
     fitted = load_file(str(Path(report["directory"]) / ADAPTER_FILE))

@@ -58,10 +58,8 @@ def test_trainer_student_and_teacher_gathers_are_j_minus_1_aligned(
     trainer.setup()
     task = trainer.splits["train"][0]
     trajectory = trainer.runner.oracle_rollout(task, policy_version=0)
-    [sample] = trainer.teacher_targets.score(
-        [trajectory], cycle=0, version=0, expect_version=0
-    )
-    sample.rollout_fingerprint = sample.target_fingerprint = trainer.policy_fingerprint
+    [sample] = trainer.teacher_targets.score([trajectory], cycle=0, version=0, expect_version=0)
+    sample.rollout_fingerprint = sample.target_fingerprint = trainer.state.policy_fingerprint
 
     captured: list[torch.Tensor] = []
     for cls in (BucketedTargetProvider, ExactTargetProvider):
@@ -82,7 +80,7 @@ def test_trainer_student_and_teacher_gathers_are_j_minus_1_aligned(
         min_chunk_size=trainer.config.memory.min_chunk_size,
         oom_retries=0,
         events=trainer.events,
-    ).compute([sample], chunk_size=trainer.chunk_size, batch_rows=1, teacher_targets=True)
+    ).compute([sample], chunk_size=trainer.state.chunk_size, batch_rows=1, teacher_targets=True)
     trainer_divergence = torch.cat(captured)
 
     ids = trajectory.token_ids
@@ -91,7 +89,7 @@ def test_trainer_student_and_teacher_gathers_are_j_minus_1_aligned(
     rows = torch.tensor([j - 1 for j in targets])
     student = _full_log_probs(trainer.student, ids)[rows]
     teacher = _full_log_probs(trainer.teacher, ids)[rows]
-    k = None if trainer.config.loss.mode == "exact_full_vocab" else trainer.top_k
+    k = None if trainer.config.loss.mode == "exact_full_vocab" else trainer.resolved.top_k
     expected = _brute_force(student, teacher, k)
     assert float(expected.min()) > 1e-3, "the models must disagree, or alignment is invisible"
     torch.testing.assert_close(trainer_divergence, expected, rtol=1e-4, atol=1e-5)

@@ -48,7 +48,7 @@ def test_opd_end_to_end(tmp_path: Path) -> None:
         assert s["parameter_version"] == s["global_optimizer_step"]
     opd = [s for s in steps if s["phase"] == "opd"]
     assert [s["rollout_policy_version"] for s in opd] == [1, 2]
-    assert trainer.parameter_version == trainer.global_step == 3
+    assert trainer.state.parameter_version == trainer.state.global_step == 3
     policy = [
         t
         for t in read_trajectories(trainer.paths.trajectories)
@@ -87,7 +87,7 @@ def test_opd_trainer_refuses_targets_of_another_version(
     )
     with pytest.raises(StaleCacheError):
         trainer.train()
-    assert trainer.parameter_version == 1, "no update may be committed from stale targets"
+    assert trainer.state.parameter_version == 1, "no update may be committed from stale targets"
 
 
 def test_sft_mode_uses_no_teacher(tmp_path: Path) -> None:
@@ -113,7 +113,9 @@ def test_offline_kd_reuses_one_frozen_cache(tmp_path: Path) -> None:
     assert len(cache) == trainer.config.environment.train_tasks
     steps = _records(trainer.paths.metrics, "step")
     kd = [s for s in steps if s["phase"] == "offline_kd"]
-    assert len(kd) == 3 and {s["rollout_policy_version"] for s in kd} == {trainer.source.pool_version}
+    assert len(kd) == 3 and {s["rollout_policy_version"] for s in kd} == {
+        trainer.source.pool_version
+    }
     assert [s["parameter_version"] for s in kd] == [2, 3, 4]
 
 
@@ -142,4 +144,4 @@ def test_a_cycle_with_nothing_selected_is_skipped_and_leaves_the_version(tmp_pat
         pytest.skip("the random-init student happened to emit a tool-call or final block")
     assert "cycle_skipped_no_selected_positions" in _events(trainer)
     assert cycles[0]["skipped"] is True
-    assert trainer.parameter_version == 0 and not _records(trainer.paths.metrics, "step")
+    assert trainer.state.parameter_version == 0 and not _records(trainer.paths.metrics, "step")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from helpers import tiny_config
-from miniverl.training import trainer as trainer_module
+from miniverl.training import warmup as warmup_module
 from miniverl.training.trainer import OPDTrainer
 
 UNTIL = ("train.sft_warmup_cycles=0", "train.cycles=1", "eval.baseline=false")
@@ -29,7 +29,7 @@ def test_the_run_leaves_the_warm_up_at_the_first_cycle_that_reaches_the_threshol
         measured_at.append(policy_version)
         return next(scripted)
 
-    monkeypatch.setattr(trainer_module, "greedy_validation_success", measure)
+    monkeypatch.setattr(warmup_module, "greedy_validation_success", measure)
     config = tiny_config(
         *UNTIL, "train.sft_warmup_until.threshold=0.75", "train.sft_warmup_until.max_cycles=5"
     )
@@ -41,7 +41,7 @@ def test_the_run_leaves_the_warm_up_at_the_first_cycle_that_reaches_the_threshol
     assert measured_at == [1, 2, 3]  # after every warm-up update, on the new weights
     steps = _rows(trainer.paths.metrics)
     assert [s["cycle"] for s in steps if s.get("kind") == "step"] == [-5, -4, -3, 0]
-    assert trainer.main_start_step == 3
+    assert trainer.state.main_start_step == 3
     assert (trainer.paths.checkpoints / "warmup").is_dir()
 
 

@@ -29,13 +29,8 @@ def oversized(root: Path) -> list[str]:
     return bad
 
 
-KNOWN_OVERSIZED = ("miniverl/training/trainer.py",)
-"""Still over the limit while issue 10 item 1 (the trainer at about a third) is open: 1,736
-lines before the issue, 980 now. Nothing else may join it; remove it when it shrinks."""
-
-
 def test_no_module_in_src_is_over_600_lines_without_a_size_note() -> None:
-    assert [entry.split(":")[0] for entry in oversized(SRC_DIR)] == list(KNOWN_OVERSIZED)
+    assert oversized(SRC_DIR) == []
 
 
 def test_the_size_check_flags_a_long_module_and_accepts_a_justified_one(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from miniverl.training.manifest import (
     objective_block,
 )
 from miniverl.training.resolve import HostCapabilities, resolve_run
+from miniverl.training.run_state import RunState
 
 
 def _caps(model_id: str) -> BackendCapabilities:
@@ -95,12 +96,14 @@ def _inputs(**changes: Any) -> ManifestInputs:
         role_graph=graph,
         scorer_shape=scorer.shape,
         cache_in_use=True,
-        chunk_size=resolved.chunk_size,
-        trajectory_batch_size=resolved.trajectory_batch_size,
-        global_step=3,
-        parameter_version=3,
-        rollout_policy_version=2,
-        policy_fingerprint="abc",
+        state=RunState(
+            chunk_size=resolved.chunk_size,
+            trajectory_batch_size=resolved.trajectory_batch_size,
+            global_step=3,
+            parameter_version=3,
+            rollout_version=2,
+            policy_fingerprint="abc",
+        ),
         toy_teacher=None,
     )
     base.update(changes)
@@ -143,7 +146,9 @@ def test_manifest_resolve_and_evaluate_never_import_the_trainer(module: str) -> 
 
 def test_the_manifest_reports_the_resolved_plan_and_the_live_sizes() -> None:
     inputs = _inputs()
-    live = dataclasses.replace(inputs, chunk_size=7, trajectory_batch_size=1)
+    live = dataclasses.replace(
+        inputs, state=dataclasses.replace(inputs.state, chunk_size=7, trajectory_batch_size=1)
+    )
     manifest = build_manifest(live)
     assert manifest["projection_chunk_size"] == 7
     batching = manifest["batching"]

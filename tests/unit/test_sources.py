@@ -21,7 +21,9 @@ from miniverl.models.fingerprint import backend_fingerprint
 from miniverl.training import sources as S
 from miniverl.training.gradients import GroupGradients
 from miniverl.training.optim import apply_update
+from miniverl.training.run_state import RunState
 from miniverl.training.trainer import OPDTrainer
+from miniverl.training.update import PolicyUpdater
 from miniverl.trajectory.io import read_trajectories
 from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.logging import EventLog, make_console
@@ -263,8 +265,13 @@ def test_build_source_maps_each_mode(tmp_path: Path) -> None:
         S.build_source("nope", **dict.fromkeys(names))  # type: ignore[arg-type]
 
 
-CYCLE_METHODS = ("_run_cycle", "_optimize", "_commit_update", "_run_sft_warmup")
-CYCLE_CODE = {name: getattr(OPDTrainer, name) for name in CYCLE_METHODS} | {
+CYCLE_METHODS = ("run_cycle", "_run_cycles", "run_sft_warmup", "next_tasks")
+UPDATE_METHODS = ("optimize", "_step", "commit")
+CYCLE_CODE = (
+    {name: getattr(OPDTrainer, name) for name in CYCLE_METHODS}
+    | {f"PolicyUpdater.{name}": getattr(PolicyUpdater, name) for name in UPDATE_METHODS}
+    | {"RunState.next_tasks": RunState.next_tasks}
+) | {
     "GroupGradients.compute": GroupGradients.compute,
     "GroupGradients.fitting_memory": GroupGradients.fitting_memory,
     "apply_update": apply_update,
@@ -410,7 +417,7 @@ def test_the_teacher_target_path_is_recorded(
         json.loads(line) for line in trainer.paths.events.read_text().splitlines() if line.strip()
     ]
     [path] = [e for e in events if e["event"] == "teacher_targets_path"]
-    assert path["teacher_resident"] is trainer.memory_plan.teacher_resident
+    assert path["teacher_resident"] is trainer.resolved.memory_plan.teacher_resident
     assert path["cache"] is round_trip and path["disk_round_trip"] is round_trip
     assert (path["reason"] == S.RESIDENT_ROUND_TRIP_REASON) is round_trip
     assert (trainer.paths.teacher_cache / "index.json").exists() is round_trip

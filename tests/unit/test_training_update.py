@@ -99,20 +99,31 @@ def test_the_trainer_bumps_its_versions_only_for_a_committed_update(tmp_path: Pa
     trainer = OPDTrainer(tiny_config(), output_dir=tmp_path / "run", quiet=True)
     trainer.setup(write_artifacts=False)
     params = trainer.student.trainable_parameters()
-    start = (trainer.global_step, trainer.parameter_version, trainer.policy_fingerprint)
+    start = (
+        trainer.state.global_step,
+        trainer.state.parameter_version,
+        trainer.state.policy_fingerprint,
+    )
 
     for p in params:
         p.grad = torch.full_like(p, float("inf"))
-    skipped = trainer._commit_update()
+    skipped = trainer.updater.commit()
     assert not skipped.committed
-    assert (trainer.global_step, trainer.parameter_version, trainer.policy_fingerprint) == start
+    assert (
+        trainer.state.global_step,
+        trainer.state.parameter_version,
+        trainer.state.policy_fingerprint,
+    ) == start
 
     for p in params:
         p.grad = torch.full_like(p, 0.01)
-    committed = trainer._commit_update()
+    committed = trainer.updater.commit()
     assert committed.committed
-    assert (trainer.global_step, trainer.parameter_version) == (start[0] + 1, start[1] + 1)
-    assert trainer.policy_fingerprint != start[2]
+    assert (trainer.state.global_step, trainer.state.parameter_version) == (
+        start[0] + 1,
+        start[1] + 1,
+    )
+    assert trainer.state.policy_fingerprint != start[2]
 
 
 # ---------------------------------------------------------------- group gradients

@@ -40,7 +40,7 @@ def _warm_up(
         source,  # type: ignore[arg-type]
         cycles=cycles,
         next_tasks=lambda n: list(range(n)),
-        optimize=lambda samples, supervision, cycle: [{"loss": 0.5}],
+        optimize=lambda samples, supervision, *, cycle: [{"loss": 0.5}],
         events=EventLog(log, None),
         progress=ProgressReporter(None, False),
         until=until,

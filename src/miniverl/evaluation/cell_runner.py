@@ -150,7 +150,8 @@ def make_trainer_cell_runner(
 ) -> RunCell:
     """``plans[seed] = (cold-start config, {arm: config at arm seed 0})``; see the module docstring."""
     from miniverl.evaluation.benchmark import arm_config_for_arm_seed, measure_arm
-    from miniverl.training.trainer import COLD_START_MARKER, COLD_START_STUDENT, OPDTrainer
+    from miniverl.training.cold_start import COLD_START_MARKER, COLD_START_STUDENT
+    from miniverl.training.trainer import OPDTrainer
 
     def cold_start(cell: Cell) -> dict[str, Any]:
         seed_dir, run_dir = cell_dirs(root, cell)

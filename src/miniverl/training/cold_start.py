@@ -24,6 +24,7 @@ from miniverl.models.base import CausalLMBackend
 from miniverl.training.checkpoint import save_tensors
 from miniverl.training.toy_teacher import TOY_TEACHER_FILE, save_teacher
 from miniverl.utils.io import read_json, sha256_file, write_json
+from miniverl.utils.logging import EventLog
 
 COLD_START_STUDENT = "student.safetensors"
 COLD_START_MARKER = "cold_start.json"
@@ -73,13 +74,33 @@ def load_cold_start(
     student: CausalLMBackend,
     toy_teacher: CausalLMBackend | None,
     run_dir: Path,
+    events: EventLog | None = None,
 ) -> LoadedColdStart:
     """Load a cold start weights-only into ``student`` (and ``toy_teacher``), verified.
 
     The toy teacher is also saved into ``run_dir`` so the run resumes from its own copy.
     Raises :class:`CheckpointError` when the marker or a weights file is missing or does
-    not match its SHA-256.
+    not match its SHA-256. With ``events``, records ``benchmark_cold_start_loaded``.
     """
+    loaded = _load_cold_start(directory, student=student, toy_teacher=toy_teacher, run_dir=run_dir)
+    if events is not None:
+        events.emit(
+            "benchmark_cold_start_loaded",
+            echo=f"weights-only cold start from {directory.name}",
+            student_sha256=loaded.marker["student_sha256"],
+            toy_teacher_sha256=loaded.toy_teacher_sha256,
+            cold_start_parameter_version=loaded.marker.get("parameter_version"),
+        )
+    return loaded
+
+
+def _load_cold_start(
+    directory: Path,
+    *,
+    student: CausalLMBackend,
+    toy_teacher: CausalLMBackend | None,
+    run_dir: Path,
+) -> LoadedColdStart:
     marker_path = directory / COLD_START_MARKER
     if not marker_path.is_file():
         raise CheckpointError(f"{marker_path} not found", hint="run the benchmark cold start first")

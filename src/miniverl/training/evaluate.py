@@ -24,15 +24,17 @@ from miniverl.environments.tasks_file import build_splits
 from miniverl.errors import CheckpointError, ConfigError, RunDirectoryError
 from miniverl.models.factory import build_tokenizer
 from miniverl.models.runtime import build_runtime
+from miniverl.schemas.records import EvalRecord
 from miniverl.schemas.trajectory import Trajectory
 from miniverl.training.checkpoint import LoadedCheckpoint, load_checkpoint
 from miniverl.training.progress import ProgressReporter
 from miniverl.training.resolve import HostCapabilities, resolve_device, resolve_run
 from miniverl.training.samples import summarize_rollouts
 from miniverl.training.sources import oom_splitter
+from miniverl.trajectory.io import append_trajectories
 from miniverl.utils.io import write_json
 from miniverl.utils.lazy import import_torch
-from miniverl.utils.logging import EventLog, make_console
+from miniverl.utils.logging import EventLog, MetricsLog, make_console
 from miniverl.utils.runlock import run_lock
 from miniverl.utils.runs import RunPaths
 from miniverl.utils.safe_load import load_yaml_file
@@ -93,6 +95,29 @@ def evaluate_policy(
         global_optimizer_step=global_step,
     )
     return result, trajectories
+
+
+def record_evaluation(
+    result: dict[str, Any],
+    trajectories: Sequence[Trajectory],
+    *,
+    cycle: int,
+    global_step: int,
+    trajectory_log: Path | None,
+    events: EventLog,
+    metrics: MetricsLog,
+    live: Any | None,
+) -> None:
+    """Where a run's evaluation goes: its trajectories (unless ``trajectory_log`` is None), the
+    ``eval`` event, an ``EvalRecord`` in ``metrics.jsonl`` and the live success-rate scalar."""
+    if trajectory_log is not None:
+        append_trajectories(trajectory_log, trajectories)
+    events.emit(
+        "eval", echo=f"{result['tag']}: {result['solved']}/{result['tasks']} solved", **result
+    )
+    metrics.write(EvalRecord.build(cycle=cycle, **result).to_json())
+    if live is not None:
+        live.scalars(global_step, {f"eval/{result['split']}_success_rate": result["success_rate"]})
 
 
 def eval_summary(

@@ -137,6 +137,15 @@ def cycle_summary(
     }
 
 
+def cycle_scalars(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-cycle scalars of a :func:`cycle_summary`."""
+    return {
+        "cycle/mean_loss": summary["mean_loss"],
+        "cycle/mean_divergence": summary["mean_divergence"],
+        "rollout/success_rate": summary["rollout_success_rate"],
+    }
+
+
 def format_live_line(summary: Mapping[str, Any], held_out: Mapping[str, Any] | None = None) -> str:
     """``loss 0.412 | KL 0.118 | rollouts 5/8 (62%) | held-out 3/4 (75%)``; absent parts omitted."""
     parts = []
@@ -156,4 +165,4 @@ def format_live_line(summary: Mapping[str, Any], held_out: Mapping[str, Any] | N
     return " | ".join(parts)
 
 
-__all__ = ["LiveSinks", "cycle_summary", "format_live_line", "step_scalars"]
+__all__ = ["LiveSinks", "cycle_scalars", "cycle_summary", "format_live_line", "step_scalars"]

@@ -30,6 +30,7 @@ from miniverl.models.runtime import ModelRuntime
 from miniverl.schemas.text import TokenizerLike
 from miniverl.teachers.local import LocalTeacherScorer
 from miniverl.training.resolve import ResolvedRun
+from miniverl.training.run_state import RunState
 from miniverl.utils import gpu
 from miniverl.utils.env import collect_environment
 from miniverl.utils.logging import utc_now
@@ -179,9 +180,9 @@ class ManifestInputs:
     - ``split_sizes``: tasks per split (``{"train": 24, "eval": 8, ...}``).
     - ``scorer_shape``: the teacher scorer's shape, ``None`` without a scorer.
     - ``cache_in_use``: the run writes a teacher cache.
-    - ``chunk_size`` / ``trajectory_batch_size``: the live values (an OOM retry may have
-      shrunk them below the resolved plan).
-    - the counters: optimizer step, parameter and rollout policy versions, fingerprint.
+    - ``state``: the run's counters now (``training/run_state.py``): optimizer step,
+      parameter and rollout policy versions, fingerprint, and the live ``chunk_size`` /
+      ``trajectory_batch_size`` (an OOM retry may have shrunk them below the resolved plan).
     """
 
     config: RunConfig
@@ -195,12 +196,7 @@ class ManifestInputs:
     role_graph: LocalRoleGraph
     scorer_shape: str | None
     cache_in_use: bool
-    chunk_size: int
-    trajectory_batch_size: int
-    global_step: int
-    parameter_version: int
-    rollout_policy_version: int | None
-    policy_fingerprint: str | None
+    state: RunState
     toy_teacher: dict[str, Any] | None
 
 
@@ -250,22 +246,22 @@ def build_manifest(inputs: ManifestInputs) -> dict[str, Any]:
         },
         "objective": objective_block(cfg, resolved, inputs.scorer_shape),
         "memory_plan": resolved.memory_plan.to_dict(),
-        "projection_chunk_size": inputs.chunk_size,
+        "projection_chunk_size": inputs.state.chunk_size,
         "batching": {
             "rollout_batch_size": cfg.rollout.batch_size or cfg.train.rollouts_per_cycle,
             "eval_batch_size": cfg.eval.batch_size,
             "teacher_batch_size": cfg.teacher.batch_size,
-            "trajectory_batch_size": inputs.trajectory_batch_size,
+            "trajectory_batch_size": inputs.state.trajectory_batch_size,
             "trajectory_batch_planned": resolved.trajectory_batch_size,
             "trajectory_batch_reason": resolved.trajectory_batch_reason,
             "cpu_threads": resolved.cpu_threads,
         },
         "role_graph": inputs.role_graph.to_dict(),
-        "global_optimizer_step": inputs.global_step,
-        "parameter_version": inputs.parameter_version,
-        "policy_version": inputs.parameter_version,
-        "rollout_policy_version": inputs.rollout_policy_version,
-        "policy_fingerprint": inputs.policy_fingerprint,
+        "global_optimizer_step": inputs.state.global_step,
+        "parameter_version": inputs.state.parameter_version,
+        "policy_version": inputs.state.parameter_version,
+        "rollout_policy_version": inputs.state.rollout_version,
+        "policy_fingerprint": inputs.state.policy_fingerprint,
         "measurement_status": {
             "gpu_memory": "measured" if gpu.cuda_available() else gpu.NOT_RUN_NO_CUDA,
             "cache": cache_note or ("enabled" if inputs.cache_in_use else "not_used"),

@@ -31,6 +31,17 @@ class Schedule:
     total_steps: int = 1
     min_lr_ratio: float = 0.1
 
+    @classmethod
+    def for_train(cls, train: TrainConfig, planned_steps: int) -> Schedule:
+        """The recipe's schedule over the run's planned optimizer steps (``ResolvedRun.planned_steps``)."""
+        return cls(
+            peak_lr=train.lr,
+            kind=train.schedule,
+            warmup_steps=train.warmup_steps,
+            total_steps=max(1, planned_steps),
+            min_lr_ratio=train.min_lr_ratio,
+        )
+
     def lr_at(self, step: int) -> float:
         if self.warmup_steps and step < self.warmup_steps:
             return self.peak_lr * (step + 1) / self.warmup_steps

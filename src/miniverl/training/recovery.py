@@ -16,6 +16,9 @@ from pathlib import Path
 
 from miniverl.config.models import RunConfig
 from miniverl.errors import CheckpointError, ConfigError, RunDirectoryError
+from miniverl.training.checkpoint_select import select_resume_checkpoint
+from miniverl.utils.io import repair_jsonl_tail
+from miniverl.utils.logging import EventLog
 from miniverl.utils.runlock import LOCK_NAME
 from miniverl.utils.runs import RunPaths
 from miniverl.utils.safe_load import load_yaml_file
@@ -129,9 +132,38 @@ def remove_stale_temporaries(paths: RunPaths, cache_dir: Path | None = None) -> 
     return touched
 
 
+def prepare_resume(
+    paths: RunPaths, config: RunConfig, *, resume_from: str | None, events: EventLog
+) -> bool:
+    """Tidy a directory for ``--resume``; ``False`` when it must restart from the beginning.
+
+    The dead run's torn ``events.jsonl`` tail is repaired and its temporaries removed. With
+    no complete checkpoint (and no ``--resume-from``) but traces of a run, that run is
+    recomputed from scratch (:func:`prepare_clean_restart`); with neither, resuming is an error.
+    """
+    traces = has_run_traces(paths)  # before temporaries are cleaned up
+    repair_jsonl_tail(paths.events)
+    remove_stale_temporaries(paths, Path(config.cache.dir) if config.cache.dir else None)
+    if resume_from is not None or select_resume_checkpoint(paths.checkpoints):
+        return True
+    if not traces:
+        raise CheckpointError(
+            f"no complete checkpoint under {paths.checkpoints} and no run to resume in {paths.root}",
+            hint="start it without --resume",
+        )
+    removed = prepare_clean_restart(paths, config)
+    events.emit(
+        "restarted",
+        echo="no checkpoint yet: restarting the run from the beginning",
+        removed=removed,
+    )
+    return False
+
+
 __all__ = [
     "has_run_traces",
     "prepare_clean_restart",
+    "prepare_resume",
     "remove_stale_temporaries",
     "restart_artifacts",
 ]

@@ -1,6 +1,6 @@
 """Fit, save and reuse the teacher's LoRA adapter on a shared Hugging Face backbone.
 
-The HF analogue of the toy teacher fit (``OPDTrainer._prepare_toy_teacher``): with
+The HF analogue of the toy teacher fit (``training/toy_teacher.py``): with
 ``models.teacher_fit.enabled`` the shared base carries a second adapter, ``teacher``,
 which is fitted here by cross-entropy on
 
@@ -30,10 +30,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from miniverl.agent.loop import RolloutRunner
 from miniverl.environments.base import Task, sample_extra_tasks
 from miniverl.errors import CheckpointError
 from miniverl.models.fitting import cross_entropy_fit_step, draw_rows
 from miniverl.schemas.trajectory import Trajectory
+from miniverl.training.sources import oom_splitter
+from miniverl.training.toy_teacher import greedy_success
 from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.hashing import sha256_file, sha256_json
 from miniverl.utils.seeding import derive_seed
@@ -217,13 +220,17 @@ def prepare_teacher_adapter(trainer: OPDTrainer) -> dict[str, Any] | None:
             lr=fit.lr,
             batch_size=fit.batch_size,
             seed=derive_seed(cfg.run.seed, "teacher-adapter-fit"),
-            chunk_size=max(1, trainer.chunk_size),
+            chunk_size=max(1, trainer.state.chunk_size),
             advance=advance,
         )
     seconds = time.perf_counter() - started
     probe = trainer.splits[cfg.eval.split][: fit.probe_tasks]
     with trainer.progress.task("probing teacher adapter", 1):
-        heldout = trainer._greedy_success(trainer._teacher_runner(), probe)
+        runner = RolloutRunner(view, trainer.environment, cfg.rollout)
+        split = oom_splitter(trainer.events, "probe rollout")
+        heldout = greedy_success(
+            runner, probe, seed=cfg.run.seed, batch_size=cfg.eval.batch_size, split=split
+        )
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}.tmp-", dir=directory.parent))
     try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.config.models import RunConfig
@@ -36,8 +36,14 @@ from miniverl.utils.seeding import derive_seed
 VALIDATION_SPLIT = "eval"
 """The criterion is measured on the validation split, never on test."""
 
-Optimize = Callable[[Sequence[TrainingSample], Supervision, int], list[dict[str, Any]]]
-"""``optimize(samples, supervision, cycle)`` -> one step record per optimizer step."""
+
+class Optimize(Protocol):
+    """``optimize(samples, supervision, cycle=c)`` -> one step record per optimizer step
+    (``PolicyUpdater.optimize``, training/update.py)."""
+
+    def __call__(
+        self, samples: Sequence[TrainingSample], supervision: Supervision, *, cycle: int
+    ) -> list[dict[str, Any]]: ...
 
 
 def warmup_cycles(train: TrainConfig) -> int:
@@ -95,6 +101,33 @@ def greedy_validation_success(
     return sum(int(t.solved) for t in trajectories) / len(tasks)
 
 
+def criterion_measure(
+    config: RunConfig,
+    splits: dict[str, list[Task]],
+    until: WarmupUntilConfig,
+    *,
+    runner: RolloutRunner,
+    student: Any,
+    version: Callable[[], int],
+    split: Any,
+) -> Callable[[], float]:
+    """``until``'s metric for the student's current weights: greedy, in eval mode, nothing written."""
+    tasks = criterion_tasks(config, splits, until)
+
+    def measure() -> float:
+        student.set_train(False)
+        return greedy_validation_success(
+            runner,
+            tasks,
+            seed=config.run.seed,
+            batch_size=config.eval.batch_size,
+            policy_version=version(),
+            split=split,
+        )
+
+    return measure
+
+
 def run_sft_warmup(
     source: OracleSource,
     *,
@@ -127,7 +160,7 @@ def run_sft_warmup(
         for k in range(cycles):
             cycle = k - cycles
             batch = source.samples(cycle, next_tasks(source.tasks_per_cycle))
-            records = optimize(batch.samples, source.supervision, cycle)
+            records = optimize(batch.samples, source.supervision, cycle=cycle)
             fields: dict[str, Any] = {
                 "cycle": cycle,
                 "steps": len(records),
@@ -170,6 +203,7 @@ def _describe(until: WarmupUntilConfig) -> str:
 __all__ = [
     "VALIDATION_SPLIT",
     "WarmupOutcome",
+    "criterion_measure",
     "criterion_tasks",
     "greedy_validation_success",
     "run_sft_warmup",

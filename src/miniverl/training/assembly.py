@@ -1,0 +1,201 @@
+"""The parts :meth:`OPDTrainer.setup` assembles, each built from explicit inputs.
+
+``training/trainer.py`` reads as the recipe; how each collaborator is built lives here:
+
+- :func:`plan_run`: every ``auto`` decided once (``training/resolve.py``), torch's thread
+  count set, the teacher placed per the memory plan;
+- :func:`build_supervision`: the teacher scorer and, for bucketed targets, the teacher cache
+  (the only converter to the storage dtype, ``cache/targets.py``);
+- :func:`teacher_targets`: the scorer/cache pair the sources score through;
+- :func:`teacher_on_device`: the ``swap`` memory strategy;
+- :func:`write_config_files` and :func:`announce_run`: what a run writes before it trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from miniverl.cache.store import TeacherCache
+from miniverl.config.models import RunConfig
+from miniverl.environments.base import Task
+from miniverl.errors import RunDirectoryError
+from miniverl.models.base import CausalLMBackend
+from miniverl.teachers.local import LocalTeacherScorer
+from miniverl.training.optim import move_optimizer_state
+from miniverl.training.resolve import HostCapabilities, ResolvedRun, place_teacher, resolve_run
+from miniverl.training.sources import TeacherTargets, make_select_and_align
+from miniverl.training.temperatures import temperature_mismatch
+from miniverl.utils.io import atomic_write_bytes, atomic_write_text
+from miniverl.utils.logging import EventLog
+from miniverl.utils.runs import RunPaths
+
+
+def refuse_existing_run(paths: RunPaths) -> None:
+    """A fresh run never writes into a directory that already holds one."""
+    if paths.manifest.exists():
+        raise RunDirectoryError(
+            f"{paths.root} already holds a run",
+            hint="pass --resume to continue it, or choose another --output directory",
+        )
+
+
+def plan_run(
+    config: RunConfig, *, device: str, student: CausalLMBackend, teacher: CausalLMBackend | None
+) -> ResolvedRun:
+    """Resolve the run for this host, set torch's threads, place the teacher; the final plan."""
+    planned = resolve_run(
+        config,
+        device=device,
+        host=HostCapabilities.probe(device),
+        student=student.capabilities,
+        teacher=None if teacher is None else teacher.capabilities,
+    )
+    torch.set_num_threads(planned.cpu_threads)
+    return planned.with_memory_plan(place_teacher(teacher, planned.memory_plan, device))
+
+
+def build_supervision(
+    config: RunConfig,
+    resolved: ResolvedRun,
+    *,
+    teacher: CausalLMBackend | None,
+    tokenizer_fingerprint: str,
+    paths: RunPaths,
+) -> tuple[LocalTeacherScorer | None, TeacherCache | None]:
+    """The teacher scorer (``None`` without a teacher: sft) and its cache (``None`` unless
+    enabled and the targets are bucketed)."""
+    if teacher is None:
+        return None, None
+    scorer = LocalTeacherScorer(
+        teacher,
+        spec=resolved.divergence,
+        loss_mode=config.loss.mode,
+        top_k=resolved.top_k,
+        teacher_resident=resolved.memory_plan.teacher_resident,
+        exact_max_vocab=config.loss.exact_max_vocab,
+        allow_large_exact=config.loss.allow_large_exact,
+        student_fingerprint=tokenizer_fingerprint,
+        chunk_size=resolved.chunk_size,
+        teacher_model_id=config.models.teacher.model_id,
+    )
+    if not (config.cache.enabled and scorer.shape == "bucketed"):
+        return scorer, None
+    cache = TeacherCache(
+        Path(config.cache.dir) if config.cache.dir else paths.teacher_cache,
+        scorer.cache_provenance(dtype=config.cache.dtype, teacher_mode=config.teacher.mode),
+        strict_policy_version=config.cache.strict_policy_version,
+        reuse_across_policy_versions=config.cache.reuse_across_policy_versions,
+        max_entries_per_shard=config.cache.max_entries_per_shard,
+        journal=config.cache.journal,
+    )
+    return scorer, cache
+
+
+def teacher_targets(
+    config: RunConfig,
+    resolved: ResolvedRun,
+    *,
+    scorer: LocalTeacherScorer | None,
+    cache: TeacherCache | None,
+    runner: Any,
+    tasks_by_id: dict[str, Task],
+    events: EventLog,
+    swap: Callable[[], Any],
+) -> TeacherTargets:
+    """How sources get teacher targets; privileged-context teachers see the rendered task."""
+    render = None
+    if config.teacher.mode == "privileged_context":
+
+        def render(traj: Any) -> Any:
+            return runner.privileged_render(traj, tasks_by_id[traj.task_id])
+
+    return TeacherTargets(
+        scorer=scorer,
+        cache=cache,
+        spec=resolved.divergence,
+        select_and_align=make_select_and_align(config, render),
+        batch_size=config.teacher.batch_size,
+        events=events,
+        swap=None if resolved.memory_plan.teacher_resident else swap,
+    )
+
+
+@contextmanager
+def teacher_on_device(
+    student: CausalLMBackend,
+    teacher: CausalLMBackend | None,
+    optimizer: torch.optim.Optimizer,
+    device: str,
+) -> Iterator[None]:
+    """``swap`` strategy: student and its optimizer moments to host, teacher on; then back."""
+    student.to_device("cpu")
+    move_optimizer_state(optimizer, "cpu")
+    if teacher is not None:
+        teacher.to_device(device)
+    yield
+    if teacher is not None:
+        teacher.to_device("cpu")
+    student.to_device(device)
+    move_optimizer_state(optimizer, device)
+
+
+def write_config_files(
+    paths: RunPaths, config: RunConfig, resolved: ResolvedRun, submitted: bytes | None
+) -> None:
+    """The submitted bytes, the validated recipe, its v0.2 copy and ``config.resolved.yaml``."""
+    if submitted is not None:
+        atomic_write_bytes(paths.config_submitted, submitted)
+    validated = config.to_yaml()
+    atomic_write_text(paths.config_validated, validated)
+    atomic_write_text(
+        paths.config_original,
+        "# v0.2 resume-compatibility copy of the runtime input; not the submitted bytes\n"
+        + validated,
+    )
+    atomic_write_text(paths.config_resolved, resolved.resolved_yaml(config))
+
+
+def announce_run(
+    events: EventLog,
+    config: RunConfig,
+    resolved: ResolvedRun,
+    *,
+    run_dir: Path,
+    resume: bool,
+    targets: TeacherTargets | None,
+) -> None:
+    """``run_start``, the teacher-targets path decision, and any temperature mismatch."""
+    events.emit(
+        "run_start",
+        echo=f"{config.run.mode} -> {run_dir}",
+        mode=config.run.mode,
+        run_dir=run_dir.name,
+        resume=resume,
+        device=resolved.device,
+        memory_plan=resolved.memory_plan.to_dict(),
+    )
+    if targets is not None:
+        events.emit(
+            "teacher_targets_path",
+            **targets.describe(teacher_resident=resolved.memory_plan.teacher_resident),
+        )
+    if (mismatch := temperature_mismatch(config)) is not None:
+        events.emit(
+            "temperature_mismatch", echo=mismatch["explanation"], level="warning", **mismatch
+        )
+
+
+__all__ = [
+    "announce_run",
+    "build_supervision",
+    "plan_run",
+    "refuse_existing_run",
+    "teacher_on_device",
+    "teacher_targets",
+    "write_config_files",
+]
