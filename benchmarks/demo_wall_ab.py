@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,6 +74,9 @@ def main() -> None:
     parser.add_argument("--after", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--full", action="store_true", help="the full demo instead of --fast")
+    parser.add_argument(
+        "--keep", type=Path, help="copy each run directory to KEEP/<before|after>-<i> to compare"
+    )
     args = parser.parse_args()
     repos = {"before": args.before.resolve(), "after": args.after.resolve()}
     times: dict[str, list[float]] = {"before": [], "after": []}
@@ -82,6 +86,8 @@ def main() -> None:
         for name in order if i % 2 == 0 else order[::-1]:
             with tempfile.TemporaryDirectory(prefix=f"demo-ab-{name}-") as scratch:
                 seconds, figs = run_demo(repos[name], Path(scratch), fast=not args.full)
+                if args.keep is not None:
+                    shutil.copytree(Path(scratch) / "run", args.keep / f"{name}-{i + 1}")
             times[name].append(seconds)
             if figures.setdefault(name, figs) != figs:
                 print(f"{name}: held-out figures changed between repeats: {figs}")
