@@ -25,24 +25,42 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from miniverl.agent.loop import RolloutRunner
-from miniverl.environments.base import Task, sample_extra_tasks
+from miniverl.config.models import RunConfig
+from miniverl.environments.base import Task, ToolEnvironment, sample_extra_tasks
 from miniverl.errors import CheckpointError
 from miniverl.models.fitting import cross_entropy_fit_step, draw_rows
+from miniverl.schemas.text import TokenizerLike
 from miniverl.schemas.trajectory import Trajectory
+from miniverl.training.progress import ProgressReporter
+from miniverl.training.run_state import RunState
 from miniverl.training.sources import oom_splitter
 from miniverl.training.toy_teacher import greedy_success
 from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.hashing import sha256_file, sha256_json
+from miniverl.utils.logging import EventLog
 from miniverl.utils.seeding import derive_seed
 
-if TYPE_CHECKING:
-    from miniverl.training.trainer import OPDTrainer
+
+class AdapterFitHost(Protocol):
+    """Exactly what the adapter fit reads from the run that hosts it (``OPDTrainer`` after
+    ``setup()`` satisfies it structurally; this module never imports the trainer)."""
+
+    config: RunConfig
+    tokenizer: TokenizerLike
+    splits: dict[str, list[Task]]
+    environment: ToolEnvironment
+    runner: RolloutRunner
+    teacher: Any
+    progress: ProgressReporter
+    events: EventLog
+    state: RunState
+
 
 ADAPTER_FILE = "teacher-adapter.safetensors"
 REPORT_FILE = "fit.json"
@@ -58,7 +76,7 @@ def base_identity(model_id: str) -> dict[str, Any]:
     return {"model_id": model_id}
 
 
-def fit_payload(trainer: OPDTrainer) -> dict[str, Any]:
+def fit_payload(trainer: AdapterFitHost) -> dict[str, Any]:
     """Everything the fitted adapter depends on; its SHA-256 names the saved adapter."""
     cfg = trainer.config
     return {
@@ -78,7 +96,9 @@ def fit_digest(payload: dict[str, Any]) -> str:
     return sha256_json(payload)
 
 
-def fit_examples(trainer: OPDTrainer) -> tuple[list[tuple[list[int], list[int]]], dict[str, int]]:
+def fit_examples(
+    trainer: AdapterFitHost,
+) -> tuple[list[tuple[list[int], list[int]]], dict[str, int]]:
     """``(token_ids, target_positions)`` of the oracle and corrective traces, and counts."""
     cfg = trainer.config
     fit = cfg.models.teacher_fit
@@ -185,7 +205,7 @@ def _load_adapter(view: Any, path: Path) -> None:
             live[key].copy_(value.to(live[key].device, live[key].dtype))
 
 
-def prepare_teacher_adapter(trainer: OPDTrainer) -> dict[str, Any] | None:
+def prepare_teacher_adapter(trainer: AdapterFitHost) -> dict[str, Any] | None:
     """Load the adapter of this fit config if saved, else fit and save it; returns a report."""
     cfg = trainer.config
     fit = cfg.models.teacher_fit
