@@ -7,13 +7,13 @@ a two-level bootstrap and the MDE live in :mod:`miniverl.evaluation.contrasts`.
 
 from __future__ import annotations
 
-import math
 import random
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from miniverl.evaluation.arms import BASELINE_ARM
+from miniverl.evaluation.stats import quantile  # one implementation, shared with the contrasts
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 20_260_407
@@ -43,16 +43,6 @@ def describe(values: Sequence[float | int | None]) -> dict[str, Any]:
         "min": min(xs),
         "max": max(xs),
     }
-
-
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile of already sorted values (numpy's default method)."""
-    if not sorted_values:
-        raise ValueError("quantile of an empty sequence")
-    h = (len(sorted_values) - 1) * q
-    lo = math.floor(h)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (h - lo) * (sorted_values[hi] - sorted_values[lo])
 
 
 def bootstrap_interval(
