@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -32,14 +33,9 @@ def _as_pre_source_checkpoint(checkpoint: Path) -> None:
     write_json(checkpoint / MARKER_FILE, marker)
 
 
-@pytest.mark.parametrize("old_format", [False, True], ids=["source-key", "offline_kd-key"])
-def test_offline_kd_resume_continues_the_pool_walk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old_format: bool
-) -> None:
-    config = tiny_config("run.mode=offline_kd", "train.cycles=3", "train.checkpoint_every=1")
-    straight = OPDTrainer(config, output_dir=tmp_path / "straight", quiet=True)
-    straight.train()
-
+def _interrupt_after_cycle_1(monkeypatch: pytest.MonkeyPatch, config: Any, run: Path) -> None:
+    """Train ``config`` into ``run`` and kill it (KeyboardInterrupt) right after cycle 1's work,
+    before that cycle's checkpoint."""
     original = OPDTrainer.run_cycle
 
     def run_cycle(self: OPDTrainer, c: int) -> None:
@@ -50,7 +46,18 @@ def test_offline_kd_resume_continues_the_pool_walk(
     with monkeypatch.context() as m:
         m.setattr(OPDTrainer, "run_cycle", run_cycle)
         with pytest.raises(KeyboardInterrupt):
-            OPDTrainer(config, output_dir=tmp_path / "resumed", quiet=True).train()
+            OPDTrainer(config, output_dir=run, quiet=True).train()
+
+
+@pytest.mark.parametrize("old_format", [False, True], ids=["source-key", "offline_kd-key"])
+def test_offline_kd_resume_continues_the_pool_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old_format: bool
+) -> None:
+    config = tiny_config("run.mode=offline_kd", "train.cycles=3", "train.checkpoint_every=1")
+    straight = OPDTrainer(config, output_dir=tmp_path / "straight", quiet=True)
+    straight.train()
+
+    _interrupt_after_cycle_1(monkeypatch, config, tmp_path / "resumed")
     checkpoint = tmp_path / "resumed" / "checkpoints" / "cycle-0000"
     state = json.loads((checkpoint / STATE_FILE).read_text())
     assert state["source"]["cursor"] == config.train.rollouts_per_cycle
@@ -75,17 +82,7 @@ def test_new_arm_sources_resume_bit_identically(
     config = tiny_config(f"run.mode={mode}", "train.cycles=3", "train.rollouts_per_cycle=4")
     straight = OPDTrainer(config, output_dir=tmp_path / "straight", quiet=True)
     straight.train()
-    original = OPDTrainer.run_cycle
-
-    def run_cycle(self: OPDTrainer, c: int) -> None:
-        original(self, c)
-        if c == 1:
-            raise KeyboardInterrupt
-
-    with monkeypatch.context() as m:
-        m.setattr(OPDTrainer, "run_cycle", run_cycle)
-        with pytest.raises(KeyboardInterrupt):
-            OPDTrainer(config, output_dir=tmp_path / "resumed", quiet=True).train()
+    _interrupt_after_cycle_1(monkeypatch, config, tmp_path / "resumed")
     resumed = OPDTrainer(
         config, output_dir=tmp_path / "resumed", resume_from="cycle-0000", quiet=True
     )
