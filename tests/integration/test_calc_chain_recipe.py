@@ -26,7 +26,7 @@ SHRINK = [
     "environment.train_tasks=6",
     "environment.eval_tasks=2",
     "environment.test_tasks=12",
-    "train.sft_warmup_cycles=1",
+    "train.sft_warmup_until.max_cycles=1",
     "train.cycles=3",
     "train.rollouts_per_cycle=2",
 ]

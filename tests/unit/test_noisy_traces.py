@@ -11,6 +11,7 @@ from helpers import make_runner, toy_tokenizer
 from miniverl.agent.loop import RolloutRunner
 from miniverl.agent.protocol import format_final, format_tool_call
 from miniverl.config.models import RolloutConfig
+from miniverl.config.sections import ToyFitConfig
 from miniverl.environments.base import Task
 from miniverl.environments.calc_chain import generate_tasks
 from miniverl.environments.oracle_state import next_oracle_action
@@ -25,6 +26,8 @@ from miniverl.training.noisy_traces import (
     noisy_oracle_trace,
     toy_fit_traces,
 )
+from miniverl.training.toy_teacher import fit_traces
+from miniverl.utils.seeding import derive_seed
 
 CONFIG = RolloutConfig(
     max_turns=9, max_new_tokens_per_turn=40, max_total_tokens=900, max_parse_errors=3
@@ -38,10 +41,12 @@ class _NoPolicy:
         raise AssertionError("noisy traces must not sample from the runner's policy")
 
 
-def _runner(env_name: str = "calc_chain", config: RolloutConfig = CONFIG) -> RolloutRunner:
+def _runner(
+    env_name: str = "calc_chain", config: RolloutConfig = CONFIG, **env_params: int
+) -> RolloutRunner:
     return RolloutRunner(
         _NoPolicy(),  # type: ignore[arg-type]
-        make_environment(env_name),
+        make_environment(env_name, **env_params),
         config,
         tokenizer=toy_tokenizer(),
         model_id="toy-teacher",
@@ -137,7 +142,7 @@ def test_the_corrective_continuation_solves_the_task_in_the_environment(
         assert traj.solved and traj.token_ids == trace.trajectory.token_ids
         bad = trace.corrupted_turn
         observed = _observations(traj)[bad]
-        if trace.kind == "operand_digit":  # a valid call: the echo shows the wrong expression
+        if trace.kind in ("operand_digit", "random_operands"):  # valid: the echo shows it
             wrong = json.loads(texts[bad].split("\n")[1])["arguments"]["expression"]
             assert observed["ok"] and observed["result"].startswith(f"{wrong} = ")
             assert wrong != task.data["expressions"][bad]
@@ -217,12 +222,7 @@ def test_a_turn_budget_without_room_for_the_correction_is_a_clear_error(
     tasks: list[Task],
 ) -> None:
     task = next(t for t in tasks if t.data["k"] == 3)
-    runner = RolloutRunner(
-        _NoPolicy(),  # type: ignore[arg-type]
-        make_environment("calc_chain", spare_turns=0),
-        CONFIG,
-        tokenizer=toy_tokenizer(),
-    )
+    runner = _runner(spare_turns=0)
     with pytest.raises(ConfigError, match="did not finish") as info:
         noisy_oracle_trace(runner, task, random.Random(0), kind="operand_digit")
     assert "noise_fraction: 0" in info.value.hint
@@ -269,3 +269,115 @@ class _DigestTeacher:
 
     def full_state_dict(self) -> dict:
         return self._state
+
+
+def _expression(text: str) -> str:
+    return json.loads(text.split("\n")[1])["arguments"]["expression"]
+
+
+def test_random_operands_replaces_every_number_and_keeps_the_operator() -> None:
+    env = make_environment("calc_chain")
+    task = generate_tasks("train", 1, 1, (3,))[0]
+    for call in env.oracle_solution(task).tool_calls:
+        left, op, right = call.arguments["expression"].split(" ")
+        for seed in range(30):
+            text, kind = corrupt_call_text(call, "random_operands", random.Random(seed))
+            new_left, new_op, new_right = _expression(text).split(" ")
+            assert kind == "random_operands" and new_op == op
+            assert new_left != left and new_right != right
+            assert 2 <= int(new_left) <= 999 and 2 <= int(new_right) <= 999
+
+
+def test_follow_on_calls_carry_the_wrong_result_and_stay_out_of_the_loss(
+    tasks: list[Task],
+) -> None:
+    """After a valid wrong call the trace carries on from the tool's wrong result, then goes
+    back to the first step not done; neither the mistake nor the carried-on call is a target."""
+    runner, tok, env = _runner(), toy_tokenizer(), make_environment("calc_chain")
+    seen = 0
+    for i, task in enumerate(t for t in tasks if t.data["k"] >= 2):
+        for kind in ("operand_digit", "random_operands"):
+            for step in range(task.data["k"] - 1):
+                trace = noisy_oracle_trace(
+                    runner, task, random.Random(i), kind=kind, step=step, follow=1
+                )
+                traj, (ids, targets) = trace.trajectory, trace.example
+                assert trace.followed == 1 and trace.excluded_turns == [step, step + 1]
+                texts = _assistant_texts(traj)
+                wrong_value = _observations(traj)[step]["result"].split(" = ")[1]
+                carried = _expression(texts[step + 1])
+                oracle_next = task.data["expressions"][step + 1]
+                # the carried-on call is the oracle's next step, started from the WRONG result
+                assert carried.split(" ")[0] == wrong_value
+                assert carried.split(" ")[1:] == oracle_next.split(" ")[1:]
+                # then the correction: the oracle's call of the step still undone
+                assert _expression(texts[step + 2]) == task.data["expressions"][step]
+                assert traj.solved and len(texts) == task.data["k"] + 3
+                excluded = {j for t in (step, step + 1) for r in _model_spans(traj, t) for j in r}
+                assert excluded and not excluded & set(targets)
+                model = {j for j, m in enumerate(traj.model_generated_mask) if m and j > 0}
+                assert set(targets) == model - excluded
+                assert (
+                    tok.decode([ids[j] for r in _model_spans(traj, step + 2) for j in r])
+                    == (texts[step + 2])
+                )
+                for t in range(step + 2, len(texts)):
+                    action = next_oracle_action(env, task, traj.turns[:t])
+                    expected = (
+                        format_final(action.answer)
+                        if action.is_final
+                        else format_tool_call(action.call)
+                    )
+                    assert texts[t] == expected
+                seen += 1
+    assert seen >= 10
+
+
+def test_follow_on_calls_never_exceed_the_turn_budget_or_follow_a_refused_call(
+    tasks: list[Task],
+) -> None:
+    task = next(t for t in tasks if t.data["k"] == 3)
+    tight = _runner(spare_turns=1)
+    trace = noisy_oracle_trace(
+        tight, task, random.Random(0), kind="operand_digit", step=0, follow=2
+    )
+    assert trace.followed == 0 and trace.trajectory.solved
+    for kind in ("malformed_json", "bad_expression"):
+        trace = noisy_oracle_trace(_runner(), task, random.Random(0), kind=kind, step=0, follow=1)
+        assert trace.followed == 0 and trace.trajectory.solved
+    # the last step has nothing to carry on to
+    trace = noisy_oracle_trace(
+        _runner(), task, random.Random(0), kind="operand_digit", step=2, follow=1
+    )
+    assert trace.followed == 0
+
+
+def test_the_fit_config_reaches_the_traces(tasks: list[Task]) -> None:
+    """models.toy_fit.noise_kinds / noise_max_follow change the traces, checked by their text."""
+    runner, env = _runner(), make_environment("calc_chain")
+    fit = ToyFitConfig(
+        noise_fraction=1.0,
+        noise_kinds={"random_operands": 1.0, "operand_digit": 0.0},
+        noise_max_follow=1,
+    )
+    traces = fit_traces(runner, tasks, fit, seed=7)
+    assert len(traces) == len(tasks)
+    for trace, task in zip(traces, tasks, strict=True):
+        good = env.oracle_solution(task).tool_calls[trace.corrupted_turn].arguments["expression"]
+        bad = _expression(trace.corrupted_text)
+        assert all(a != b for a, b in zip(bad.split(" ")[::2], good.split(" ")[::2], strict=True))
+    assert any(t.followed == 1 for t in traces)
+    assert all(
+        t.followed == 0
+        for t in fit_traces(runner, tasks, fit.model_copy(update={"noise_max_follow": 0}), seed=7)
+    )
+    # the defaults draw exactly the traces the three original kinds drew
+    default = fit_traces(runner, tasks, ToyFitConfig(noise_fraction=0.5), seed=7)
+    old = toy_fit_traces(
+        runner,
+        tasks,
+        noise_fraction=0.5,
+        seed=derive_seed(7, "toy-teacher-noise"),
+        kinds={"operand_digit": 0.5, "malformed_json": 0.25, "bad_expression": 0.25},
+    )
+    assert [t.example for t in default] == [t.example for t in old]

@@ -272,3 +272,49 @@ def test_format_of_correct_actions_is_the_oracle_render(task: Task) -> None:
     for s in states:  # the state + action is exactly the oracle's transcript
         ids = s.prefix + tok.encode(s.action_text)
         assert oracle.token_ids[: len(ids)] == ids
+
+
+# ------------------------------------------------------------------ saved weights
+
+
+def test_the_gate_of_weight_files_is_the_gate_of_those_backends(tmp_path: Path) -> None:
+    """Student and teacher files go to their own roles: the states are the student's rollouts
+    and the scores the teacher's argmax, exactly as ``evaluate_teacher_gate`` computes them."""
+    from safetensors.torch import save_file
+
+    from miniverl.config.models import RunConfig
+    from miniverl.environments.tasks_file import build_splits
+    from miniverl.errors import CheckpointError
+    from miniverl.evaluation.teacher_gate import gate_of_weight_files
+    from miniverl.models.factory import build_student, build_teacher, build_tokenizer
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "toy_calc_chain.yaml"
+    config = RunConfig.from_yaml(
+        recipe,
+        [
+            "environment.train_tasks=4",
+            "environment.eval_tasks=3",
+            "environment.test_tasks=6",
+            "rollout.max_new_tokens_per_turn=12",
+            "rollout.max_turns=9",
+        ],
+    )
+    tok = build_tokenizer(config)
+    student, teacher = build_student(config, tok, "cpu"), build_teacher(config, tok, "cpu")
+    with torch.no_grad():
+        for i, p in enumerate(student.module.parameters()):
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(i)) * 0.5)
+    save_file(student.full_state_dict(), str(tmp_path / "student.safetensors"))
+    save_file(teacher.full_state_dict(), str(tmp_path / "teacher.safetensors"))
+    env = make_environment("calc_chain", **config.environment.params)
+    tasks = build_splits(env, config.environment)["eval"][:2]
+    direct = evaluate_teacher_gate(
+        teacher, student, env, tasks, config.rollout, seed=config.run.seed
+    )
+    got = gate_of_weight_files(
+        config, tmp_path / "student.safetensors", tmp_path / "teacher.safetensors", tasks=2
+    )
+    assert got.per_action == direct.per_action and got.value == direct.value
+    assert got.actions > 0 and got.episodes == 2
+    with pytest.raises(CheckpointError, match="cannot read the teacher weights"):
+        gate_of_weight_files(config, tmp_path / "student.safetensors", tmp_path / "nope", tasks=1)

@@ -82,6 +82,25 @@ def test_the_cap_stops_a_warm_up_that_never_reaches_the_threshold(tmp_path: Path
     )
 
 
+def test_check_every_measures_every_nth_cycle_and_the_last(tmp_path: Path) -> None:
+    """Only measured cycles can stop the warm-up; the cap's cycle is always measured."""
+    until = WarmupUntilConfig(threshold=0.8, max_cycles=7, check_every=3)
+    outcome, source, events = _warm_up(tmp_path, [0.5, 0.9], cycles=7, until=until)
+    assert (outcome.cycles_run, outcome.stopped_by, outcome.value) == (6, "criterion", 0.9)
+    assert source.cycles == [-7, -6, -5, -4, -3, -2]
+    measured = [
+        (e["cycle"], e.get("validation_success"))
+        for e in events
+        if e["event"] == "sft_warmup_cycle"
+    ]
+    assert measured == [(-7, None), (-6, None), (-5, 0.5), (-4, None), (-3, None), (-2, 0.9)]
+    until = WarmupUntilConfig(threshold=0.8, max_cycles=4, check_every=3)
+    (tmp_path / "cap").mkdir()
+    outcome, _, events = _warm_up(tmp_path / "cap", [0.1, 0.2], cycles=4, until=until)
+    assert (outcome.cycles_run, outcome.stopped_by, outcome.value) == (4, "cap", 0.2)
+    assert [e["cycle"] for e in events if "validation_success" in e] == [-2, -1]
+
+
 def test_a_fixed_count_runs_every_cycle_and_measures_nothing(tmp_path: Path) -> None:
     outcome, source, events = _warm_up(tmp_path, [], cycles=2, until=None)
     assert (outcome.cycles_run, outcome.stopped_by) == (2, "cycles")

@@ -146,6 +146,16 @@ class ModelSpec(_Section):
     )
 
 
+NoiseKind = Literal["operand_digit", "random_operands", "malformed_json", "bad_expression"]
+DEFAULT_NOISE_KINDS: dict[str, float] = {
+    "operand_digit": 0.5,
+    "malformed_json": 0.25,
+    "bad_expression": 0.25,
+    "random_operands": 0.0,
+}
+"""Default ``models.toy_fit.noise_kinds``: corruption kind -> relative weight."""
+
+
 class ToyFitConfig(_Section):
     max_steps: int = Field(
         1500,
@@ -181,6 +191,16 @@ class ToyFitConfig(_Section):
         le=1,
         description="Fraction of the fitting traces that get one tool call corrupted (a changed digit or a malformed call), the tool's real response, then the oracle's corrective re-call; the corrupted step is not supervised (training/noisy_traces.py).",
     )
+    noise_kinds: dict[NoiseKind, float] = Field(
+        default_factory=lambda: dict(DEFAULT_NOISE_KINDS),
+        description="Relative weights of the corruption kinds drawn for a noisy trace: operand_digit (one digit of one number changed), random_operands (every number of the call replaced by an unrelated one), malformed_json, bad_expression (training/noisy_traces.py).",
+    )
+    noise_max_follow: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="A noisy trace whose corrupted call is valid carries on the wrong chain for 0..noise_max_follow further calls (each from the previous wrong result, none supervised) before the corrective re-call, as far as the turn budget allows.",
+    )
     probe_tasks: int = Field(
         16,
         ge=1,
@@ -191,6 +211,17 @@ class ToyFitConfig(_Section):
         True,
         description="Reuse a teacher fitted earlier with identical inputs from $MINIVERL_CACHE_DIR/toy-teachers (default ~/.cache/miniverl); false: always refit, store nothing.",
     )
+
+    @field_validator("noise_kinds")
+    @classmethod
+    def _weights(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {k: w for k, w in value.items() if not (math.isfinite(w) and w >= 0)}
+        if bad or not any(w > 0 for w in value.values()):
+            raise ValueError(
+                "noise_kinds needs finite weights >= 0, at least one of them > 0 "
+                f"(got {value}); e.g. {{operand_digit: 0.5, malformed_json: 0.5}}"
+            )
+        return value
 
 
 class TeacherFitConfig(_Section):
@@ -492,6 +523,12 @@ class WarmupUntilConfig(_Section):
         ge=1,
         le=MAX_STEPS,
         description="Cap: stop after this many warm-up cycles even when the threshold was never reached.",
+    )
+    check_every: int = Field(
+        1,
+        ge=1,
+        le=MAX_STEPS,
+        description="Measure the criterion after every N-th warm-up cycle (and after the last); a measurement is a greedy validation rollout, so a long warm-up checks less often.",
     )
 
     @model_validator(mode="after")

@@ -298,6 +298,62 @@ def record_teacher_gate(
     return path
 
 
+def gate_of_weight_files(
+    config: Any,
+    student_file: str | Path,
+    teacher_file: str | Path,
+    *,
+    tasks: int | None = None,
+) -> TeacherGateResult:
+    """The gate of saved weights under a recipe, without a benchmark cold start.
+
+    Why: fitting a teacher and warming up a student take most of a cold start; this scores
+    any saved pair against each other (a teacher from one run, a student from another) so a
+    teacher can be checked before a long protocol starts. ``config`` is a ``RunConfig`` whose
+    models, environment and rollout settings shape both backends; the weights are
+    safetensors files (e.g. ``<run>/toy-teacher.safetensors``, a checkpoint's
+    ``adapter.safetensors`` of a full-weight student, a cold start's ``student.safetensors``).
+    ``tasks`` defaults to ``eval.teacher_gate_tasks``; seeds and temperature are the
+    benchmark's (:func:`trainer_teacher_gate`).
+    """
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from miniverl.environments.registry import make_environment
+    from miniverl.environments.tasks_file import build_splits
+    from miniverl.errors import CheckpointError
+    from miniverl.models.factory import build_student, build_teacher, build_tokenizer
+    from miniverl.training.resolve import resolve_device
+
+    tokenizer = build_tokenizer(config)
+    device = resolve_device(config, cuda_available=torch.cuda.is_available())
+    backends = {
+        "student": (build_student(config, tokenizer, device), student_file),
+        "teacher": (build_teacher(config, tokenizer, device), teacher_file),
+    }
+    for role, (backend, file) in backends.items():
+        try:
+            backend.load_full_state_dict(load_file(str(file)))
+        except (OSError, SafetensorError) as exc:
+            raise CheckpointError(
+                f"cannot read the {role} weights {file}: {exc}",
+                hint=f"pass a safetensors file of the {role}'s full weights",
+            ) from None
+    environment = make_environment(config.environment.name, **config.environment.params)
+    count = config.eval.teacher_gate_tasks if tasks is None else tasks
+    gate_tasks = build_splits(environment, config.environment)["eval"][:count]
+    return evaluate_teacher_gate(
+        backends["teacher"][0],
+        backends["student"][0],
+        environment,
+        gate_tasks,
+        config.rollout,
+        seed=config.run.seed,
+        batch_size=config.eval.batch_size,
+    )
+
+
 def trainer_teacher_gate(trainer: Any, *, record: bool = True) -> TeacherGateResult:
     """The gate of a set-up trainer (e.g. the benchmark's cold-start run, after ``train()``).
 
@@ -408,6 +464,7 @@ __all__ = [
     "TeacherGateResult",
     "cold_start_teacher_gate",
     "evaluate_teacher_gate",
+    "gate_of_weight_files",
     "gate_states",
     "load_teacher_gate",
     "record_teacher_gate",

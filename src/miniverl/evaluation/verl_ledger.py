@@ -312,7 +312,12 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         "models.teacher.lora.dropout": n_a("teacher LoRA is ignored by miniverl too"),
         "models.teacher.lora.target_modules": n_a("teacher LoRA is ignored by miniverl too"),
         "models.teacher.toy": n_a(toy_note),
-        **{f"models.toy_fit.{k}": n_a(toy_note) for k in cfg.models.toy_fit.model_dump()},
+        **{
+            f"models.toy_fit.{k}": n_a(toy_note)
+            for k in cfg.models.toy_fit.model_dump()
+            if k != "noise_kinds"
+        },
+        **{f"models.toy_fit.noise_kinds.{k}": n_a(toy_note) for k in cfg.models.toy_fit.noise_kinds},
         "models.teacher_fit.enabled": refuse_unless(
             lambda v: not v,
             "models.teacher_fit.enabled: verl serves the teacher as a separate replica of a checkpoint and cannot fit or switch a LoRA adapter on the student's base; merge the fitted adapter into a checkpoint and pass its directory as models.teacher.model_id",
@@ -465,7 +470,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         "train.sft_warmup_until": sft_warmup_until,
         **{
             f"train.sft_warmup_until.{key}": sft_warmup_until
-            for key in ("metric", "k", "threshold", "max_cycles")
+            for key in ("metric", "k", "threshold", "max_cycles", "check_every")
         },
         "train.sft_lr": n_a("warm-up only"),
         "train.gkd_student_fraction": n_a("gkd_mix only; a verl export needs run.mode: opd"),

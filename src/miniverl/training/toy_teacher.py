@@ -31,13 +31,14 @@ from safetensors.torch import load_file
 
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.config.models import RunConfig
+from miniverl.config.sections import ToyFitConfig
 from miniverl.environments.base import Task, ToolEnvironment, sample_extra_tasks
 from miniverl.errors import CheckpointError, ConfigError, TrajectoryError
 from miniverl.models.base import CausalLMBackend
 from miniverl.models.fitting import cross_entropy_fit_step, draw_rows
 from miniverl.training import teacher_reuse as reuse
 from miniverl.training.checkpoint import save_tensors
-from miniverl.training.noisy_traces import toy_fit_traces
+from miniverl.training.noisy_traces import FitTrace, toy_fit_traces
 from miniverl.training.progress import ProgressReporter
 from miniverl.utils.io import sha256_file
 from miniverl.utils.logging import EventLog
@@ -178,6 +179,21 @@ def save_teacher(teacher: CausalLMBackend, path: Path) -> str:
     return save_tensors(teacher.full_state_dict(), path)
 
 
+def fit_traces(
+    oracle_runner: RolloutRunner, pool: Sequence[Task], fit: ToyFitConfig, seed: int
+) -> list[FitTrace]:
+    """The teacher's fitting traces of ``pool`` as ``models.toy_fit`` asks (noise fraction,
+    corruption kinds, follow-on calls), seeded by the run seed."""
+    return toy_fit_traces(
+        oracle_runner,
+        pool,
+        noise_fraction=fit.noise_fraction,
+        seed=derive_seed(seed, "toy-teacher-noise"),
+        kinds=dict(fit.noise_kinds),
+        max_follow=fit.noise_max_follow,
+    )
+
+
 def load_teacher(teacher: CausalLMBackend, path: Path, weights_sha256: str | None) -> None:
     """Load ``path`` into ``teacher`` after checking it against ``weights_sha256``."""
     if not path.is_file() or sha256_file(path) != weights_sha256:
@@ -223,15 +239,7 @@ def prepare_toy_teacher(
         exclude=[t for tasks in splits.values() for t in tasks],
     )
     pool = train + extra
-    examples = [
-        trace.example
-        for trace in toy_fit_traces(
-            oracle_runner,
-            pool,
-            noise_fraction=fit.noise_fraction,
-            seed=derive_seed(seed, "toy-teacher-noise"),
-        )
-    ]
+    examples = [trace.example for trace in fit_traces(oracle_runner, pool, fit, seed)]
     runner = RolloutRunner(teacher, environment, config.rollout)
     probe = random.Random(derive_seed(seed, "toy-teacher-probe")).sample(
         pool, min(len(pool), fit.probe_tasks)
@@ -333,6 +341,7 @@ __all__ = [
     "TOY_TEACHER_FILE",
     "ToyFitReport",
     "fit_toy_model",
+    "fit_traces",
     "freeze",
     "greedy_success",
     "load_teacher",

@@ -5,10 +5,10 @@ states no teacher is useful on. The warm-up trains it on oracle traces first
 (:class:`~miniverl.training.sources.OracleSource`, hard labels), either
 
 - for a fixed number of cycles (``train.sft_warmup_cycles``), or
-- by criterion (``train.sft_warmup_until``): after every cycle the student's greedy success on
-  the validation (``eval``) split -- all of it, or only its tasks of chain length ``k`` -- is
-  measured, and the warm-up stops after the first cycle that reaches ``threshold``, or after
-  ``max_cycles`` when none does. The ``sft_warmup_end`` event records the measured value and
+- by criterion (``train.sft_warmup_until``): after every ``check_every``-th cycle the
+  student's greedy success on the validation (``eval``) split -- all of it, or only its tasks
+  of chain length ``k`` -- is measured, and the warm-up stops after the first measured cycle
+  that reaches ``threshold``, or after ``max_cycles`` when none does. The ``sft_warmup_end`` event records the measured value and
   which of the two stopped it.
 
 Warm-up cycles are numbered ``-cap .. -1`` (negative: they precede KD/OPD cycle 0); a warm-up
@@ -142,7 +142,7 @@ def run_sft_warmup(
     """Run up to ``cycles`` warm-up cycles; with ``until``, stop at the first reaching its threshold.
 
     ``measure()`` returns the criterion's value for the current weights (asked after every
-    cycle, only with ``until``).
+    ``until.check_every``-th cycle and after the last, only with ``until``).
     """
     if until is not None and measure is None:
         raise ValueError("a warm-up by criterion needs measure()")
@@ -166,12 +166,15 @@ def run_sft_warmup(
                 "steps": len(records),
                 "loss": records[-1]["loss"] if records else None,
             }
-            if until is not None:
+            checked = until is not None and (
+                (k + 1) % until.check_every == 0 or k + 1 == cycles
+            )
+            if checked:
                 assert measure is not None
                 fields["validation_success"] = value = measure()
             events.emit("sft_warmup_cycle", **fields)
             advance()
-            if until is None:
+            if until is None or not checked:
                 continue
             if value >= until.threshold:
                 outcome = WarmupOutcome(k + 1, "criterion", value)
