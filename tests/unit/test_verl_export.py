@@ -35,7 +35,7 @@ def _hf(**overrides: str) -> RunConfig:
 
 
 def _leaf_keys(cfg: RunConfig) -> list[str]:
-    return [k for k, _ in vx._leaves(cfg.to_dict())]
+    return [k for k, _ in vx.config_leaves(cfg.to_dict())]
 
 
 # -- the ledger ---------------------------------------------------------------------------

@@ -298,6 +298,31 @@ def record_teacher_gate(
     return path
 
 
+def _configured_gate(
+    teacher: Any,
+    student: Any,
+    environment: ToolEnvironment,
+    eval_split: Sequence[Task],
+    config: Any,
+    *,
+    tasks: int | None = None,
+) -> TeacherGateResult:
+    """The gate as a run's config defines it: the first ``tasks`` (default
+    ``eval.teacher_gate_tasks``) validation tasks, episode seeds from ``run.seed``, rollouts
+    batched by ``eval.batch_size`` at ``rollout.temperature``. The benchmark's cold start and
+    :func:`gate_of_weight_files` both score through here, so they see the same states."""
+    count = config.eval.teacher_gate_tasks if tasks is None else tasks
+    return evaluate_teacher_gate(
+        teacher,
+        student,
+        environment,
+        eval_split[:count],
+        config.rollout,
+        seed=config.run.seed,
+        batch_size=config.eval.batch_size,
+    )
+
+
 def gate_of_weight_files(
     config: Any,
     student_file: str | Path,
@@ -341,16 +366,13 @@ def gate_of_weight_files(
                 hint=f"pass a safetensors file of the {role}'s full weights",
             ) from None
     environment = make_environment(config.environment.name, **config.environment.params)
-    count = config.eval.teacher_gate_tasks if tasks is None else tasks
-    gate_tasks = build_splits(environment, config.environment)["eval"][:count]
-    return evaluate_teacher_gate(
+    return _configured_gate(
         backends["teacher"][0],
         backends["student"][0],
         environment,
-        gate_tasks,
-        config.rollout,
-        seed=config.run.seed,
-        batch_size=config.eval.batch_size,
+        build_splits(environment, config.environment)["eval"],
+        config,
+        tasks=tasks,
     )
 
 
@@ -367,15 +389,8 @@ def trainer_teacher_gate(trainer: Any, *, record: bool = True) -> TeacherGateRes
             "the teacher gate needs a teacher, and this run has none",
             hint="the gate applies to distillation runs (run.mode other than sft)",
         )
-    tasks = trainer.splits["eval"][: cfg.eval.teacher_gate_tasks]
-    result = evaluate_teacher_gate(
-        trainer.teacher,
-        trainer.student,
-        trainer.environment,
-        tasks,
-        cfg.rollout,
-        seed=cfg.run.seed,
-        batch_size=cfg.eval.batch_size,
+    result = _configured_gate(
+        trainer.teacher, trainer.student, trainer.environment, trainer.splits["eval"], cfg
     )
     if record:
         record_teacher_gate(

@@ -23,7 +23,6 @@ import re
 import shlex
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from miniverl.evaluation.verl_ledger import (
     Rule,
     _fixed_overrides,
     _rules,
+    config_leaves,
 )
 from miniverl.schemas.text import TOOL_RESULT_OPEN
 
@@ -76,15 +76,6 @@ class ExportPlan:
 
 
 # -- small pure helpers ------------------------------------------------------------------
-
-
-def _leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value and key != "params":
-            yield from _leaves(value, dotted + ".")
-        else:
-            yield dotted, value
 
 
 _BARE = re.compile(r"^[A-Za-z0-9_./~@:+-]+$")
@@ -186,7 +177,7 @@ def plan_export(cfg: RunConfig, *, max_prompt_tokens: int | None = None) -> Expo
     rules = _rules(cfg, overrides, lengths)
     fates: list[KeyFate] = []
     refusals: list[str] = []
-    for key, value in _leaves(cfg.to_dict()):
+    for key, value in config_leaves(cfg.to_dict()):
         rule = rules.get(key)
         if rule is None:
             fates.append(

@@ -10,7 +10,7 @@ and the written files are ``evaluation/verl_export.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,17 @@ class KeyFate:
 
 
 Rule = Callable[[Any, RunConfig], "KeyFate | str"]
+
+
+def config_leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` of every leaf of a config dump; nested mappings are walked,
+    except ``params`` (an environment's parameters are one opaque value)."""
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and key != "params":
+            yield from config_leaves(value, dotted + ".")
+        else:
+            yield dotted, value
 
 
 def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[str, Rule]:
@@ -314,10 +325,8 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         "models.teacher.toy": n_a(toy_note),
         **{
             f"models.toy_fit.{k}": n_a(toy_note)
-            for k in cfg.models.toy_fit.model_dump()
-            if k != "noise_kinds"
+            for k, _ in config_leaves(cfg.models.toy_fit.model_dump())
         },
-        **{f"models.toy_fit.noise_kinds.{k}": n_a(toy_note) for k in cfg.models.toy_fit.noise_kinds},
         "models.teacher_fit.enabled": refuse_unless(
             lambda v: not v,
             "models.teacher_fit.enabled: verl serves the teacher as a separate replica of a checkpoint and cannot fit or switch a LoRA adapter on the student's base; merge the fitted adapter into a checkpoint and pass its directory as models.teacher.model_id",
