@@ -8,6 +8,9 @@ candidate toy teachers before a long protocol.
 
     PYTHONPATH=src python benchmarks/teacher_gate_probe.py STUDENT.safetensors \\
         TEACHER.safetensors [--recipe recipes/toy_calc_chain.yaml] [--tasks 60] [override ...]
+
+TEACHER ``oracle`` scores the smoothed oracle teacher of a recipe with
+``models.oracle_teacher`` (``--recipe recipes/toy_calc_chain_oracle.yaml``), which has no file.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ from miniverl.evaluation.teacher_gate import gate_of_weight_files
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("student")
-    parser.add_argument("teacher")
+    parser.add_argument("teacher", help="safetensors file, or 'oracle' (models.oracle_teacher)")
     parser.add_argument("overrides", nargs="*", help="dotted recipe overrides")
     parser.add_argument("--recipe", default="recipes/toy_calc_chain.yaml")
     parser.add_argument("--tasks", type=int, default=None)
     args = parser.parse_args()
     config = RunConfig.from_yaml(args.recipe, args.overrides)
-    r = gate_of_weight_files(config, args.student, args.teacher, tasks=args.tasks)
+    teacher = None if args.teacher == "oracle" else args.teacher
+    r = gate_of_weight_files(config, args.student, teacher, tasks=args.tasks)
     on_path = r.actions - r.off_path_actions
     print(
         f"gate {r.value:.3f} ({r.correct}/{r.actions} student-visited states); "

@@ -237,6 +237,14 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         },
         "eval.every needs held-out tasks, but the 'eval' split is empty (environment.eval_tasks: 0)",
     ),
+    "oracle teacher on hf": (
+        {"models": {"backend": "hf", "oracle_teacher": {"smoothing": 0.001}}},
+        "models.oracle_teacher needs models.backend: toy (the oracle teacher speaks the toy tokenizer)",
+    ),
+    "oracle teacher with privileged context": (
+        {"models": {"oracle_teacher": {}}, "teacher": {"mode": "privileged_context"}},
+        "models.oracle_teacher needs teacher.mode: standard (it reads the student's own transcript)",
+    ),
 }
 
 

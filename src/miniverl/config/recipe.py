@@ -190,6 +190,11 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
             spec: ModelSpec = getattr(cfg.models, role)
             if spec.toy is None and spec.model_id not in TOY_PRESET_IDS:
                 yield f"models.{role}.model_id {spec.model_id!r} is not a toy preset ({', '.join(TOY_PRESET_IDS)}); add a models.{role}.toy block"
+    if cfg.models.oracle_teacher is not None:
+        if cfg.models.backend != "toy":
+            yield "models.oracle_teacher needs models.backend: toy (the oracle teacher speaks the toy tokenizer)"
+        if cfg.teacher.mode != "standard":
+            yield "models.oracle_teacher needs teacher.mode: standard (it reads the student's own transcript)"
     if cfg.models.backend == "hf":
         for role in ("student", "teacher"):
             if getattr(cfg.models, role).toy is not None:

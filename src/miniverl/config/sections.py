@@ -224,6 +224,17 @@ class ToyFitConfig(_Section):
         return value
 
 
+class OracleTeacherConfig(_Section):
+    """A teacher that is the environment's oracle policy, smoothed (teachers/oracle.py)."""
+
+    smoothing: float = Field(
+        0.001,
+        gt=0,
+        lt=1,
+        description="Probability mass epsilon spread uniformly over the vocabulary: the teacher puts 1 - epsilon + epsilon/V on the oracle's next token from the current state (after an error: the corrective re-call) and epsilon/V on every other token.",
+    )
+
+
 class TeacherFitConfig(_Section):
     """The HF analogue of ``toy_fit``: a teacher LoRA adapter fitted on the shared backbone."""
 
@@ -287,6 +298,10 @@ class ModelsConfig(_Section):
     teacher_fit: TeacherFitConfig = Field(
         default_factory=TeacherFitConfig,
         description="A fitted teacher adapter on a shared hf backbone (hf backend only).",
+    )
+    oracle_teacher: OracleTeacherConfig | None = Field(
+        None,
+        description="Replace the teacher model by the environment's oracle policy, smoothed (toy backend, environments with an oracle, teacher.mode: standard); no teacher is fitted. Default: a teacher model.",
     )
 
 
@@ -688,6 +703,7 @@ __all__ = [
     "MemoryConfig",
     "ModelSpec",
     "ModelsConfig",
+    "OracleTeacherConfig",
     "RolloutConfig",
     "RunSection",
     "SelectionConfig",

@@ -24,7 +24,7 @@ answer is that value.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from miniverl.environments.base import Task, ToolCall, ToolEnvironment
@@ -69,16 +69,32 @@ def oracle_tool_results(environment: ToolEnvironment, task: Task) -> list[str]:
     return out
 
 
-def oracle_steps_done(expected_results: Sequence[str], turns: Sequence[Turn]) -> int:
-    """How many oracle calls ``turns`` completed in order (see the module docstring)."""
+def steps_done_of_results(
+    expected_results: Sequence[str], outcomes: Iterable[tuple[bool, str | None]]
+) -> int:
+    """How many oracle calls a sequence of tool outcomes ``(ok, result text)`` completed in order.
+
+    The oracle teacher (``teachers/oracle.py``) reads the outcomes from transcript text;
+    :func:`oracle_steps_done` from recorded turns. A call that never reached the tool (a
+    parse error) has ``ok`` false.
+    """
     done = 0
-    for turn in turns:
-        call, result = turn.tool_call, turn.tool_result
-        if done >= len(expected_results) or call is None or result is None:
-            continue
-        if call.valid and result.ok and result.result == expected_results[done]:
+    for ok, result in outcomes:
+        if done < len(expected_results) and ok and result == expected_results[done]:
             done += 1
     return done
+
+
+def oracle_steps_done(expected_results: Sequence[str], turns: Sequence[Turn]) -> int:
+    """How many oracle calls ``turns`` completed in order (see the module docstring)."""
+    return steps_done_of_results(
+        expected_results,
+        (
+            (turn.tool_call.valid and turn.tool_result.ok, turn.tool_result.result)
+            for turn in turns
+            if turn.tool_call is not None and turn.tool_result is not None
+        ),
+    )
 
 
 def next_oracle_action(
@@ -105,4 +121,10 @@ def next_oracle_action(
     return OracleAction(steps_done=done, answer=oracle.final_answer)
 
 
-__all__ = ["OracleAction", "next_oracle_action", "oracle_steps_done", "oracle_tool_results"]
+__all__ = [
+    "OracleAction",
+    "next_oracle_action",
+    "oracle_steps_done",
+    "oracle_tool_results",
+    "steps_done_of_results",
+]

@@ -326,7 +326,7 @@ def _configured_gate(
 def gate_of_weight_files(
     config: Any,
     student_file: str | Path,
-    teacher_file: str | Path,
+    teacher_file: str | Path | None,
     *,
     tasks: int | None = None,
 ) -> TeacherGateResult:
@@ -338,6 +338,7 @@ def gate_of_weight_files(
     models, environment and rollout settings shape both backends; the weights are
     safetensors files (e.g. ``<run>/toy-teacher.safetensors``, a checkpoint's
     ``adapter.safetensors`` of a full-weight student, a cold start's ``student.safetensors``).
+    With ``models.oracle_teacher`` the teacher has no weights: ``teacher_file`` is None.
     ``tasks`` defaults to ``eval.teacher_gate_tasks``; seeds and temperature are the
     benchmark's (:func:`trainer_teacher_gate`).
     """
@@ -349,14 +350,30 @@ def gate_of_weight_files(
     from miniverl.environments.tasks_file import build_splits
     from miniverl.errors import CheckpointError
     from miniverl.models.factory import build_student, build_teacher, build_tokenizer
+    from miniverl.teachers.oracle import build_oracle_teacher
     from miniverl.training.resolve import resolve_device
 
     tokenizer = build_tokenizer(config)
     device = resolve_device(config, cuda_available=torch.cuda.is_available())
-    backends = {
-        "student": (build_student(config, tokenizer, device), student_file),
-        "teacher": (build_teacher(config, tokenizer, device), teacher_file),
-    }
+    environment = make_environment(config.environment.name, **config.environment.params)
+    splits = build_splits(environment, config.environment)
+    backends = {"student": (build_student(config, tokenizer, device), student_file)}
+    if config.models.oracle_teacher is not None:
+        if teacher_file is not None:
+            raise CheckpointError(
+                f"models.oracle_teacher has no weights, but a teacher file was given: {teacher_file}",
+                hint="pass no teacher file (benchmarks/teacher_gate_probe.py: --teacher oracle)",
+            )
+        every_task = [t for split in splits.values() for t in split]
+        teacher = build_oracle_teacher(config, tokenizer, every_task, device)
+    else:
+        if teacher_file is None:
+            raise CheckpointError(
+                "a teacher weights file is needed unless the config sets models.oracle_teacher",
+                hint="pass the teacher's safetensors file (e.g. <run>/toy-teacher.safetensors)",
+            )
+        teacher = build_teacher(config, tokenizer, device)
+        backends["teacher"] = (teacher, teacher_file)
     for role, (backend, file) in backends.items():
         try:
             backend.load_full_state_dict(load_file(str(file)))
@@ -365,14 +382,8 @@ def gate_of_weight_files(
                 f"cannot read the {role} weights {file}: {exc}",
                 hint=f"pass a safetensors file of the {role}'s full weights",
             ) from None
-    environment = make_environment(config.environment.name, **config.environment.params)
     return _configured_gate(
-        backends["teacher"][0],
-        backends["student"][0],
-        environment,
-        build_splits(environment, config.environment)["eval"],
-        config,
-        tasks=tasks,
+        teacher, backends["student"][0], environment, splits["eval"], config, tasks=tasks
     )
 
 

@@ -43,6 +43,11 @@ class KeyFate:
 Rule = Callable[[Any, RunConfig], "KeyFate | str"]
 
 
+ORACLE_TEACHER_REASON = (
+    "models.oracle_teacher: verl's teacher is a served checkpoint; the smoothed oracle policy "
+    "(teachers/oracle.py) is not a model it can load"
+)
+
 def config_leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
     """``(dotted key, value)`` of every leaf of a config dump; nested mappings are walked,
     except ``params`` (an environment's parameters are one opaque value)."""
@@ -337,6 +342,12 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
             for k in cfg.models.teacher_fit.model_dump()
             if k != "enabled"
         },
+        "models.oracle_teacher": refuse_unless(
+            lambda v: v is None,
+            ORACLE_TEACHER_REASON,
+            n_a("the teacher is a model"),
+        ),
+        "models.oracle_teacher.smoothing": lambda v, _: ORACLE_TEACHER_REASON,
         "environment.name": lambda v, _: KeyFate(
             "",
             v,

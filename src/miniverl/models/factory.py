@@ -78,7 +78,10 @@ def build_student(config: RunConfig, tokenizer: TokenizerLike, device: str) -> C
 
 
 def build_teacher(config: RunConfig, tokenizer: TokenizerLike, device: str) -> CausalLMBackend:
-    """The frozen teacher (never has trainable adapters), built on a resolved ``device``."""
+    """The frozen teacher (never has trainable adapters), built on a resolved ``device``.
+
+    Not for ``models.oracle_teacher``, which is no model: ``teachers/oracle.py`` builds it.
+    """
     teacher = _build(config, "teacher", tokenizer, device)
     for p in teacher.trainable_parameters():
         p.requires_grad_(False)

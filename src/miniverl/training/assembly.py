@@ -25,7 +25,10 @@ from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task
 from miniverl.errors import RunDirectoryError
 from miniverl.models.base import CausalLMBackend
+from miniverl.models.runtime import ModelRuntime, build_runtime
+from miniverl.schemas.text import TokenizerLike
 from miniverl.teachers.local import LocalTeacherScorer
+from miniverl.teachers.oracle import build_oracle_teacher
 from miniverl.training.optim import move_optimizer_state
 from miniverl.training.resolve import HostCapabilities, ResolvedRun, place_teacher, resolve_run
 from miniverl.training.sources import TeacherTargets, make_select_and_align
@@ -42,6 +45,24 @@ def refuse_existing_run(paths: RunPaths) -> None:
             f"{paths.root} already holds a run",
             hint="pass --resume to continue it, or choose another --output directory",
         )
+
+
+def build_run_runtime(
+    config: RunConfig,
+    tokenizer: TokenizerLike,
+    device: str,
+    *,
+    with_teacher: bool,
+    splits: dict[str, list[Task]],
+) -> ModelRuntime:
+    """The run's backends: ``models/runtime.py`` builds the models; a ``models.oracle_teacher``
+    is no model, so it is built here (``teachers/oracle.py``) over every task of ``splits``."""
+    oracle = with_teacher and config.models.oracle_teacher is not None
+    runtime = build_runtime(config, tokenizer, device, with_teacher=with_teacher and not oracle)
+    if oracle:
+        tasks = [task for split in splits.values() for task in split]
+        runtime.teacher = build_oracle_teacher(config, tokenizer, tasks, device)
+    return runtime
 
 
 def plan_run(

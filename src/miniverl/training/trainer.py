@@ -34,7 +34,6 @@ from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
 from miniverl.models.base import CausalLMBackend
 from miniverl.models.factory import build_tokenizer
-from miniverl.models.runtime import build_runtime
 from miniverl.schemas.records import CycleRecord
 from miniverl.selection.selectors import aggregate_selection_stats
 from miniverl.training import assembly, resume, toy_teacher
@@ -119,7 +118,9 @@ class OPDTrainer:
         self.tasks_by_id = {t.task_id: t for split in self.splits.values() for t in split}
         self.task_order = shuffled_order(len(self.splits["train"]), cfg.run.seed)
         with_teacher = with_teacher and cfg.run.mode != "sft"
-        self.runtime = build_runtime(cfg, self.tokenizer, device, with_teacher=with_teacher)
+        self.runtime = assembly.build_run_runtime(
+            cfg, self.tokenizer, device, with_teacher=with_teacher, splits=self.splits
+        )
         self.student: CausalLMBackend = self.runtime.student
         self.teacher: CausalLMBackend | None = self.runtime.teacher
         self.resolved: ResolvedRun = assembly.plan_run(
@@ -382,7 +383,7 @@ class OPDTrainer:
 
     def _prepare_toy_teacher(self) -> None:
         """Toy backend only: fit the toy teacher until it solves its tasks (training/toy_teacher.py)."""
-        if self.config.models.backend != "toy" or self.teacher is None:
+        if self._fitted_toy_teacher() is None:
             return
 
         def publish(report: dict[str, Any]) -> None:
@@ -405,8 +406,10 @@ class OPDTrainer:
         )
 
     def _fitted_toy_teacher(self) -> CausalLMBackend | None:
-        """The teacher when it is the fitted toy teacher (its weights travel with the run)."""
-        return self.teacher if self.config.models.backend == "toy" else None
+        """The fitted toy teacher (its weights travel with the run); None for hf or an oracle."""
+        models = self.config.models
+        fitted = models.backend == "toy" and models.oracle_teacher is None
+        return self.teacher if fitted else None
 
     def run_sft_warmup(self, cycles: int | None = None) -> None:
         """Oracle-trace cross-entropy before KD/OPD (training/warmup.py).

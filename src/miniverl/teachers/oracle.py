@@ -1,0 +1,391 @@
+"""A teacher that is the environment's oracle policy, smoothed: competent at every state.
+
+Why: on-policy distillation is expected to help when the teacher is right at the states the
+*student* reaches, including those after the student's own errors. A fitted toy teacher
+learns the oracle's path but stays poor after errors (docs/benchmark.md, "Runs so far"),
+so a benchmark with it measures the teacher. This backend removes that confound: at any
+state it puts ``1 - eps + eps / V`` on the oracle's next token and ``eps / V`` on every
+other token (``models.oracle_teacher.smoothing`` = ``eps``). It is labelled in the
+manifest (``capabilities.backend == "oracle"``) and never fitted. It lives among the teachers,
+not the model backends, because it reads the agent protocol and the environment's oracle;
+:func:`build_oracle_teacher` is how a run builds it (``training/trainer.py``).
+
+The oracle's next token after ids ``x[0..p]`` (what position ``p`` predicts):
+
+1. The current assistant turn starts after the last ``ASSISTANT_HEADER`` in the text; the
+   turn's text so far is ``g``.
+2. The task is found by its prompt (the first user message) among the tasks the teacher was
+   given; the oracle state is the number of oracle calls the earlier tool results completed
+   (``environments/oracle_state.py``, :func:`~miniverl.environments.oracle_state.steps_done_of_results`),
+   and the correct action ``a`` is the next oracle call (after an error: the corrective
+   re-call) or the final answer, rendered as oracle traces render it.
+3. If ``g`` is a prefix of ``a`` the next text is the rest of ``a``. Otherwise the turn
+   already deviated; texts are compared as *skeletons* in which every value is a slot (a
+   number, signed or not, or one of the operators ``+ - *``) and every other character is
+   literal:
+   when ``g``'s skeleton is a prefix of ``a``'s, the oracle keeps the structure of ``a``
+   (finishing a digit run to the length of ``a``'s, then ``a``'s remaining text), so a
+   miscopied number or operator costs one wrong value, not a broken call; the tool's
+   echo then shows the error and the next turn re-calls. Text before the turn's first
+   block is prose the parser skips, so while no block is open the oracle starts ``a``.
+   A deviation of the structure itself inside a block (a literal character that differs)
+   closes the block (``</tool_call>`` or ``</final>``): the call cannot parse anyway, the
+   parser answers, and the next turn starts from a state the oracle handles again.
+4. The next token is the first token of the tokenizer's encoding of that text (EOS when it
+   is empty).
+
+Teacher-forced scoring (``hidden_states_at_batch`` + ``project``) returns the exact
+distribution: the "hidden state" of a position is the one-hot ``[V]`` vector of its oracle
+token and ``project`` turns one-hot rows into smoothed log-probabilities, so the chunked
+losses, the cache and the teacher gate use this backend like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from miniverl.agent.protocol import format_final, format_tool_call
+from miniverl.environments.base import Task, ToolEnvironment
+from miniverl.environments.oracle_state import oracle_tool_results, steps_done_of_results
+from miniverl.errors import BackendError
+from miniverl.models.base import BackendCapabilities, GenerationResult, PaddedTrajectoryBatch
+from miniverl.models.sampling import run_generation
+from miniverl.schemas.text import (
+    ASSISTANT_HEADER,
+    FINAL_CLOSE,
+    FINAL_OPEN,
+    IM_END,
+    IM_START,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    TOOL_RESULT_CLOSE,
+    TOOL_RESULT_OPEN,
+    TokenizerLike,
+)
+
+_USER_HEADER = f"{IM_START}user\n"
+_RESULT = re.compile(
+    re.escape(_USER_HEADER + TOOL_RESULT_OPEN) + r"\n(.*?)\n" + re.escape(TOOL_RESULT_CLOSE), re.S
+)
+_FIELD = re.compile(r"-?\d+|.", re.S)
+_OPERATORS = frozenset("+-*")
+_BLOCKS = ((TOOL_CALL_OPEN, TOOL_CALL_CLOSE), (FINAL_OPEN, FINAL_CLOSE))
+
+
+def _skeleton(text: str) -> list[str]:
+    """``text`` as elements: each number (a digit run, with a ``-`` sign directly before it)
+    is one, every other char another."""
+    return _FIELD.findall(text)
+
+
+def _slot(element: str) -> str | None:
+    """The slot kind of a skeleton element (``"number"``, ``"operator"``), None for a literal."""
+    if element.lstrip("-").isdigit():
+        return "number"
+    return "operator" if element in _OPERATORS else None
+
+
+def _same_shape(got: str, want: str) -> bool:
+    """Both the same slot kind (any values), or the same literal character."""
+    kind = _slot(got)
+    return kind == _slot(want) if kind is not None else got == want
+
+
+def deviated_continuation(generated: str, action: str) -> str:
+    """The text the oracle continues with after ``generated`` when the turn should be ``action``.
+
+    See the module docstring, point 3. Text before the turn's first block is prose the
+    parser ignores, so until a block is open the oracle starts ``action``; inside the block,
+    a prefix of ``action`` continues with the rest of it, a skeleton-consistent deviation
+    keeps ``action``'s structure, and anything else closes the block.
+    """
+    if action.startswith(generated):
+        return action[len(generated) :]
+    opened = [(generated.find(tag), tag, close) for tag, close in _BLOCKS if tag in generated]
+    if not opened:
+        return action
+    start, _, closer = min(opened)
+    block = generated[start:]
+    if action.startswith(block):
+        return action[len(block) :]
+    got, want = _skeleton(block), _skeleton(action)
+    if len(got) <= len(want) and all(map(_same_shape, got, want)):
+        last, target = got[-1], want[len(got) - 1]
+        digits = len(last.lstrip("-"))
+        fill = target.lstrip("-")[digits:] if _slot(last) == "number" else ""
+        return fill + "".join(want[len(got) :])
+    return closer
+
+
+def _tool_outcomes(context: str) -> list[tuple[bool, str | None]]:
+    """``(ok, result text)`` of every tool observation in ``context``, in order.
+
+    Only observations that open a user message count, so text a policy writes inside its
+    own turn never passes for a tool result.
+    """
+    out: list[tuple[bool, str | None]] = []
+    for body in _RESULT.findall(context):
+        try:
+            payload = json.loads(body)
+        except json.JSONDecodeError:
+            out.append((False, None))
+            continue
+        ok = isinstance(payload, dict) and payload.get("ok") is True
+        out.append((ok, payload.get("result") if ok else None))
+    return out
+
+
+class OracleTeacher:
+    """``CausalLMBackend`` whose distribution is the smoothed oracle policy (module docstring).
+
+    ``tasks`` are every task whose episodes it may see (the run's splits); ``environment``
+    supplies their oracle solutions and tool results. Frozen: no parameters.
+    """
+
+    supports_prefix_cache = False
+
+    def __init__(
+        self,
+        tokenizer: TokenizerLike,
+        environment: ToolEnvironment,
+        tasks: Sequence[Task],
+        *,
+        smoothing: float,
+        model_id: str = "oracle-teacher",
+        device: str = "cpu",
+    ) -> None:
+        if not 0.0 < smoothing < 1.0:
+            raise BackendError(f"oracle teacher smoothing must be in (0, 1), got {smoothing}")
+        self.tokenizer = tokenizer
+        self.environment = environment
+        self.smoothing = float(smoothing)
+        self.model_id = model_id
+        self._device = device
+        self._tasks: dict[str, Task] = {}
+        for task in tasks:
+            self._tasks.setdefault(task.prompt, task)
+        self._expected: dict[str, list[str]] = {}
+        self._pieces: dict[int, str] = {}
+        vocab = tokenizer.vocab_size
+        self._low = math.log(self.smoothing / vocab)
+        self._high = math.log(1.0 - self.smoothing + self.smoothing / vocab)
+
+    # -- identity and placement -------------------------------------------------------------
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        vocab = self.tokenizer.vocab_size
+        return BackendCapabilities(
+            backend="oracle",
+            model_id=self.model_id,
+            revision=None,
+            vocab_size=vocab,
+            hidden_size=vocab,
+            num_layers=0,
+            num_parameters=0,
+            num_trainable_parameters=0,
+            precision="float32",
+            quantization="none",
+            lora=False,
+            kv_cache=False,
+            can_offload=True,
+            device=self._device,
+            extra={
+                "smoothing": self.smoothing,
+                "environment": self.environment.name,
+                "tasks": len(self._tasks),
+            },
+        )
+
+    def set_train(self, mode: bool) -> None:
+        return None
+
+    def to_device(self, device: str) -> None:
+        self._device = device
+
+    def release(self) -> None:
+        return None
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return []
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_trainable_state_dict(
+        self, state: Mapping[str, torch.Tensor], *, strict: bool = True
+    ) -> None:
+        if state and strict:
+            raise BackendError("the oracle teacher has no parameters to load")
+
+    # -- the policy -------------------------------------------------------------------------
+
+    def _piece(self, token_id: int) -> str:
+        if token_id not in self._pieces:
+            self._pieces[token_id] = self.tokenizer.decode([token_id])
+        return self._pieces[token_id]
+
+    def _action(self, context: str) -> str:
+        """The oracle's correct action for the turn that follows ``context``."""
+        start = context.find(_USER_HEADER)
+        end = context.find(IM_END, start + len(_USER_HEADER)) if start >= 0 else -1
+        prompt = context[start + len(_USER_HEADER) : end] if end >= 0 else None
+        task = self._tasks.get(prompt) if prompt is not None else None
+        if task is None:
+            raise BackendError(
+                "the oracle teacher was asked about an episode whose task it does not know",
+                hint="build it with every task of the run (models/factory.py passes the splits)",
+            )
+        if task.prompt not in self._expected:
+            self._expected[task.prompt] = oracle_tool_results(self.environment, task)
+        expected = self._expected[task.prompt]
+        done = steps_done_of_results(expected, _tool_outcomes(context))
+        oracle = self.environment.oracle_solution(task)
+        if done < len(oracle.tool_calls):
+            return format_tool_call(oracle.tool_calls[done])
+        return format_final(oracle.final_answer)
+
+    def next_token_ids(self, token_ids: Sequence[int], positions: Sequence[int]) -> list[int]:
+        """The oracle's next token after ``token_ids[: p + 1]`` for each ``p`` in ``positions``."""
+        offsets = [0]
+        for token in token_ids:
+            offsets.append(offsets[-1] + len(self._piece(token)))
+        text = "".join(self._piece(t) for t in token_ids)
+        actions: dict[int, str] = {}
+        out: list[int] = []
+        for p in positions:
+            upto = offsets[p + 1]
+            header = text.rfind(ASSISTANT_HEADER, 0, upto)
+            if header < 0:
+                raise BackendError(
+                    f"position {p} is not inside an assistant turn",
+                    hint="the oracle teacher scores assistant tokens only",
+                )
+            turn_start = header + len(ASSISTANT_HEADER)
+            if turn_start not in actions:
+                actions[turn_start] = self._action(text[:header])
+            rest = deviated_continuation(text[turn_start:upto], actions[turn_start])
+            ids = self.tokenizer.encode(rest) if rest else []
+            out.append(ids[0] if ids else self.tokenizer.eos_token_id)
+        return out
+
+    def _one_hot(self, ids: Sequence[int]) -> torch.Tensor:
+        hidden = torch.zeros((len(ids), self.tokenizer.vocab_size), device=self._device)
+        if ids:
+            index = torch.tensor(list(ids), dtype=torch.long, device=self._device)
+            hidden[torch.arange(len(ids), device=self._device), index] = 1.0
+        return hidden
+
+    def hidden_states_at(
+        self, token_ids: list[int], positions: list[int], *, with_grad: bool = False
+    ) -> torch.Tensor:
+        """``[len(positions), V]``: the one-hot oracle token each position predicts."""
+        if not token_ids:
+            raise BackendError("hidden_states_at needs a non-empty token sequence")
+        return self._one_hot(self.next_token_ids(token_ids, positions))
+
+    def hidden_states_at_batch(
+        self, batch: PaddedTrajectoryBatch, *, with_grad: bool = False
+    ) -> torch.Tensor:
+        """``[batch.num_positions, V]`` one-hot rows, row-wise as the batch gathers them."""
+        ids: list[int] = []
+        rows = batch.input_ids.tolist()
+        lengths = batch.attention_mask.sum(dim=1).tolist()
+        positions = batch.position_index.tolist()
+        cursor = 0
+        for row, size in enumerate(batch.row_sizes):
+            real = rows[row][: int(lengths[row])]
+            ids += self.next_token_ids(real, positions[cursor : cursor + size])
+            cursor += size
+        return self._one_hot(ids)
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, V]`` one-hot rows -> smoothed log-probabilities ``[N, V]`` (nats)."""
+        return self._low + hidden.to(torch.float32) * (self._high - self._low)
+
+    def _step(self, input_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        ids = input_ids[0].tolist() if cache is None else cache + input_ids[0].tolist()
+        return self.project(self._one_hot(self.next_token_ids(ids, [len(ids) - 1]))), ids
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop_sequences: tuple[str, ...] = (),
+    ) -> GenerationResult:
+        """Sample from the smoothed oracle with the shared sampler (``models/sampling.py``)."""
+        return run_generation(
+            self._step,
+            prompt_ids,
+            tokenizer=self.tokenizer,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop_sequences=stop_sequences,
+            eos_token_id=self.tokenizer.eos_token_id,
+            device=self._device,
+        )
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: Sequence[int],
+        seeds: Sequence[int],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_sequences: tuple[str, ...] = (),
+    ) -> list[GenerationResult]:
+        """Row ``r`` is ``generate(prompts[r], max_new_tokens=max_new_tokens[r], seed=seeds[r])``."""
+        return [
+            self.generate(
+                list(prompt),
+                max_new_tokens=budget,
+                temperature=temperature,
+                top_p=top_p,
+                seed=seed,
+                stop_sequences=stop_sequences,
+            )
+            for prompt, budget, seed in zip(prompts, max_new_tokens, seeds, strict=True)
+        ]
+
+    def __repr__(self) -> str:
+        return f"OracleTeacher({self.environment.name!r}, smoothing={self.smoothing})"
+
+
+def build_oracle_teacher(
+    config: Any, tokenizer: TokenizerLike, tasks: Sequence[Task], device: str = "cpu"
+) -> OracleTeacher:
+    """``models.oracle_teacher`` of a ``RunConfig``: the smoothed oracle over ``tasks``.
+
+    ``tasks`` are every task the run's episodes may come from (its splits). The teacher
+    gets its own environment instance, so it never shares episode state with a runner.
+    """
+    from miniverl.environments.registry import make_environment
+
+    spec = config.models.oracle_teacher
+    if spec is None:
+        raise BackendError(
+            "this config has no models.oracle_teacher",
+            hint="set models.oracle_teacher.smoothing (recipes/toy_calc_chain_oracle.yaml)",
+        )
+    environment = make_environment(config.environment.name, **config.environment.params)
+    return OracleTeacher(tokenizer, environment, tasks, smoothing=spec.smoothing, device=device)
+
+
+__all__ = ["OracleTeacher", "build_oracle_teacher", "deviated_continuation"]
