@@ -318,3 +318,26 @@ def test_the_gate_of_weight_files_is_the_gate_of_those_backends(tmp_path: Path) 
     assert got.actions > 0 and got.episodes == 2
     with pytest.raises(CheckpointError, match="cannot read the teacher weights"):
         gate_of_weight_files(config, tmp_path / "student.safetensors", tmp_path / "nope", tasks=1)
+
+
+def test_the_gate_of_a_student_file_against_the_oracle_teacher(tmp_path: Path) -> None:
+    """``models.oracle_teacher`` has no weights file: the gate takes None and is exactly 1."""
+    from safetensors.torch import save_file
+
+    from miniverl.config.models import RunConfig
+    from miniverl.errors import CheckpointError
+    from miniverl.evaluation.teacher_gate import gate_of_weight_files
+    from miniverl.models.factory import build_student, build_tokenizer
+
+    recipes = Path(__file__).resolve().parents[2] / "recipes"
+    small = ["environment.train_tasks=4", "environment.eval_tasks=3", "environment.test_tasks=6"]
+    config = RunConfig.from_yaml(recipes / "toy_calc_chain_oracle.yaml", small)
+    student = build_student(config, build_tokenizer(config), "cpu")
+    save_file(student.full_state_dict(), str(tmp_path / "student.safetensors"))
+    got = gate_of_weight_files(config, tmp_path / "student.safetensors", None, tasks=3)
+    assert got.value == 1.0 and got.off_path_actions > 0 and got.episodes == 3
+    with pytest.raises(CheckpointError, match="models.oracle_teacher has no weights"):
+        gate_of_weight_files(config, tmp_path / "student.safetensors", tmp_path / "t", tasks=1)
+    learned = RunConfig.from_yaml(recipes / "toy_calc_chain.yaml", small)
+    with pytest.raises(CheckpointError, match="a teacher weights file is needed"):
+        gate_of_weight_files(learned, tmp_path / "student.safetensors", None, tasks=1)
