@@ -404,3 +404,25 @@ def test_cli_refuses_a_bad_compute_resource_before_creating_anything(tmp_path: P
     )
     assert result.exit_code == 2 and "--compute-matched must be one of" in result.output
     assert not out.exists()
+
+
+def test_seeds_run_in_separate_directories_merge_by_copying_their_cells(tmp_path: Path) -> None:
+    """docs/benchmark.md, "Running in pieces": one process per seed group, then one directory."""
+    import shutil
+
+    calls: list[str] = []
+
+    def runner(cell: Cell, done: Any) -> dict[str, Any]:
+        calls.append(cell.name)
+        return fake_payload(cell, done)
+
+    kwargs = dict(arms=["offline_kd", "opd"], resamples=50, run_cell=runner)
+    run_benchmark(tiny_config(), seeds=[1], output_dir=tmp_path / "a", **kwargs)
+    run_benchmark(tiny_config(), seeds=[2], output_dir=tmp_path / "b", **kwargs)
+    for cell in (tmp_path / "b" / "cells").iterdir():
+        shutil.copy(cell, tmp_path / "a" / "cells" / cell.name)
+    calls.clear()
+    merged = run_benchmark(tiny_config(), seeds=[1, 2], output_dir=tmp_path / "a", **kwargs)
+    assert calls == [] and len(merged["cells"]["reused"]) == 6
+    with pytest.raises(RunDirectoryError, match="another base config"):
+        run_benchmark(tiny_config("train.lr=0.5"), seeds=[2], output_dir=tmp_path / "a", **kwargs)
