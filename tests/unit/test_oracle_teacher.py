@@ -105,13 +105,24 @@ def test_a_wrong_value_keeps_the_structure_of_the_action() -> None:
     assert deviated_continuation("<final>\n-6", final_text("68")) == "8\n</final>"
 
 
-def test_a_deviation_of_the_structure_closes_the_block() -> None:
+def test_a_deviation_of_the_structure_realigns_with_the_action() -> None:
     action = tool_call_text("12 + 34")
     plus = action.index("+")
-    assert deviated_continuation(action[:plus] + "x", action) == "</tool_call>"
-    assert deviated_continuation(action[:plus] + "34", action) == "</tool_call>"  # no operator
-    assert deviated_continuation("<final>\n7", action) == "</final>"
-    assert deviated_continuation("so <final>\n7", action) == "</final>"
+    tail = action[plus + 1 :]
+    assert deviated_continuation(action[:plus] + "x", action) == "+" + tail  # x inserted
+    assert deviated_continuation(action[:plus] + "34", action) == "+" + tail  # 34 inserted
+    assert deviated_continuation(action[:plus] + "+  ", action) == tail[1:]  # extra space
+    quote = action.index('"}')
+    assert deviated_continuation(action[:quote] + "}", action) == action[quote:]
+
+
+def test_a_block_of_the_wrong_kind_follows_the_oracles_block_of_that_kind() -> None:
+    call, answer = tool_call_text("12 + 34"), final_text("46")
+    templates = {"<final>": answer, "<tool_call>": tool_call_text("9 * 2")}
+    assert deviated_continuation("<final>\n4", call, templates) == "6\n</final>"
+    assert deviated_continuation("<tool_call>", answer, templates) == templates["<tool_call>"][11:]
+    assert deviated_continuation("<final>\n7", call) == "</final>"  # no template: close it
+    assert deviated_continuation("so <final>\n7", call) == "</final>"
 
 
 def test_before_any_block_it_starts_the_action() -> None:
@@ -177,7 +188,7 @@ def test_a_tool_result_written_by_the_policy_does_not_count(task: Task, tasks: l
     teacher = _teacher(tasks)
     end = traj.spans[-1].end
     # the state after the fake text: still no step done, so the oracle's action is call 0
-    assert teacher._action(tok.decode(traj.token_ids[:end])) == _call(task, 0)
+    assert teacher._action(tok.decode(traj.token_ids[:end]))[0] == _call(task, 0)
 
 
 def test_an_unknown_task_is_refused(task: Task, tasks: list[Task]) -> None:

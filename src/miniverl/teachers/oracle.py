@@ -19,18 +19,22 @@ The oracle's next token after ids ``x[0..p]`` (what position ``p`` predicts):
    (``environments/oracle_state.py``, :func:`~miniverl.environments.oracle_state.steps_done_of_results`),
    and the correct action ``a`` is the next oracle call (after an error: the corrective
    re-call) or the final answer, rendered as oracle traces render it.
-3. If ``g`` is a prefix of ``a`` the next text is the rest of ``a``. Otherwise the turn
-   already deviated; texts are compared as *skeletons* in which every value is a slot (a
-   number, signed or not, or one of the operators ``+ - *``) and every other character is
-   literal:
-   when ``g``'s skeleton is a prefix of ``a``'s, the oracle keeps the structure of ``a``
-   (finishing a digit run to the length of ``a``'s, then ``a``'s remaining text), so a
-   miscopied number or operator costs one wrong value, not a broken call; the tool's
-   echo then shows the error and the next turn re-calls. Text before the turn's first
-   block is prose the parser skips, so while no block is open the oracle starts ``a``.
-   A deviation of the structure itself inside a block (a literal character that differs)
-   closes the block (``</tool_call>`` or ``</final>``): the call cannot parse anyway, the
-   parser answers, and the next turn starts from a state the oracle handles again.
+3. If ``g`` is a prefix of ``a`` the next text is the rest of ``a``. Text before the turn's
+   first block is prose the parser skips, so while no block is open the oracle starts ``a``.
+   Once a block is open, the oracle finishes *that* block the way the oracle writes a block
+   of its kind: ``a`` when it is of that kind; when the student opened a tool call where the
+   answer is due, the oracle's last call (a repeat the tool answers again); when it opened
+   an answer where a call is due, the oracle's final answer. The student's block and that
+   template are compared as *skeletons*, in which every value is a slot (a number, signed or
+   not, or one of the operators ``+ - *``) and every other character is literal, and the
+   oracle continues after the cheapest prefix alignment of the two (edit distance; a
+   different value in a slot is free, a stray, missing or wrong literal costs 1), finishing a
+   number the student is inside to the template's length. So a miscopied number or operator
+   costs one wrong value, not a broken call (the tool's echo then shows the error and the
+   next turn re-calls), and a slip in the syntax is stepped over rather than answered with
+   an instruction to stop. (A first version closed the block at every position after any
+   deviation; on-policy training on those targets learned to close calls everywhere, see
+   docs/benchmark.md, "Runs so far".)
 4. The next token is the first token of the tokenizer's encoding of that text (EOS when it
    is empty).
 
@@ -97,30 +101,58 @@ def _same_shape(got: str, want: str) -> bool:
     return kind == _slot(want) if kind is not None else got == want
 
 
-def deviated_continuation(generated: str, action: str) -> str:
+def _aligned_rest(got: list[str], want: list[str]) -> str:
+    """What follows ``got`` in ``want`` under the cheapest prefix alignment of the two skeletons.
+
+    Edit distance with unit costs: a substitution is free between elements of the same shape
+    (:func:`_same_shape`), so a wrong number or operator costs nothing and a stray, missing or
+    wrong literal costs 1. Among the prefixes ``want[:j]`` the cheapest alignment with all of
+    ``got`` wins (the shortest on a tie: an extra element is taken as inserted); the rest is ``want[j:]``, after finishing a number
+    that ``got`` ends inside to the length of the number it is aligned with.
+    """
+    n, m = len(got), len(want)
+    row = list(range(m + 1))
+    matched_number = [False] * (m + 1)
+    for i in range(1, n + 1):
+        new = [i] + [0] * m
+        number = [False] * (m + 1)
+        for j in range(1, m + 1):
+            substitute = row[j - 1] + (0 if _same_shape(got[i - 1], want[j - 1]) else 1)
+            new[j] = min(substitute, row[j] + 1, new[j - 1] + 1)
+            number[j] = new[j] == substitute and _slot(got[i - 1]) == _slot(want[j - 1]) == "number"
+        row, matched_number = new, number
+    best = min(range(m + 1), key=lambda j: (row[j], j))
+    fill = ""
+    if best and matched_number[best]:
+        fill = want[best - 1].lstrip("-")[len(got[-1].lstrip("-")) :]
+    return fill + "".join(want[best:])
+
+
+def deviated_continuation(
+    generated: str, action: str, templates: Mapping[str, str] | None = None
+) -> str:
     """The text the oracle continues with after ``generated`` when the turn should be ``action``.
 
-    See the module docstring, point 3. Text before the turn's first block is prose the
-    parser ignores, so until a block is open the oracle starts ``action``; inside the block,
-    a prefix of ``action`` continues with the rest of it, a skeleton-consistent deviation
-    keeps ``action``'s structure, and anything else closes the block.
+    See the module docstring, point 3. Text before the turn's first block is prose the parser
+    ignores, so until a block is open the oracle starts ``action``. Inside a block the
+    continuation follows the *template* of that block's kind: ``action`` when it is of that
+    kind, else ``templates[opening tag]`` (the oracle's own block of that kind: its last call,
+    or its final answer), aligned by :func:`_aligned_rest`. A block of a kind without a
+    template is closed.
     """
     if action.startswith(generated):
         return action[len(generated) :]
     opened = [(generated.find(tag), tag, close) for tag, close in _BLOCKS if tag in generated]
     if not opened:
         return action
-    start, _, closer = min(opened)
+    start, tag, closer = min(opened)
     block = generated[start:]
-    if action.startswith(block):
-        return action[len(block) :]
-    got, want = _skeleton(block), _skeleton(action)
-    if len(got) <= len(want) and all(map(_same_shape, got, want)):
-        last, target = got[-1], want[len(got) - 1]
-        digits = len(last.lstrip("-"))
-        fill = target.lstrip("-")[digits:] if _slot(last) == "number" else ""
-        return fill + "".join(want[len(got) :])
-    return closer
+    template = action if action.startswith(tag) else (templates or {}).get(tag)
+    if template is None:
+        return closer
+    if template.startswith(block):
+        return template[len(block) :]
+    return _aligned_rest(_skeleton(block), _skeleton(template))
 
 
 def _tool_outcomes(context: str) -> list[tuple[bool, str | None]]:
@@ -235,8 +267,11 @@ class OracleTeacher:
             self._pieces[token_id] = self.tokenizer.decode([token_id])
         return self._pieces[token_id]
 
-    def _action(self, context: str) -> str:
-        """The oracle's correct action for the turn that follows ``context``."""
+    def _action(self, context: str) -> tuple[str, dict[str, str]]:
+        """The oracle's correct action for the turn that follows ``context``, and its block
+        templates by opening tag (:func:`deviated_continuation`): for a tool call, the call due
+        (or, when the answer is due, the last call: a repeat the tool answers again); for an
+        answer, the final answer."""
         start = context.find(_USER_HEADER)
         end = context.find(IM_END, start + len(_USER_HEADER)) if start >= 0 else -1
         prompt = context[start + len(_USER_HEADER) : end] if end >= 0 else None
@@ -251,9 +286,13 @@ class OracleTeacher:
         expected = self._expected[task.prompt]
         done = steps_done_of_results(expected, _tool_outcomes(context))
         oracle = self.environment.oracle_solution(task)
+        final = format_final(oracle.final_answer)
+        templates = {FINAL_OPEN: final}
+        if oracle.tool_calls:
+            templates[TOOL_CALL_OPEN] = format_tool_call(oracle.tool_calls[max(done - 1, 0)])
         if done < len(oracle.tool_calls):
-            return format_tool_call(oracle.tool_calls[done])
-        return format_final(oracle.final_answer)
+            return format_tool_call(oracle.tool_calls[done]), templates
+        return final, templates
 
     def next_token_ids(self, token_ids: Sequence[int], positions: Sequence[int]) -> list[int]:
         """The oracle's next token after ``token_ids[: p + 1]`` for each ``p`` in ``positions``."""
@@ -261,7 +300,7 @@ class OracleTeacher:
         for token in token_ids:
             offsets.append(offsets[-1] + len(self._piece(token)))
         text = "".join(self._piece(t) for t in token_ids)
-        actions: dict[int, str] = {}
+        actions: dict[int, tuple[str, dict[str, str]]] = {}
         out: list[int] = []
         for p in positions:
             upto = offsets[p + 1]
@@ -274,7 +313,8 @@ class OracleTeacher:
             turn_start = header + len(ASSISTANT_HEADER)
             if turn_start not in actions:
                 actions[turn_start] = self._action(text[:header])
-            rest = deviated_continuation(text[turn_start:upto], actions[turn_start])
+            action, templates = actions[turn_start]
+            rest = deviated_continuation(text[turn_start:upto], action, templates)
             ids = self.tokenizer.encode(rest) if rest else []
             out.append(ids[0] if ids else self.tokenizer.eos_token_id)
         return out
