@@ -284,3 +284,21 @@ def test_on_calculator_greedy_samples_are_the_oracle_and_a_wrong_value_is_recall
     second = next(s for s in student.spans if s.is_model_generated and s.turn_id == 1)
     first_token = teacher.next_token_ids(student.token_ids, [second.start - 1])[0]
     assert first_token == toy_tokenizer().encode(tool_call_text(call.arguments["expression"]))[0]
+
+
+def test_a_call_where_the_answer_is_due_follows_the_oracles_last_call(
+    task: Task, tasks: list[Task]
+) -> None:
+    tok = toy_tokenizer()
+    script = [_call(task, 0), _call(task, 1), _call(task, 2), _call(task, 0), final_text("1")]
+    traj = _student(task, script)
+    span = next(s for s in traj.spans if s.is_model_generated and s.turn_id == 3)
+    teacher = _teacher(tasks)
+    assert teacher.next_token_ids(traj.token_ids, [span.start - 1]) == tok.encode("<final>")
+    opened = next(
+        j
+        for j in range(span.start, span.end)
+        if tok.decode(traj.token_ids[span.start : j]).endswith('"expression": "')
+    )
+    predicted = teacher.next_token_ids(traj.token_ids, [opened - 1])[0]
+    assert tok.decode([predicted]) == task.data["expressions"][2][0]  # the last call, repeated
