@@ -8,7 +8,7 @@ state it puts ``1 - eps + eps / V`` on the oracle's next token and ``eps / V`` o
 other token (``models.oracle_teacher.smoothing`` = ``eps``). It is labelled in the
 manifest (``capabilities.backend == "oracle"``) and never fitted. It lives among the teachers,
 not the model backends, because it reads the agent protocol and the environment's oracle;
-:func:`build_oracle_teacher` is how a run builds it (``training/trainer.py``).
+:func:`build_oracle_teacher` is how a run builds it (``training/assembly.py``).
 
 The oracle's next token after ids ``x[0..p]`` (what position ``p`` predicts):
 
