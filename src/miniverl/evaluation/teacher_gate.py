@@ -362,7 +362,7 @@ def gate_of_weight_files(
         if teacher_file is not None:
             raise CheckpointError(
                 f"models.oracle_teacher has no weights, but a teacher file was given: {teacher_file}",
-                hint="pass no teacher file (benchmarks/teacher_gate_probe.py: --teacher oracle)",
+                hint="pass no teacher file (benchmarks/teacher_gate_probe.py STUDENT oracle)",
             )
         every_task = [t for split in splits.values() for t in split]
         teacher = build_oracle_teacher(config, tokenizer, every_task, device)
@@ -472,9 +472,10 @@ def refuse_failed_gates(cold_starts: Sequence[dict[str, Any]]) -> None:
                 f"states, under eval.teacher_gate_threshold {gate.get('threshold'):.3f}; "
                 "no benchmark arm was started and no benchmark.json was written",
                 hint="fit the toy teacher longer (models.toy_fit.max_steps, models.toy_fit.target_success) "
-                "or on more noise-injected traces (models.toy_fit.noise_fraction); lower "
-                "eval.teacher_gate_threshold only knowingly (the cold start is stored and reused "
-                "only under the same base config)",
+                "or on more noise-injected traces (models.toy_fit.noise_fraction), or use the "
+                "smoothed oracle as the teacher (models.oracle_teacher, "
+                "recipes/toy_calc_chain_oracle.yaml); lower eval.teacher_gate_threshold only "
+                "knowingly (the cold start is stored and reused only under the same base config)",
             )
 
 
