@@ -103,6 +103,7 @@ def test_a_wrong_value_keeps_the_structure_of_the_action() -> None:
     assert deviated_continuation(action[:plus] + "- 3", action) == action[plus + 3 :]
     assert deviated_continuation("<final>\n69", final_text("68")) == "\n</final>"
     assert deviated_continuation("<final>\n-6", final_text("68")) == "8\n</final>"
+    assert deviated_continuation("<final>\n12", final_text("-12")) == "\n</final>"  # sign
 
 
 def test_a_deviation_of_the_structure_realigns_with_the_action() -> None:
