@@ -177,10 +177,10 @@ class OracleTeacher:
     """``CausalLMBackend`` whose distribution is the smoothed oracle policy (module docstring).
 
     ``tasks`` are every task whose episodes it may see (the run's splits); ``environment``
-    supplies their oracle solutions and tool results. Frozen: no parameters.
+    supplies their oracle solutions and tool results. Frozen: no parameters. It has no
+    ``generate_batch``: there is no batched kernel to gain, and ``RolloutRunner`` then runs
+    episodes one at a time, with the same trajectories (``agent/loop.py`` ``rollout_batch``).
     """
-
-    supports_prefix_cache = False
 
     def __init__(
         self,
@@ -296,10 +296,11 @@ class OracleTeacher:
 
     def next_token_ids(self, token_ids: Sequence[int], positions: Sequence[int]) -> list[int]:
         """The oracle's next token after ``token_ids[: p + 1]`` for each ``p`` in ``positions``."""
+        pieces = [self._piece(t) for t in token_ids]
         offsets = [0]
-        for token in token_ids:
-            offsets.append(offsets[-1] + len(self._piece(token)))
-        text = "".join(self._piece(t) for t in token_ids)
+        for piece in pieces:
+            offsets.append(offsets[-1] + len(piece))
+        text = "".join(pieces)
         actions: dict[int, tuple[str, dict[str, str]]] = {}
         out: list[int] = []
         for p in positions:
@@ -380,29 +381,6 @@ class OracleTeacher:
             eos_token_id=self.tokenizer.eos_token_id,
             device=self._device,
         )
-
-    def generate_batch(
-        self,
-        prompts: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: Sequence[int],
-        seeds: Sequence[int],
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        stop_sequences: tuple[str, ...] = (),
-    ) -> list[GenerationResult]:
-        """Row ``r`` is ``generate(prompts[r], max_new_tokens=max_new_tokens[r], seed=seeds[r])``."""
-        return [
-            self.generate(
-                list(prompt),
-                max_new_tokens=budget,
-                temperature=temperature,
-                top_p=top_p,
-                seed=seed,
-                stop_sequences=stop_sequences,
-            )
-            for prompt, budget, seed in zip(prompts, max_new_tokens, seeds, strict=True)
-        ]
 
     def __repr__(self) -> str:
         return f"OracleTeacher({self.environment.name!r}, smoothing={self.smoothing})"
