@@ -389,6 +389,26 @@ TINY_RUN_OVERRIDES: dict[str, Any] = {
 }
 
 
+def capture_trained_samples(monkeypatch: Any) -> list[tuple[Any, str | None]]:
+    """Record every trainable sample the optimizer gets outside the SFT warm-up, with the
+    student's fingerprint at that moment: provenance checks read what was trained on, not labels.
+
+    ``monkeypatch`` is pytest's fixture; the returned list fills as the trainer runs.
+    """
+    from miniverl.training.update import PolicyUpdater
+
+    seen: list[tuple[Any, str | None]] = []
+    original = PolicyUpdater.optimize
+
+    def optimize(self: Any, samples: Any, supervision: Any, *, cycle: int) -> Any:
+        if supervision.phase != "sft":
+            seen.extend((s, self.state.policy_fingerprint) for s in samples if s.trainable)
+        return original(self, samples, supervision, cycle=cycle)
+
+    monkeypatch.setattr(PolicyUpdater, "optimize", optimize)
+    return seen
+
+
 def tiny_config(*overrides: str, base: dict[str, Any] | None = None) -> Any:
     """A seconds-long toy recipe for end-to-end trainer tests, with dotted overrides."""
     from miniverl.config.models import RunConfig, apply_overrides

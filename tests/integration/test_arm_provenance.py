@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from helpers import tiny_config
+from helpers import capture_trained_samples, tiny_config
 from miniverl.agent.loop import RolloutRunner
 from miniverl.models.fingerprint import backend_fingerprint
 from miniverl.training.trainer import OPDTrainer
-from miniverl.training.update import PolicyUpdater
 from miniverl.utils.seeding import derive_seed
 
 
@@ -27,15 +26,7 @@ def _train_capturing(
 ) -> tuple[OPDTrainer, list[tuple[Any, str | None]]]:
     """Train a tiny ``mode`` run; every trained sample of the arm phase, with the student's
     fingerprint at the moment it was optimized."""
-    seen: list[tuple[Any, str | None]] = []
-    original = PolicyUpdater.optimize
-
-    def optimize(self: PolicyUpdater, samples: Any, supervision: Any, *, cycle: int) -> Any:
-        if supervision.phase != "sft":
-            seen.extend((s, self.state.policy_fingerprint) for s in samples if s.trainable)
-        return original(self, samples, supervision, cycle=cycle)
-
-    monkeypatch.setattr(PolicyUpdater, "optimize", optimize)
+    seen = capture_trained_samples(monkeypatch)
     trainer = OPDTrainer(
         tiny_config(f"run.mode={mode}", "train.cycles=2", "rollout.temperature=1.0", *extra),
         output_dir=tmp_path / mode,

@@ -6,17 +6,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from helpers import tiny_config
+from helpers import capture_trained_samples, tiny_config
 from miniverl.agent.protocol import format_final, format_tool_call
 from miniverl.environments.oracle_state import next_oracle_action
 from miniverl.evaluation.teacher_gate import trainer_teacher_gate
 from miniverl.training import recovery
 from miniverl.training.trainer import OPDTrainer
-from miniverl.training.update import PolicyUpdater
 
 EPS = 0.001
 CHAIN = (
@@ -36,15 +34,7 @@ CHAIN = (
 def test_opd_with_the_oracle_teacher_is_supervised_by_the_oracle_at_student_states(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: list[Any] = []
-    original = PolicyUpdater.optimize
-
-    def optimize(self: PolicyUpdater, samples: Any, supervision: Any, *, cycle: int) -> Any:
-        if supervision.phase != "sft":
-            seen.extend((s, self.state.policy_fingerprint) for s in samples if s.trainable)
-        return original(self, samples, supervision, cycle=cycle)
-
-    monkeypatch.setattr(PolicyUpdater, "optimize", optimize)
+    seen = capture_trained_samples(monkeypatch)
     config = tiny_config(
         "run.mode=opd", "rollout.temperature=1.0", "train.rollouts_per_cycle=4", *CHAIN
     )
