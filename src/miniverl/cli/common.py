@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -21,6 +21,22 @@ console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Dotted overrides, validated like the file, e.g. train.cycles=4 loss.divergence=reverse_kl."
+    ),
+]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or event echo.")]
+
+
+def split_list(raw: str, option: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``; an empty list is a usage error, not "use the defaults"."""
+    items = [item.strip() for item in raw.split(",") if item.strip()]
+    if not items:
+        raise fail(f"{option} needs a comma-separated list", code=2)
+    return items
 
 
 def fail(message: str, hint: str | None = None, code: int = 1) -> typer.Exit:

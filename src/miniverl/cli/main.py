@@ -25,9 +25,10 @@ from rich.text import Text
 
 from miniverl import __version__
 from miniverl.cli.cache_cmd import cache_app
-from miniverl.cli.common import console, fail, handles_errors
+from miniverl.cli.common import Overrides, Quiet, console, fail, handles_errors, split_list
 from miniverl.cli.export_model_cmd import export_model_command
 from miniverl.cli.export_verl_cmd import export_verl
+from miniverl.cli.lr_grid_cmd import lr_grid_command
 from miniverl.cli.models_cmd import models_app
 from miniverl.errors import ConfigError
 from miniverl.utils.lazy import import_torch
@@ -43,6 +44,7 @@ app = typer.Typer(
 )
 app.command("export-verl")(export_verl)
 app.command("export-model")(export_model_command)
+app.command("lr-grid")(lr_grid_command)
 app.add_typer(
     cache_app, name="cache", help="Inspect, validate and prune a teacher cache (torch-free)."
 )
@@ -51,13 +53,6 @@ app.add_typer(
     models_app, name="models", help="Fetch and convert pretrained models (no hub needed)."
 )
 
-Overrides = Annotated[
-    list[str] | None,
-    typer.Argument(
-        help="Dotted overrides, validated like the file, e.g. train.cycles=4 loss.divergence=reverse_kl."
-    ),
-]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or event echo.")]
 NoReport = Annotated[bool, typer.Option("--no-report", help="Skip report.html and summary.md.")]
 
 
@@ -471,14 +466,6 @@ def eval_command(
 # -- report / benchmark / export ----------------------------------------------------
 
 
-def _split_list(raw: str, option: str) -> list[str]:
-    """``"a, b,,c"`` -> ``["a", "b", "c"]``; an empty list is a usage error, not "use the defaults"."""
-    items = [item.strip() for item in raw.split(",") if item.strip()]
-    if not items:
-        raise fail(f"{option} needs a comma-separated list", code=2)
-    return items
-
-
 @app.command()
 @handles_errors
 def report(
@@ -524,6 +511,13 @@ def benchmark(
             help="Give every arm opd's spend of this resource (wall_seconds, cpu_seconds, teacher_scored_tokens, student_generated_tokens).",
         ),
     ] = None,
+    lr_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--lr-from",
+            help="lr_grid.json (or its directory) from `miniverl lr-grid`: run each arm at the learning rate selected for it on the validation split.",
+        ),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Compare objectives from one shared SFT cold start per seed, holding splits, steps and evaluation fixed; rerun to resume."""
@@ -533,13 +527,20 @@ def benchmark(
     from miniverl.utils.runs import RunPaths
 
     try:
-        seed_list = [int(s) for s in _split_list(seeds, "--seeds")]
+        seed_list = [int(s) for s in split_list(seeds, "--seeds")]
     except ValueError:
         raise fail(f"--seeds must be comma-separated integers, got {seeds!r}", code=2) from None
-    arm_list = _split_list(arms, "--arms") if arms is not None else None
+    arm_list = split_list(arms, "--arms") if arms is not None else None
     if output is None:
         output = Path("runs") / f"benchmark-{RunConfig.from_yaml(recipe, overrides or []).run.name}"
     resolve_arms(arm_list)  # refuse a bad arm before the lock creates the directory
+    arm_definitions = learning_rates = None
+    if lr_from is not None:
+        from miniverl.evaluation.lr_grid import benchmark_arms_from_grid
+
+        base = RunConfig.from_yaml(recipe, overrides or [])
+        arm_definitions, learning_rates = benchmark_arms_from_grid(arm_list, lr_from, base)
+        arm_list = list(arm_definitions)
     from miniverl.evaluation.budgets import MATCHABLE
 
     if compute_matched is not None and compute_matched not in MATCHABLE:
@@ -557,6 +558,8 @@ def benchmark(
             quiet=quiet,
             arm_seeds=arm_seeds,
             compute_matched=compute_matched,
+            arm_definitions=arm_definitions,
+            learning_rates=learning_rates,
         )
     print_benchmark(result, console)
     paths = RunPaths(output)

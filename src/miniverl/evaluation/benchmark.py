@@ -175,6 +175,7 @@ def run_benchmark(
     compute_matched: str | None = None,
     resamples: int = BOOTSTRAP_RESAMPLES,
     run_cell: Any = None,
+    learning_rates: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run every (seed, arm seed, arm) cell from one shared cold start per seed; write benchmark.json and a report.
 
@@ -182,6 +183,8 @@ def run_benchmark(
     nothing. ``arm_definitions`` replaces :data:`DEFAULT_ARMS` (name -> override keys).
     Finished cells are stored under ``cells/`` and reused on a rerun with the same base
     config (``evaluation/cells.py``); ``run_cell`` replaces the trainer (tests).
+    ``learning_rates`` (where the arms' ``train.lr`` came from, e.g. the shared grid of
+    ``evaluation/lr_grid.py``) is recorded verbatim in benchmark.json.
     """
     from miniverl.evaluation.budgets import BUDGET_FIELDS, MATCHABLE, REFERENCE_ARM
     from miniverl.evaluation.cells import COLD_START, CellStore, plan_cells, run_cells
@@ -341,6 +344,7 @@ def run_benchmark(
             "discarded": store.discarded,
         },
         "refuses_to_claim": list(REFUSES_TO_CLAIM),
+        "learning_rates": dict(learning_rates) if learning_rates is not None else None,
         "wall_seconds": round(time.perf_counter() - started, 2),
     }
     write_json(bench_paths.benchmark_json, result)
