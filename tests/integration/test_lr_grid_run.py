@@ -110,3 +110,6 @@ def test_cli_grid_then_benchmark_lr_from(tmp_path: Path) -> None:
     assert _step_lrs(tmp_path / "b" / row["run_dir"]) == {selected}
     assert saved["learning_rates"]["selected"] == {"opd": selected}
     assert saved["arms"]["opd"]["overrides"][-1] == f"train.lr={selected}"
+    note = f"Learning rates: opd {selected:g}, selected from the shared grid [0.002, 0.02] on the eval split"
+    assert note in " ".join(bench.output.split())
+    assert note in " ".join((tmp_path / "b" / "summary.md").read_text().split())

@@ -63,6 +63,11 @@ def print_benchmark(result: Mapping[str, Any], console: Console) -> None:
     if not console.is_terminal and console.width < 160:
         console = Console(file=console.file, width=160, highlight=False)
     console.print(table)
+    from miniverl.reporting.sections.benchmark import learning_rate_note
+
+    lr_note = learning_rate_note(result)
+    if lr_note:
+        console.print(lr_note, markup=False)
     console.print(result["significance"]["note"])
     print_contrasts(result, console)
     console.print(

@@ -17,6 +17,21 @@ from miniverl.reporting.tables import (
 )
 
 
+def learning_rate_note(bench: Mapping[str, Any]) -> str | None:
+    """Where the arms' ``train.lr`` came from, when ``benchmark --lr-from`` set it (evaluation/lr_grid.py)."""
+    record = bench.get("learning_rates")
+    if not record:
+        return None
+    grid = ", ".join(f"{float(r):g}" for r in record.get("grid") or [])
+    selected = ", ".join(f"{arm} {float(r):g}" for arm, r in (record.get("selected") or {}).items())
+    return (
+        f"Learning rates: {selected}, selected from the shared grid [{grid}] on the "
+        f"{record.get('split', NOT_RECORDED)} split over seeds {record.get('seeds', NOT_RECORDED)} "
+        f"× {record.get('arm_seeds', NOT_RECORDED)} arm seed(s) (lr_grid.json sha256 "
+        f"{str(record.get('lr_grid_sha256', NOT_RECORDED))[:16]}…). Rule: {record.get('rule', NOT_RECORDED)}."
+    )
+
+
 def benchmark_sections(bench: Mapping[str, Any]) -> list[Section]:
     setup = Section("benchmark_setup")
     arms_in: Mapping[str, Any] = bench.get("arms") or {}
@@ -30,6 +45,9 @@ def benchmark_sections(bench: Mapping[str, Any]) -> list[Section]:
     )
     if bench.get("base_overrides"):
         setup.notes.append("Base overrides: " + " ".join(str(o) for o in bench["base_overrides"]))
+    lr_note = learning_rate_note(bench)
+    if lr_note:
+        setup.notes.append(lr_note)
     setup.tables.append(
         Table(
             ["arm", "override keys"],
