@@ -160,7 +160,7 @@ def run_lr_grid(
     the trainer (tests).
     """
     from miniverl.evaluation.arms import resolve_arms
-    from miniverl.evaluation.benchmark import _load_base, run_benchmark
+    from miniverl.evaluation.benchmark import load_base, run_benchmark
 
     rates = parse_grid(grid)
     chosen = resolve_arms(arms)
@@ -179,7 +179,7 @@ def run_lr_grid(
         run_cell=run_cell,
         **extra,
     )
-    base, recipe_label, recipe_sha256 = _load_base(recipe_path_or_config, base_overrides)
+    base, recipe_label, recipe_sha256 = load_base(recipe_path_or_config, base_overrides)
     table, selected = select_learning_rates(result["rows"], list(chosen), rates)
     record = {
         "schema": GRID_SCHEMA,
