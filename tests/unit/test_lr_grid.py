@@ -73,7 +73,7 @@ def _grid(tmp_path: Path, *overrides: str, **kwargs: Any) -> dict[str, Any]:
         seeds=[1, 2],
         output_dir=tmp_path / "grid",
         overrides=list(overrides),
-        run_cell=fake_cell,
+        run_cell=kwargs.pop("run_cell", fake_cell),
         resamples=20,
         **kwargs,
     )
@@ -199,3 +199,18 @@ def test_cli_usage_errors_exit_2_and_create_nothing(tmp_path: Path) -> None:
     )
     assert result.exit_code != 0 and "no learning-rate grid" in result.output
     assert not (tmp_path / "b").exists()
+
+
+def test_a_rerun_of_the_grid_reuses_every_cell_and_selects_the_same(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def counting(cell: Cell, done: Any) -> dict[str, Any]:
+        calls.append(cell.name)
+        return fake_cell(cell, done)
+
+    first = _grid(tmp_path, run_cell=counting)
+    assert len(calls) == 2 + 2 * 2 * 3  # a cold start per seed, then arms x rates per seed
+    calls.clear()
+    again = _grid(tmp_path, run_cell=counting)
+    assert calls == [] and again["selected"] == first["selected"]
+    assert again["table"] == first["table"]
