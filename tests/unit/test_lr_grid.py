@@ -125,6 +125,8 @@ def test_the_grid_refuses_another_split_and_an_arm_that_sets_its_own_rate(tmp_pa
         parse_grid([0.001, 0.0])
     with pytest.raises(ConfigError, match=r"grid is empty"):
         parse_grid([])
+    with pytest.raises(ConfigError, match=r"would share the arm name @lr=0.001"):
+        parse_grid([0.001, 0.0010000001])
     assert not (tmp_path / "grid").exists()
 
 

@@ -48,6 +48,13 @@ def parse_grid(values: Sequence[float]) -> list[float]:
             f"learning rates must be positive, got {bad[0]!r}",
             hint="e.g. --grid 0.0003,0.001,0.003",
         )
+    names = [f"{v:g}" for v in grid]
+    clash = next((n for n in names if names.count(n) > 1), None)
+    if clash is not None:
+        raise ConfigError(
+            f"learning rates {', '.join(repr(v) for v, n in zip(grid, names, strict=True) if n == clash)} would share the arm name @lr={clash}",
+            hint="use rates that differ in their first 6 significant digits",
+        )
     return grid
 
 
