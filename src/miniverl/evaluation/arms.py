@@ -75,7 +75,8 @@ def _dotted(data: Mapping[str, Any], key: str) -> Any:
     return node
 
 
-def _touches(override_key: str, fixed: str) -> bool:
+def override_touches(override_key: str, fixed: str) -> bool:
+    """Whether setting ``override_key`` sets ``fixed``, a key inside it, or a section holding it."""
     return (
         override_key == fixed
         or override_key.startswith(fixed + ".")
@@ -87,7 +88,7 @@ def check_arm_overrides(arm: str, overrides: Sequence[str]) -> None:
     """Refuse an arm whose overrides touch anything the benchmark holds fixed."""
     for item in overrides:
         key = ".".join(parse_override(item)[0])
-        hit = next((fixed for fixed in FIXED_KEYS if _touches(key, fixed)), None)
+        hit = next((fixed for fixed in FIXED_KEYS if override_touches(key, fixed)), None)
         if hit is not None:
             raise ConfigError(
                 f"benchmark arm {arm!r} overrides {key!r}, which the benchmark holds fixed ({hit})",
@@ -223,6 +224,7 @@ __all__ = [
     "check_arm_overrides",
     "cold_start_config",
     "fixed_view",
+    "override_touches",
     "resolve_arms",
     "verify_held_fixed",
 ]

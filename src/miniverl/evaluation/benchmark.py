@@ -86,7 +86,7 @@ REFUSES_TO_CLAIM = (
 )
 
 
-def load_base(
+def _load_base(
     recipe: str | Path | RunConfig, overrides: Sequence[str]
 ) -> tuple[RunConfig, str, str | None]:
     """The base config, the recipe's file name (never its directory) and the SHA-256 of its bytes."""
@@ -199,7 +199,7 @@ def run_benchmark(
         raise ConfigError(
             f"cannot match arms on {compute_matched!r}", hint=f"choose from {', '.join(MATCHABLE)}"
         )
-    base, recipe_label, recipe_sha256 = load_base(recipe_path_or_config, list(overrides))
+    base, recipe_label, recipe_sha256 = _load_base(recipe_path_or_config, list(overrides))
     chosen = resolve_arms(arms, arm_definitions)
     for name, arm_overrides in chosen.items():
         check_arm_overrides(name, arm_overrides)
@@ -374,7 +374,6 @@ __all__ = [
     "cold_start_config",
     "describe",
     "fixed_view",
-    "load_base",
     "measure_arm",
     "print_benchmark",
     "print_contrasts",

@@ -19,6 +19,7 @@ the grid was selected for the same training settings.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,11 @@ def grid_arm_name(arm: str, lr: float) -> str:
 
 
 def _sets_lr(overrides: Sequence[str]) -> bool:
-    return any(".".join(parse_override(item)[0]) in ("train", "train.lr") for item in overrides)
+    from miniverl.evaluation.arms import override_touches
+
+    return any(
+        override_touches(".".join(parse_override(item)[0]), "train.lr") for item in overrides
+    )
 
 
 def grid_arm_definitions(
@@ -108,13 +113,13 @@ def validation_overrides(overrides: Sequence[str]) -> list[str]:
     return [*overrides, f"eval.split={VALIDATION_SPLIT}"]
 
 
-def training_digest(config: RunConfig) -> str:
-    """SHA-256 of everything that shapes training: the config without ``eval`` and ``train.lr``.
+def training_digest(config: Mapping[str, Any]) -> str:
+    """SHA-256 of everything that shapes training: the config (``RunConfig.to_dict()``) without ``eval`` and ``train.lr``.
 
     The grid's choice is valid for a benchmark only when this matches: the evaluation
     split and schedule may differ (that is the point), the rate is what was chosen.
     """
-    data = config.to_dict()
+    data = copy.deepcopy(dict(config))
     data.pop("eval", None)
     data.get("train", {}).pop("lr", None)
     data.get("run", {}).pop("output_dir", None)
@@ -167,7 +172,7 @@ def run_lr_grid(
     the trainer (tests).
     """
     from miniverl.evaluation.arms import resolve_arms
-    from miniverl.evaluation.benchmark import load_base, run_benchmark
+    from miniverl.evaluation.benchmark import run_benchmark
 
     rates = parse_grid(grid)
     chosen = resolve_arms(arms)
@@ -186,15 +191,14 @@ def run_lr_grid(
         run_cell=run_cell,
         **extra,
     )
-    base, recipe_label, recipe_sha256 = load_base(recipe_path_or_config, base_overrides)
     table, selected = select_learning_rates(result["rows"], list(chosen), rates)
     record = {
         "schema": GRID_SCHEMA,
         "created_at": utc_now(),
-        "recipe": recipe_label,
-        "recipe_sha256": recipe_sha256,
+        "recipe": result["recipe"],
+        "recipe_sha256": result["recipe_sha256"],
         "base_overrides": list(overrides),
-        "training_digest": training_digest(base),
+        "training_digest": training_digest(result["base_config"]),
         "split": VALIDATION_SPLIT,
         "grid": rates,
         "arms": {arm: list(chosen[arm]) for arm in chosen},
@@ -237,7 +241,7 @@ def arms_with_learning_rates(
     Refused when the grid was selected for other training settings (:func:`training_digest`),
     for another definition of an arm, or without an arm that is asked for.
     """
-    if grid.get("training_digest") != training_digest(base):
+    if grid.get("training_digest") != training_digest(base.to_dict()):
         raise ConfigError(
             f"the learning-rate grid {source} was selected for other training settings than this benchmark's",
             hint="run `miniverl lr-grid` with the same recipe and non-eval overrides, or drop --lr-from",
