@@ -244,7 +244,7 @@ class OPDTrainer:
             if self.resume:
                 self.load_from_checkpoint()
             elif self.cold_start is not None:
-                self._load_cold_start()
+                self.load_shared_cold_start()
                 if cfg.eval.baseline:
                     self.evaluate("baseline")
             else:
@@ -464,7 +464,7 @@ class OPDTrainer:
             toy_teacher_report=self.toy_teacher_report,
         )
 
-    def _load_cold_start(self) -> None:
+    def load_shared_cold_start(self) -> None:
         """Load a shared cold start weights-only; the arm starts with a fresh optimizer."""
         assert self.cold_start is not None
         loaded = load_cold_start(

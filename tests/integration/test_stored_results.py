@@ -1,0 +1,112 @@
+"""The figures quoted in the README and docs/benchmark.md come from the cells stored in ``results/``.
+
+``results/calc_chain_oracle/pilot`` holds the pilot's 25 finished cells and five shared cold
+starts; ``results/calc_chain_oracle/lr-grid`` the learning-rate grid's cells, cold starts and
+``lr_grid.json`` (results/README.md). These tests check the quoted figures against the code
+rather than against a label: rerunning the command over a copy of the directory, with a
+trainer that fails the test if it is ever called, must reuse every cell (same base config and
+arm definitions, intact payload digests) and recompute the same contrasts and the same
+selection; each stored cold-start weight file must be the one its cell records, so the rest of
+the protocol can start from it; and ``benchmark --lr-from`` must accept the stored grid for
+the test-split protocol of the same recipe.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from miniverl.config.models import RunConfig
+from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.evaluation.lr_grid import benchmark_arms_from_grid, lr_text, run_lr_grid
+from miniverl.utils.io import read_json, sha256_file
+
+ROOT = Path(__file__).resolve().parents[2]
+STORED = ROOT / "results" / "calc_chain_oracle"
+PILOT, GRID = STORED / "pilot", STORED / "lr-grid"
+PILOT_OVERRIDES = ["eval.split=test", "eval.every=50", "eval.max_tasks=1200"]
+
+
+def _refuse_to_train(cell: Any, done: Any) -> dict[str, Any]:
+    raise AssertionError(f"stored cell {cell} was not reused: it would have been trained again")
+
+
+def _pp(value: float) -> float:
+    return round(100 * value, 1)
+
+
+def test_the_pilot_contrasts_in_the_readme_are_recomputed_from_its_stored_cells(
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "pilot"
+    shutil.copytree(PILOT, work)
+    result = run_benchmark(
+        ROOT / "recipes" / "toy_calc_chain_oracle.yaml",
+        arms=["offline_kd", "opd"],
+        seeds=[1, 2, 3, 4, 5],
+        output_dir=work,
+        overrides=PILOT_OVERRIDES,
+        arm_seeds=2,
+        run_cell=_refuse_to_train,
+    )
+    contrasts = {c["endpoint"]: c for c in result["contrasts"]}
+    k3, k5, every = contrasts["k=3"], contrasts["k=5"], contrasts["all"]
+    assert (k3["arm"], k3["reference"]) == ("opd", "offline_kd")
+    assert _pp(k3["mean_difference"]) == -7.8
+    assert [_pp(v) for v in k3["interval"]] == [-13.8, -2.2]
+    assert [_pp(v) for v in k3["seed_differences"]] == [-14.8, -0.8, -5.2, -2.0, -16.0]
+    assert (_pp(k3["sd_seed_differences"]), _pp(k3["mde"])) == (7.2, 9.0)
+    assert (_pp(k5["mean_difference"]), k5["interval"]) == (0.0, [0.0, 0.0])
+    assert _pp(every["mean_difference"]) == -23.6
+    assert [_pp(v) for v in every["interval"]] == [-30.0, -17.4]
+    assert (_pp(every["sd_seed_differences"]), _pp(every["mde"])) == (8.0, 10.0)
+    gates = result["teacher_gate"]
+    assert [gates[str(s)]["value"] for s in range(1, 6)] == [1.0] * 5
+    assert [gates[str(s)]["actions"] for s in range(1, 6)] == [182, 178, 182, 185, 181]
+    checks = {c["check"]: c for c in result["stop_or_go"]["checks"]}
+    assert checks["student_errors_at_start"]["value"] == 0.95
+    assert checks["oracle_sft_not_at_ceiling"]["status"] == "not_measured"
+
+
+def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> None:
+    stored = read_json(GRID / "lr_grid.json")
+    work = tmp_path / "grid"
+    shutil.copytree(GRID, work)
+    record = run_lr_grid(
+        ROOT / "recipes" / stored["recipe"],
+        arms=list(stored["arms"]),
+        grid=stored["grid"],
+        seeds=stored["seeds"],
+        output_dir=work,
+        overrides=stored["base_overrides"],
+        arm_seeds=stored["arm_seeds"],
+        run_cell=_refuse_to_train,
+    )
+    assert record["table"] == stored["table"]
+    assert record["selected"] == stored["selected"]
+    assert record["training_digest"] == stored["training_digest"]
+    assert record["teacher_gate"] == stored["teacher_gate"]
+
+
+@pytest.mark.parametrize("stored", [PILOT, GRID], ids=["pilot", "lr-grid"])
+def test_each_stored_cold_start_is_the_weights_its_cell_records(stored: Path) -> None:
+    cold_cells = sorted((stored / "cells").glob("*-cold-start.json"))
+    assert cold_cells
+    for path in cold_cells:
+        payload = read_json(path)["payload"]
+        weights = stored / payload["dir"] / "student.safetensors"
+        assert sha256_file(weights) == payload["student_sha256"], path.name
+
+
+def test_the_test_split_protocol_takes_its_rates_from_the_stored_grid() -> None:
+    stored = read_json(GRID / "lr_grid.json")
+    base = RunConfig.from_yaml(ROOT / "recipes" / stored["recipe"], PILOT_OVERRIDES)
+    arms = list(stored["arms"])
+    definitions, record = benchmark_arms_from_grid(arms, GRID, base)
+    for arm in arms:
+        assert definitions[arm][-1] == f"train.lr={lr_text(stored['selected'][arm])}"
+    assert record["selected"] == stored["selected"]
+    assert record["lr_grid_sha256"] == sha256_file(GRID / "lr_grid.json")
