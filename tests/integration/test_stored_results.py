@@ -1,7 +1,7 @@
 """The figures quoted in the README and docs/benchmark.md come from the cells stored in ``results/``.
 
-``results/calc_chain_oracle/pilot`` holds the pilot's 25 finished cells and five shared cold
-starts; ``results/calc_chain_oracle/lr-grid`` the learning-rate grid's cells, cold starts and
+``results/calc_chain_oracle/pilot`` holds the pilot's 25 finished cells, five shared cold
+starts and the reverse-KL pair's cells at the grid's rates (seeds 1-3); ``results/calc_chain_oracle/lr-grid`` the learning-rate grid's cells, cold starts and
 ``lr_grid.json`` (results/README.md). These tests check the quoted figures against the code
 rather than against a label: rerunning the command over a copy of the directory, with a
 trainer that fails the test if it is ever called, must reuse every cell (same base config and
@@ -69,6 +69,34 @@ def test_the_pilot_contrasts_in_the_readme_are_recomputed_from_its_stored_cells(
     checks = {c["check"]: c for c in result["stop_or_go"]["checks"]}
     assert checks["student_errors_at_start"]["value"] == 0.95
     assert checks["oracle_sft_not_at_ceiling"]["status"] == "not_measured"
+
+
+def test_the_reverse_kl_contrast_at_the_selected_rates_is_recomputed_from_its_stored_cells(
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "pilot"
+    shutil.copytree(PILOT, work)
+    base = RunConfig.from_yaml(ROOT / "recipes" / "toy_calc_chain_oracle.yaml", PILOT_OVERRIDES)
+    arms = ["offline_kd_reverse_kl", "opd_reverse_kl"]
+    definitions, learning_rates = benchmark_arms_from_grid(arms, GRID, base)
+    result = run_benchmark(
+        ROOT / "recipes" / "toy_calc_chain_oracle.yaml",
+        arms=arms,
+        seeds=[1, 2, 3],
+        output_dir=work,
+        overrides=PILOT_OVERRIDES,
+        arm_definitions=definitions,
+        learning_rates=learning_rates,
+        run_cell=_refuse_to_train,
+    )
+    assert result["arms"]["opd_reverse_kl"]["overrides"][-1] == "train.lr=0.0003"
+    contrasts = {c["endpoint"]: c for c in result["contrasts"]}
+    k3, every = contrasts["k=3"], contrasts["all"]
+    assert (k3["arm"], k3["reference"]) == ("opd_reverse_kl", "offline_kd_reverse_kl")
+    assert _pp(k3["mean_difference"]) == -7.0
+    assert [_pp(v) for v in k3["interval"]] == [-13.7, -1.0]
+    assert _pp(every["mean_difference"]) == -2.4
+    assert [_pp(v) for v in every["interval"]] == [-3.9, -1.4]
 
 
 def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> None:
