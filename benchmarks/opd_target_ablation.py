@@ -50,29 +50,24 @@ def position_kinds(sample: Any, tokenizer: Any) -> list[str | None]:
     a = sample.alignment
     top1 = [int(t) for t in sample.provider.topk_indices[:, 0].tolist()]
     live = [i for i, w in enumerate(a.token_weights) if w > 0 and a.model_token_mask[i]]
-
-    def turn_of(i: int) -> int:
-        token = a.student_prediction_positions[i] + 1
-        return next(s.turn_id for s in sample.trajectory.spans if s.start <= token < s.end)
-
+    targets = a.student_target_positions
+    turn = {i: sample.trajectory.span_at(targets[i]).turn_id for i in live}
     first = next((i for i in live if top1[i] != a.target_token_ids[i]), None)
     text: dict[int, str] = {}
     opening_target: dict[int, int] = {}
     for i in live:
-        turn = turn_of(i)
-        text[turn] = text.get(turn, "") + tokenizer.decode([a.target_token_ids[i]])
-        opening_target.setdefault(turn, top1[i])
+        text[turn[i]] = text.get(turn[i], "") + tokenizer.decode([a.target_token_ids[i]])
+        opening_target.setdefault(turn[i], top1[i])
     call_open = tokenizer.encode(TOOL_CALL_OPEN)[0]
     early = {t for t, s in text.items() if FINAL_OPEN in s and opening_target[t] == call_open}
     kinds: list[str | None] = [None] * len(a.token_weights)
-    first_turn = None if first is None else turn_of(first)
     for i in live:
         if first is None or i <= first:
             kinds[i] = "on_path"
-        elif turn_of(i) == first_turn:
+        elif turn[i] == turn[first]:
             kinds[i] = "same_turn"
         else:
-            kinds[i] = "early_answer" if turn_of(i) in early else "later"
+            kinds[i] = "early_answer" if turn[i] in early else "later"
     return kinds
 
 
