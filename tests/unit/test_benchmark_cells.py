@@ -19,6 +19,7 @@ import pytest
 
 from helpers import subprocess_env, tiny_config
 from miniverl.errors import ConfigError, RunDirectoryError
+from miniverl.evaluation.arms import DEFAULT_ARMS, arm_config, arm_config_for_arm_seed
 from miniverl.evaluation.benchmark import run_benchmark
 from miniverl.evaluation.budgets import BudgetCap, cap_from_reference, cap_outcome
 from miniverl.evaluation.cells import Cell, arm_phase_seed, plan_cells
@@ -426,3 +427,60 @@ def test_seeds_run_in_separate_directories_merge_by_copying_their_cells(tmp_path
     assert calls == [] and len(merged["cells"]["reused"]) == 6
     with pytest.raises(RunDirectoryError, match="another base config"):
         run_benchmark(tiny_config("train.lr=0.5"), seeds=[2], output_dir=tmp_path / "a", **kwargs)
+
+
+def test_a_stored_cell_is_reused_for_the_config_it_ran_under_not_for_how_it_was_spelled(
+    tmp_path: Path,
+) -> None:
+    """``--lr-from`` selecting the recipe's own rate reuses a cell; another rate reruns it.
+
+    A trainer-made payload records the digest of the validated config it trained under;
+    a payload without one (older fakes) is matched on its override keys instead.
+    """
+    base = tiny_config()
+    rate = base.train.lr
+    spelled = {"opd": (*DEFAULT_ARMS["opd"], f"train.lr={rate}")}
+    other = {"opd": (*DEFAULT_ARMS["opd"], f"train.lr={rate * 10}")}
+    calls: list[str] = []
+
+    def runner(definitions: dict[str, tuple[str, ...]], digest: bool = True) -> Any:
+        def run(cell: Cell, done: Any) -> dict[str, Any]:
+            calls.append(cell.name)
+            payload = fake_payload(cell, done)
+            if digest and not cell.is_cold_start:
+                config = arm_config(base, cell.arm, definitions[cell.arm], cell.seed)
+                payload["config_digest"] = arm_config_for_arm_seed(config, cell.arm_seed).digest()
+            return payload
+
+        return run
+
+    def bench(out: Path, definitions: dict[str, tuple[str, ...]], digest: bool = True) -> Any:
+        calls.clear()
+        return run_benchmark(
+            base,
+            arms=["opd"],
+            arm_definitions=definitions,
+            seeds=[1],
+            arm_seeds=2,
+            output_dir=out,
+            resamples=50,
+            run_cell=runner(definitions, digest),
+        )
+
+    bench(tmp_path / "a", {"opd": DEFAULT_ARMS["opd"]})
+    assert calls == ["s1-a0-cold-start", "s1-a0-opd", "s1-a1-opd"]
+    same = bench(tmp_path / "a", spelled)
+    assert calls == [] and same["cells"]["discarded"] == []
+    assert same["arms"]["opd"]["overrides"][-1] == f"train.lr={rate}"
+    changed = bench(tmp_path / "a", other)
+    assert calls == ["s1-a0-opd", "s1-a1-opd"]
+    assert {d["reason"] for d in changed["cells"]["discarded"]} == {
+        "recorded under another validated arm config (config_digest differs)"
+    }
+
+    bench(tmp_path / "b", {"opd": DEFAULT_ARMS["opd"]}, digest=False)
+    legacy = bench(tmp_path / "b", spelled, digest=False)
+    assert calls == ["s1-a0-opd", "s1-a1-opd"]
+    assert {d["reason"] for d in legacy["cells"]["discarded"]} == {
+        "recorded for another definition of the arm"
+    }

@@ -182,7 +182,10 @@ def run_benchmark(
     All configs are built and checked before anything trains, so a refused arm costs
     nothing. ``arm_definitions`` replaces :data:`DEFAULT_ARMS` (name -> override keys).
     Finished cells are stored under ``cells/`` and reused on a rerun with the same base
-    config (``evaluation/cells.py``); ``run_cell`` replaces the trainer (tests).
+    config (``evaluation/cells.py``) when the validated config a cell ran under (its
+    ``config_digest``) is the one this plan would run it with, so spelling out a value the
+    recipe already has (``--lr-from`` selecting the recipe's own ``train.lr``) reuses it, and
+    any real change reruns it; ``run_cell`` replaces the trainer (tests).
     ``learning_rates`` (where the arms' ``train.lr`` came from, e.g. the shared grid of
     ``evaluation/lr_grid.py``) is recorded verbatim in benchmark.json.
     """
@@ -259,6 +262,12 @@ def run_benchmark(
         cold = done.get(type(cell)(cell.seed, 0, COLD_START))
         if cold is None or payload.get("cold_start_student_sha256") != cold.get("student_sha256"):
             return "recorded for other cold-start weights"
+        recorded = payload.get("config_digest")
+        if recorded is not None:
+            config = arm_config_for_arm_seed(plans[cell.seed][1][cell.arm], cell.arm_seed)
+            if recorded != config.digest():
+                return "recorded under another validated arm config (config_digest differs)"
+            return None
         if payload.get("arm_overrides") not in (None, list(chosen[cell.arm])):
             return "recorded for another definition of the arm"
         return None
