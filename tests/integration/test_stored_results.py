@@ -26,7 +26,7 @@ from miniverl.utils.io import read_json, sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
 STORED = ROOT / "results" / "calc_chain_oracle"
-PILOT, GRID = STORED / "pilot", STORED / "lr-grid"
+PILOT, GRID, SELECTED = STORED / "pilot", STORED / "lr-grid", STORED / "selected-rates"
 PILOT_OVERRIDES = ["eval.split=test", "eval.every=50", "eval.max_tasks=1200"]
 
 
@@ -75,7 +75,7 @@ def test_the_reverse_kl_contrast_at_the_selected_rates_is_recomputed_from_its_st
     tmp_path: Path,
 ) -> None:
     work = tmp_path / "pilot"
-    shutil.copytree(PILOT, work)
+    shutil.copytree(SELECTED, work)
     base = RunConfig.from_yaml(ROOT / "recipes" / "toy_calc_chain_oracle.yaml", PILOT_OVERRIDES)
     arms = ["offline_kd_reverse_kl", "opd_reverse_kl"]
     definitions, learning_rates = benchmark_arms_from_grid(arms, GRID, base)
@@ -119,7 +119,41 @@ def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> Non
     assert record["teacher_gate"] == stored["teacher_gate"]
 
 
-@pytest.mark.parametrize("stored", [PILOT, GRID], ids=["pilot", "lr-grid"])
+def test_opd_entropy_aware_is_opd_reverse_kl_under_the_smoothed_oracle(tmp_path: Path) -> None:
+    """The gate of ``entropy_aware`` never opens here, so the arm repeats ``opd_reverse_kl`` exactly.
+
+    The smoothed oracle puts 1 - eps + eps/V on its action and eps/V elsewhere: its entropy
+    (about 0.014 nats, and the bucketed loss sees a lower bound of it) stays far below
+    ``loss.entropy_threshold``, so the forward-KL term is never added. README and
+    docs/benchmark.md say so; this pins it to the stored grid cells and the recipe.
+    """
+    import math
+
+    from miniverl.models.tokenizers import ToyTokenizer
+
+    config = RunConfig.from_yaml(ROOT / "recipes" / "toy_calc_chain_oracle.yaml")
+    eps, vocab = config.models.oracle_teacher.smoothing, ToyTokenizer().vocab_size
+    high, low = 1 - eps + eps / vocab, eps / vocab
+    entropy = -high * math.log(high) - (vocab - 1) * low * math.log(low)
+    assert entropy < 0.02 < config.loss.entropy_threshold
+    for seed in (1, 2, 3):
+        for rate in read_json(GRID / "lr_grid.json")["grid"]:
+            pair = [
+                read_json(GRID / "cells" / f"s{seed}-a0-{arm}@lr={lr_text(rate)}.json")["payload"]
+                for arm in ("opd_entropy_aware", "opd_reverse_kl")
+            ]
+            assert pair[0]["config_digest"] != pair[1]["config_digest"]
+            for key in ("curve", "tasks", "endpoints", "exposure", "final_solved"):
+                assert pair[0][key] == pair[1][key], (seed, rate, key)
+            tokens = [
+                {k: v for k, v in p["budget"].items() if not k.endswith("_seconds")} for p in pair
+            ]
+            assert tokens[0] == tokens[1], (seed, rate)
+
+
+@pytest.mark.parametrize(
+    "stored", [PILOT, GRID, SELECTED], ids=["pilot", "lr-grid", "selected-rates"]
+)
 def test_each_stored_cold_start_is_the_weights_its_cell_records(stored: Path) -> None:
     cold_cells = sorted((stored / "cells").glob("*-cold-start.json"))
     assert cold_cells
