@@ -71,32 +71,74 @@ def test_the_pilot_contrasts_in_the_readme_are_recomputed_from_its_stored_cells(
     assert checks["oracle_sft_not_at_ceiling"]["status"] == "not_measured"
 
 
-def test_the_reverse_kl_contrast_at_the_selected_rates_is_recomputed_from_its_stored_cells(
-    tmp_path: Path,
+PRIMARY_AT_SELECTED_RATES = {
+    # arms, arm seeds, selected rates, then per endpoint: mean, interval, per-seed differences,
+    # sd of the seed differences and MDE, all in pp (README "Where the calc_chain result stands").
+    "forward-kl": (
+        ["offline_kd", "opd"],
+        2,
+        {"offline_kd": "0.003", "opd": "0.001"},
+        {
+            "k=3": (-7.0, [-12.2, -2.4], [-15.5, -1.5, -3.2, -3.0, -11.5], 6.2, 7.7),
+            "k=5": (0.0, [0.0, 0.0], [0.0] * 5, 0.0, 0.0),
+            "all": (-22.4, [-29.2, -15.7], [-15.9, -13.3, -32.2, -30.2, -20.2], 8.5, 10.6),
+        },
+    ),
+    "reverse-kl": (
+        ["offline_kd_reverse_kl", "opd_reverse_kl"],
+        1,
+        {"offline_kd_reverse_kl": "0.0003", "opd_reverse_kl": "0.0003"},
+        {
+            "k=3": (-6.1, [-10.8, -2.2], [-14.0, -1.0, -6.0, -2.0, -7.5], 5.2, 6.5),
+            "k=5": (0.0, [0.0, 0.0], [0.0] * 5, 0.0, 0.0),
+            "all": (-2.2, [-3.2, -1.5], [-3.8, -1.8, -1.8, -1.6, -2.3], 0.9, 1.2),
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("contrast", list(PRIMARY_AT_SELECTED_RATES))
+def test_the_primary_contrasts_at_the_selected_rates_are_recomputed_from_their_stored_cells(
+    tmp_path: Path, contrast: str
 ) -> None:
-    work = tmp_path / "pilot"
+    """``opd``'s cells are the pilot's (same validated config at its selected 0.001), reused."""
+    arms, arm_seeds, rates, expected = PRIMARY_AT_SELECTED_RATES[contrast]
+    work = tmp_path / "selected"
     shutil.copytree(SELECTED, work)
     base = RunConfig.from_yaml(ROOT / "recipes" / "toy_calc_chain_oracle.yaml", PILOT_OVERRIDES)
-    arms = ["offline_kd_reverse_kl", "opd_reverse_kl"]
     definitions, learning_rates = benchmark_arms_from_grid(arms, GRID, base)
     result = run_benchmark(
         ROOT / "recipes" / "toy_calc_chain_oracle.yaml",
         arms=arms,
-        seeds=[1, 2, 3],
+        seeds=[1, 2, 3, 4, 5],
         output_dir=work,
         overrides=PILOT_OVERRIDES,
         arm_definitions=definitions,
+        arm_seeds=arm_seeds,
         learning_rates=learning_rates,
         run_cell=_refuse_to_train,
     )
-    assert result["arms"]["opd_reverse_kl"]["overrides"][-1] == "train.lr=0.0003"
+    assert result["cells"]["discarded"] == []
+    for arm, rate in rates.items():
+        assert result["arms"][arm]["overrides"][-1] == f"train.lr={rate}"
     contrasts = {c["endpoint"]: c for c in result["contrasts"]}
-    k3, every = contrasts["k=3"], contrasts["all"]
-    assert (k3["arm"], k3["reference"]) == ("opd_reverse_kl", "offline_kd_reverse_kl")
-    assert _pp(k3["mean_difference"]) == -7.0
-    assert [_pp(v) for v in k3["interval"]] == [-13.7, -1.0]
-    assert _pp(every["mean_difference"]) == -2.4
-    assert [_pp(v) for v in every["interval"]] == [-3.9, -1.4]
+    for endpoint, (mean, interval, per_seed, sd, mde) in expected.items():
+        got = contrasts[endpoint]
+        assert (got["arm"], got["reference"]) == (arms[1], arms[0])
+        assert _pp(got["mean_difference"]) == mean, endpoint
+        assert [_pp(v) for v in got["interval"]] == interval, endpoint
+        assert [_pp(v) for v in got["seed_differences"]] == per_seed, endpoint
+        assert (_pp(got["sd_seed_differences"]), _pp(got["mde"])) == (sd, mde), endpoint
+    gates = result["teacher_gate"]
+    assert [gates[str(s)]["value"] for s in range(1, 6)] == [1.0] * 5
+
+
+def test_the_pilot_opd_cells_are_opd_at_its_selected_rate() -> None:
+    """Same payload, byte for byte: the selected-rates directory did not retrain ``opd``."""
+    for seed in range(1, 6):
+        for arm_seed in (0, 1):
+            name = f"s{seed}-a{arm_seed}-opd.json"
+            assert read_json(SELECTED / "cells" / name) == read_json(PILOT / "cells" / name)
 
 
 def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> None:
