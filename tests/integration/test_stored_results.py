@@ -1,11 +1,12 @@
 """The figures quoted in the README and docs/benchmark.md come from the cells stored in ``results/``.
 
-``results/calc_chain_oracle/pilot`` holds the pilot's 25 finished cells, five shared cold
-starts and the reverse-KL pair's cells at the grid's rates (seeds 1-3); ``results/calc_chain_oracle/lr-grid`` the learning-rate grid's cells, cold starts and
-``lr_grid.json`` (results/README.md). These tests check the quoted figures against the code
-rather than against a label: rerunning the command over a copy of the directory, with a
+``results/calc_chain_oracle/pilot`` holds the pilot's 25 finished cells and five shared cold
+starts; ``results/calc_chain_oracle/lr-grid`` the learning-rate grid's cells, cold starts and
+``lr_grid.json``; ``results/calc_chain_oracle/selected-rates`` both primary contrasts at the
+grid's selected rates (results/README.md). These tests check the quoted figures against the
+code rather than against a label: rerunning the command over a copy of the directory, with a
 trainer that fails the test if it is ever called, must reuse every cell (same base config and
-arm definitions, intact payload digests) and recompute the same contrasts and the same
+validated arm config, intact payload digests) and recompute the same contrasts and the same
 selection; each stored cold-start weight file must be the one its cell records, so the rest of
 the protocol can start from it; and ``benchmark --lr-from`` must accept the stored grid for
 the test-split protocol of the same recipe.
@@ -38,6 +39,24 @@ def _pp(value: float) -> float:
     return round(100 * value, 1)
 
 
+def _assert_contrast(
+    got: dict[str, Any],
+    arms: tuple[str, str],
+    mean: float,
+    interval: list[float],
+    per_seed: list[float],
+    sd: float,
+    mde: float,
+) -> None:
+    """One contrast row of benchmark.json against the figures quoted, in pp; ``arms`` = (reference, arm)."""
+    endpoint = got["endpoint"]
+    assert (got["reference"], got["arm"]) == arms, endpoint
+    assert _pp(got["mean_difference"]) == mean, endpoint
+    assert [_pp(v) for v in got["interval"]] == interval, endpoint
+    assert [_pp(v) for v in got["seed_differences"]] == per_seed, endpoint
+    assert (_pp(got["sd_seed_differences"]), _pp(got["mde"])) == (sd, mde), endpoint
+
+
 def test_the_pilot_contrasts_in_the_readme_are_recomputed_from_its_stored_cells(
     tmp_path: Path,
 ) -> None:
@@ -53,13 +72,13 @@ def test_the_pilot_contrasts_in_the_readme_are_recomputed_from_its_stored_cells(
         run_cell=_refuse_to_train,
     )
     contrasts = {c["endpoint"]: c for c in result["contrasts"]}
-    k3, k5, every = contrasts["k=3"], contrasts["k=5"], contrasts["all"]
-    assert (k3["arm"], k3["reference"]) == ("opd", "offline_kd")
-    assert _pp(k3["mean_difference"]) == -7.8
-    assert [_pp(v) for v in k3["interval"]] == [-13.8, -2.2]
-    assert [_pp(v) for v in k3["seed_differences"]] == [-14.8, -0.8, -5.2, -2.0, -16.0]
-    assert (_pp(k3["sd_seed_differences"]), _pp(k3["mde"])) == (7.2, 9.0)
+    pair = ("offline_kd", "opd")
+    _assert_contrast(
+        contrasts["k=3"], pair, -7.8, [-13.8, -2.2], [-14.8, -0.8, -5.2, -2.0, -16.0], 7.2, 9.0
+    )
+    k5 = contrasts["k=5"]
     assert (_pp(k5["mean_difference"]), k5["interval"]) == (0.0, [0.0, 0.0])
+    every = contrasts["all"]
     assert _pp(every["mean_difference"]) == -23.6
     assert [_pp(v) for v in every["interval"]] == [-30.0, -17.4]
     assert (_pp(every["sd_seed_differences"]), _pp(every["mde"])) == (8.0, 10.0)
@@ -122,13 +141,8 @@ def test_the_primary_contrasts_at_the_selected_rates_are_recomputed_from_their_s
     for arm, rate in rates.items():
         assert result["arms"][arm]["overrides"][-1] == f"train.lr={rate}"
     contrasts = {c["endpoint"]: c for c in result["contrasts"]}
-    for endpoint, (mean, interval, per_seed, sd, mde) in expected.items():
-        got = contrasts[endpoint]
-        assert (got["arm"], got["reference"]) == (arms[1], arms[0])
-        assert _pp(got["mean_difference"]) == mean, endpoint
-        assert [_pp(v) for v in got["interval"]] == interval, endpoint
-        assert [_pp(v) for v in got["seed_differences"]] == per_seed, endpoint
-        assert (_pp(got["sd_seed_differences"]), _pp(got["mde"])) == (sd, mde), endpoint
+    for endpoint, figures in expected.items():
+        _assert_contrast(contrasts[endpoint], (arms[0], arms[1]), *figures)
     gates = result["teacher_gate"]
     assert [gates[str(s)]["value"] for s in range(1, 6)] == [1.0] * 5
 
@@ -161,7 +175,7 @@ def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> Non
     assert record["teacher_gate"] == stored["teacher_gate"]
 
 
-def test_opd_entropy_aware_is_opd_reverse_kl_under_the_smoothed_oracle(tmp_path: Path) -> None:
+def test_opd_entropy_aware_is_opd_reverse_kl_under_the_smoothed_oracle() -> None:
     """The gate of ``entropy_aware`` never opens here, so the arm repeats ``opd_reverse_kl`` exactly.
 
     The smoothed oracle puts 1 - eps + eps/V on its action and eps/V elsewhere: its entropy
@@ -178,8 +192,9 @@ def test_opd_entropy_aware_is_opd_reverse_kl_under_the_smoothed_oracle(tmp_path:
     high, low = 1 - eps + eps / vocab, eps / vocab
     entropy = -high * math.log(high) - (vocab - 1) * low * math.log(low)
     assert entropy < 0.02 < config.loss.entropy_threshold
+    rates = read_json(GRID / "lr_grid.json")["grid"]
     for seed in (1, 2, 3):
-        for rate in read_json(GRID / "lr_grid.json")["grid"]:
+        for rate in rates:
             pair = [
                 read_json(GRID / "cells" / f"s{seed}-a0-{arm}@lr={lr_text(rate)}.json")["payload"]
                 for arm in ("opd_entropy_aware", "opd_reverse_kl")
