@@ -22,6 +22,7 @@ import pytest
 
 from miniverl.config.models import RunConfig
 from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.evaluation.contrasts import PRIMARY_CONTRASTS
 from miniverl.evaluation.lr_grid import benchmark_arms_from_grid, lr_text, run_lr_grid
 from miniverl.utils.io import read_json, sha256_file
 
@@ -90,38 +91,149 @@ def test_the_pilot_contrasts_in_the_readme_are_recomputed_from_its_stored_cells(
     assert checks["oracle_sft_not_at_ceiling"]["status"] == "not_measured"
 
 
-PRIMARY_AT_SELECTED_RATES = {
-    # arms, arm seeds, selected rates, then per endpoint: mean, interval, per-seed differences,
-    # sd of the seed differences and MDE, all in pp (README "Where the calc_chain result stands").
-    "forward-kl": (
-        ["offline_kd", "opd"],
-        2,
-        {"offline_kd": "0.003", "opd": "0.001"},
-        {
-            "k=3": (-7.0, [-12.2, -2.4], [-15.5, -1.5, -3.2, -3.0, -11.5], 6.2, 7.7),
-            "k=5": (0.0, [0.0, 0.0], [0.0] * 5, 0.0, 0.0),
-            "all": (-22.4, [-29.2, -15.7], [-15.9, -13.3, -32.2, -30.2, -20.2], 8.5, 10.6),
-        },
+SELECTED_RATES = {
+    "offline_kd": "0.003",
+    "opd": "0.001",
+    "offline_kd_reverse_kl": "0.0003",
+    "opd_reverse_kl": "0.0003",
+    "sft_oracle": "0.0003",
+    "seqkd": "0.0003",
+    "kd_oracle": "0.001",
+    "gkd_mix": "0.0003",
+    "opd_entropy_aware": "0.0003",
+}
+"""The grid's selection (results/calc_chain_oracle/lr-grid/lr_grid.json), as README quotes it."""
+
+GATE_AND_ERRORS = {
+    "teacher_gate_passed": ("go", [1.0] * 5),
+    "student_errors_at_start": ("go", 0.95),
+}
+FULL_ARM_SET_CONTRASTS = {
+    ("offline_kd", "opd", "k=3"): (-7.0, [-12.2, -2.4], [-15.5, -1.5, -3.2, -3.0, -11.5], 6.2, 7.7),
+    ("offline_kd", "opd", "k=5"): (0.0, [0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0], 0.0, 0.0),
+    ("offline_kd", "opd", "all"): (
+        -22.4,
+        [-29.2, -15.7],
+        [-15.9, -13.3, -32.2, -30.2, -20.2],
+        8.5,
+        10.6,
     ),
-    "reverse-kl": (
+    ("offline_kd_reverse_kl", "opd_reverse_kl", "k=3"): (
+        -5.6,
+        [-10.0, -2.3],
+        [-13.2, -1.2, -6.0, -2.8, -4.8],
+        4.6,
+        5.8,
+    ),
+    ("offline_kd_reverse_kl", "opd_reverse_kl", "k=5"): (
+        -0.1,
+        [-0.2, 0.0],
+        [-0.2, 0.0, 0.0, 0.0, 0.0],
+        0.1,
+        0.1,
+    ),
+    ("offline_kd_reverse_kl", "opd_reverse_kl", "all"): (
+        -2.2,
+        [-3.0, -1.6],
+        [-3.1, -2.3, -1.5, -2.7, -1.7],
+        0.7,
+        0.9,
+    ),
+    ("offline_kd", "offline_kd_reverse_kl", "k=3"): (
+        1.8,
+        [-1.7, 6.3],
+        [-2.8, -0.2, 2.8, -0.2, 9.8],
+        4.8,
+        6.0,
+    ),
+    ("offline_kd", "offline_kd_reverse_kl", "k=5"): (
+        0.1,
+        [0.0, 0.2],
+        [0.2, 0.0, 0.0, 0.0, 0.0],
+        0.1,
+        0.1,
+    ),
+    ("offline_kd", "offline_kd_reverse_kl", "all"): (
+        1.9,
+        [-1.1, 5.6],
+        [0.9, 2.0, 1.0, -3.0, 8.7],
+        4.2,
+        5.3,
+    ),
+    ("offline_kd", "sft_oracle", "k=3"): (1.7, [-1.0, 5.3], [-0.8, -0.5, 1.5, 0.5, 8.0], 3.6, 4.5),
+    ("offline_kd", "sft_oracle", "k=5"): (0.1, [0.0, 0.2], [0.2, 0.0, 0.0, 0.0, 0.0], 0.1, 0.1),
+    ("offline_kd", "sft_oracle", "all"): (1.5, [-1.1, 4.3], [0.7, 1.9, 1.2, -3.0, 6.6], 3.4, 4.3),
+    ("offline_kd", "seqkd", "k=3"): (2.1, [-1.2, 6.4], [0.5, -1.0, 2.8, -1.2, 9.5], 4.4, 5.6),
+    ("offline_kd", "seqkd", "k=5"): (0.1, [0.0, 0.2], [0.0, 0.2, 0.0, 0.0, 0.0], 0.1, 0.1),
+    ("offline_kd", "seqkd", "all"): (1.4, [-1.6, 4.5], [1.3, 2.0, 0.6, -3.7, 6.9], 3.8, 4.8),
+    ("offline_kd", "kd_oracle", "k=3"): (0.3, [-2.0, 2.9], [-1.8, -0.8, 1.2, -1.5, 4.2], 2.5, 3.1),
+    ("offline_kd", "kd_oracle", "k=5"): (0.0, [0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0], 0.0, 0.0),
+    ("offline_kd", "kd_oracle", "all"): (0.8, [-1.5, 3.1], [0.4, 1.5, 0.9, -3.2, 4.7], 2.8, 3.5),
+}
+ORACLE_SFT_CHECK = ("go", 0.088)
+
+AT_SELECTED_RATES = {
+    # One benchmark command each: arms, arm seeds, then every contrast row it writes as
+    # (reference, arm, endpoint): mean, interval, per-seed differences, sd of the seed
+    # differences and MDE, all in pp (README "Where the calc_chain result stands"), then the
+    # stop-or-go checks as (status, value) and the overall status.
+    "full-arm-set": (
+        [
+            "offline_kd",
+            "opd",
+            "offline_kd_reverse_kl",
+            "opd_reverse_kl",
+            "sft_oracle",
+            "seqkd",
+            "kd_oracle",
+        ],
+        2,
+        FULL_ARM_SET_CONTRASTS,
+        {**GATE_AND_ERRORS, "oracle_sft_not_at_ceiling": ORACLE_SFT_CHECK},
+        "go",
+    ),
+    # The reverse-KL pair on arm seed 0 alone: the fifth session's table (docs/benchmark.md).
+    "reverse-kl-arm-seed-0": (
         ["offline_kd_reverse_kl", "opd_reverse_kl"],
         1,
-        {"offline_kd_reverse_kl": "0.0003", "opd_reverse_kl": "0.0003"},
         {
-            "k=3": (-6.1, [-10.8, -2.2], [-14.0, -1.0, -6.0, -2.0, -7.5], 5.2, 6.5),
-            "k=5": (0.0, [0.0, 0.0], [0.0] * 5, 0.0, 0.0),
-            "all": (-2.2, [-3.2, -1.5], [-3.8, -1.8, -1.8, -1.6, -2.3], 0.9, 1.2),
+            ("offline_kd_reverse_kl", "opd_reverse_kl", "k=3"): (
+                -6.1,
+                [-10.8, -2.2],
+                [-14.0, -1.0, -6.0, -2.0, -7.5],
+                5.2,
+                6.5,
+            ),
+            ("offline_kd_reverse_kl", "opd_reverse_kl", "k=5"): (
+                0.0,
+                [0.0, 0.0],
+                [0.0] * 5,
+                0.0,
+                0.0,
+            ),
+            ("offline_kd_reverse_kl", "opd_reverse_kl", "all"): (
+                -2.2,
+                [-3.2, -1.5],
+                [-3.8, -1.8, -1.8, -1.6, -2.3],
+                0.9,
+                1.2,
+            ),
         },
+        {**GATE_AND_ERRORS, "oracle_sft_not_at_ceiling": ("not_measured", None)},
+        "incomplete",
     ),
 }
 
 
-@pytest.mark.parametrize("contrast", list(PRIMARY_AT_SELECTED_RATES))
-def test_the_primary_contrasts_at_the_selected_rates_are_recomputed_from_their_stored_cells(
-    tmp_path: Path, contrast: str
+@pytest.mark.parametrize("command", list(AT_SELECTED_RATES))
+def test_the_protocol_at_the_selected_rates_is_recomputed_from_its_stored_cells(
+    tmp_path: Path, command: str
 ) -> None:
-    """``opd``'s cells are the pilot's (same validated config at its selected 0.001), reused."""
-    arms, arm_seeds, rates, expected = PRIMARY_AT_SELECTED_RATES[contrast]
+    """Every contrast and stop-or-go check at the grid's selected rates, from the stored cells.
+
+    ``opd``'s cells are the pilot's (same validated config at its selected 0.001), reused.
+    """
+    arms, arm_seeds, expected, checks, status = AT_SELECTED_RATES[command]
     work = tmp_path / "selected"
     shutil.copytree(SELECTED, work)
     base = RunConfig.from_yaml(ROOT / "recipes" / "toy_calc_chain_oracle.yaml", PILOT_OVERRIDES)
@@ -138,13 +250,17 @@ def test_the_primary_contrasts_at_the_selected_rates_are_recomputed_from_their_s
         run_cell=_refuse_to_train,
     )
     assert result["cells"]["discarded"] == []
-    for arm, rate in rates.items():
-        assert result["arms"][arm]["overrides"][-1] == f"train.lr={rate}"
-    contrasts = {c["endpoint"]: c for c in result["contrasts"]}
-    for endpoint, figures in expected.items():
-        _assert_contrast(contrasts[endpoint], (arms[0], arms[1]), *figures)
-    gates = result["teacher_gate"]
-    assert [gates[str(s)]["value"] for s in range(1, 6)] == [1.0] * 5
+    for arm in arms:
+        assert result["arms"][arm]["overrides"][-1] == f"train.lr={SELECTED_RATES[arm]}"
+    got = {(c["reference"], c["arm"], c["endpoint"]): c for c in result["contrasts"]}
+    assert set(got) == set(expected)
+    for (reference, arm, endpoint), figures in expected.items():
+        _assert_contrast(got[(reference, arm, endpoint)], (reference, arm), *figures)
+    primary = [(c["arm"], c["reference"]) in PRIMARY_CONTRASTS for c in result["contrasts"]]
+    assert [c["primary"] for c in result["contrasts"]] == primary == sorted(primary, reverse=True)
+    recorded = {c["check"]: (c["status"], c["value"]) for c in result["stop_or_go"]["checks"]}
+    assert recorded == checks
+    assert result["stop_or_go"]["status"] == status
 
 
 def test_the_pilot_opd_cells_are_opd_at_its_selected_rate() -> None:
@@ -227,5 +343,6 @@ def test_the_test_split_protocol_takes_its_rates_from_the_stored_grid() -> None:
     definitions, record = benchmark_arms_from_grid(arms, GRID, base)
     for arm in arms:
         assert definitions[arm][-1] == f"train.lr={lr_text(stored['selected'][arm])}"
+        assert SELECTED_RATES[arm] == lr_text(stored["selected"][arm])
     assert record["selected"] == stored["selected"]
     assert record["lr_grid_sha256"] == sha256_file(GRID / "lr_grid.json")
