@@ -2,8 +2,8 @@
 
 ``results/calc_chain_oracle/pilot`` holds the pilot's 25 finished cells and five shared cold
 starts; ``results/calc_chain_oracle/lr-grid`` the learning-rate grid's cells, cold starts and
-``lr_grid.json``; ``results/calc_chain_oracle/selected-rates`` both primary contrasts at the
-grid's selected rates (results/README.md). These tests check the quoted figures against the
+``lr_grid.json``; ``results/calc_chain_oracle/selected-rates`` the test-split protocol at the
+grid's selected rates: seven arms at 5 seeds x 2 arm seeds, and gkd_mix's first cells (results/README.md). These tests check the quoted figures against the
 code rather than against a label: rerunning the command over a copy of the directory, with a
 trainer that fails the test if it is ever called, must reuse every cell (same base config and
 validated arm config, intact payload digests) and recompute the same contrasts and the same
