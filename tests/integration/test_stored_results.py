@@ -3,12 +3,13 @@
 ``results/calc_chain_oracle/pilot`` holds the pilot's 25 finished cells and five shared cold
 starts; ``results/calc_chain_oracle/lr-grid`` the learning-rate grid's cells, cold starts and
 ``lr_grid.json``; ``results/calc_chain_oracle/selected-rates`` the test-split protocol at the
-grid's selected rates: seven arms at 5 seeds x 2 arm seeds, and gkd_mix's first cells (results/README.md). These tests check the quoted figures against the
-code rather than against a label: rerunning the command over a copy of the directory, with a
-trainer that fails the test if it is ever called, must reuse every cell (same base config and
-validated arm config, intact payload digests) and recompute the same contrasts and the same
-selection; each stored cold-start weight file must be the one its cell records, so the rest of
-the protocol can start from it; and ``benchmark --lr-from`` must accept the stored grid for
+grid's selected rates: eight arms at 5 seeds x 2 arm seeds (results/README.md). These tests
+check the quoted figures against the code rather than against a label: rerunning the command
+over a copy of the directory, with a trainer that fails the test if it is ever called, must
+reuse every cell (same base config and validated arm config, intact payload digests) and
+recompute the same contrasts and the same selection; each stored cold-start weight file must
+be the one its cell records, so the rest of the protocol can start from it; and
+``benchmark --lr-from`` must accept the stored grid for
 the test-split protocol of the same recipe.
 """
 
@@ -169,6 +170,9 @@ FULL_ARM_SET_CONTRASTS = {
     ("offline_kd", "kd_oracle", "k=3"): (0.3, [-2.0, 2.9], [-1.8, -0.8, 1.2, -1.5, 4.2], 2.5, 3.1),
     ("offline_kd", "kd_oracle", "k=5"): (0.0, [0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0], 0.0, 0.0),
     ("offline_kd", "kd_oracle", "all"): (0.8, [-1.5, 3.1], [0.4, 1.5, 0.9, -3.2, 4.7], 2.8, 3.5),
+    ("offline_kd", "gkd_mix", "k=3"): (-3.0, [-7.1, 0.3], [-10.2, -1.2, -2.2, -2.8, 1.5], 4.4, 5.5),
+    ("offline_kd", "gkd_mix", "k=5"): (0.1, [0.0, 0.3], [0.0, 0.0, 0.0, 0.2, 0.2], 0.1, 0.2),
+    ("offline_kd", "gkd_mix", "all"): (-2.1, [-4.6, -0.0], [-0.9, -0.7, -3.0, -6.7, 0.7], 2.9, 3.6),
 }
 ORACLE_SFT_CHECK = ("go", 0.088)
 
@@ -186,6 +190,7 @@ AT_SELECTED_RATES = {
             "sft_oracle",
             "seqkd",
             "kd_oracle",
+            "gkd_mix",
         ],
         2,
         FULL_ARM_SET_CONTRASTS,
