@@ -9,8 +9,8 @@ over a copy of the directory, with a trainer that fails the test if it is ever c
 reuse every cell (same base config and validated arm config, intact payload digests) and
 recompute the same contrasts and the same selection; each stored cold-start weight file must
 be the one its cell records, so the rest of the protocol can start from it; and
-``benchmark --lr-from`` must accept the stored grid for
-the test-split protocol of the same recipe.
+``benchmark --lr-from`` must accept the stored grid for the test-split protocol of the same
+recipe.
 """
 
 from __future__ import annotations
