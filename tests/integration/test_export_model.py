@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from helpers import tiny_config
 from miniverl.cli.main import app
 from miniverl.config.models import RunConfig
-from miniverl.training.export_model import load_exported_toy
+from miniverl.export.model import load_exported_toy
 from miniverl.training.trainer import OPDTrainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from miniverl.cli.main import app
 from miniverl.config.models import RunConfig
 from miniverl.errors import RunDirectoryError
-from miniverl.evaluation.export import export_run, sanitize_hardware, scrub
+from miniverl.export.result import export_run, sanitize_hardware, scrub
 from miniverl.utils.env import collect_environment
 from miniverl.utils.io import write_json
 from miniverl.utils.runs import RunPaths

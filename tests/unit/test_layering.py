@@ -34,7 +34,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "objective": frozenset({"trajectory", "selection", "losses"}),
     "supervision": frozenset({"teachers", "cache"}),
     "orchestration": frozenset({"training"}),
-    "surfaces": frozenset({"reporting", "evaluation", "inspection", "cli"}),
+    "surfaces": frozenset({"reporting", "evaluation", "export", "inspection", "cli"}),
 }
 LAYER_ARROWS: dict[str, frozenset[str]] = {
     "foundation": frozenset(),
@@ -91,7 +91,14 @@ DECLARED_CROSSINGS: tuple[Crossing, ...] = (
     ),
     Crossing("selection", "trajectory", "selectors pick among model target positions (masks)"),
     Crossing("evaluation", "reporting", "the benchmark reads runs and writes reports"),
-    Crossing("cli", "evaluation", "the benchmark, export and export-verl commands"),
+    Crossing(
+        "export",
+        "reporting",
+        "result.json reads the run directory through the one reader",
+        modules=("miniverl.export.result",),
+    ),
+    Crossing("cli", "evaluation", "the benchmark and lr-grid commands"),
+    Crossing("cli", "export", "the export, export-model and export-verl commands"),
     Crossing("cli", "reporting", "the report command"),
     Crossing("cli", "inspection", "the inspect command"),
 )

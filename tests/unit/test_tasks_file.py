@@ -207,7 +207,8 @@ def test_the_trainer_takes_its_splits_from_the_task_file(task_file: Path, tmp_pa
 def test_export_verl_deals_the_same_splits_from_a_task_file(task_file: Path) -> None:
     from helpers import REPO_ROOT
     from miniverl.config.models import RunConfig
-    from miniverl.evaluation import verl_export as vx
+    from miniverl.export import verl as vx
+    from miniverl.export.verl_ledger import MAPPED
 
     cfg = RunConfig.from_yaml(
         REPO_ROOT / "tests" / "data" / "verl_export" / "tiny_hf_opd.yaml",
@@ -221,4 +222,4 @@ def test_export_verl_deals_the_same_splits_from_a_task_file(task_file: Path) -> 
     plan = vx.plan_export(cfg)
     assert plan.splits == build_splits(CalculatorEnvironment(), cfg.environment)
     (fate,) = [f for f in plan.fates if f.key == "environment.tasks"]
-    assert fate.status == vx.MAPPED and "task file" in fate.verl
+    assert fate.status == MAPPED and "task file" in fate.verl

@@ -22,8 +22,9 @@ from miniverl.config.models import RunConfig
 from miniverl.environments.base import ToolCall, make_splits
 from miniverl.environments.calculator import CalculatorEnvironment
 from miniverl.errors import BackendError, ConfigError
-from miniverl.evaluation import verl_export as vx
-from miniverl.evaluation import verl_tool
+from miniverl.export import verl as vx
+from miniverl.export import verl_ledger as ledger
+from miniverl.export import verl_tool
 
 TINY_RECIPE = REPO_ROOT / "tests" / "data" / "verl_export" / "tiny_hf_opd.yaml"
 TOY_RECIPE = REPO_ROOT / "recipes" / "toy_demo.yaml"
@@ -35,7 +36,7 @@ def _hf(**overrides: str) -> RunConfig:
 
 
 def _leaf_keys(cfg: RunConfig) -> list[str]:
-    return [k for k, _ in vx.config_leaves(cfg.to_dict())]
+    return [k for k, _ in ledger.config_leaves(cfg.to_dict())]
 
 
 # -- the ledger ---------------------------------------------------------------------------
@@ -48,8 +49,8 @@ def test_every_recipe_key_has_an_explicit_rule_and_exactly_one_fate() -> None:
     assert keys == _leaf_keys(cfg)
     assert len(keys) == len(set(keys))
     unruled = [f.key for f in plan.fates if "no verl mapping rule" in f.note]
-    assert unruled == [], f"add a rule in verl_export._rules for: {unruled}"
-    assert {f.status for f in plan.fates} <= {vx.MAPPED, vx.DROPPED, vx.NOT_APPLICABLE}
+    assert unruled == [], f"add a rule in verl_ledger._rules for: {unruled}"
+    assert {f.status for f in plan.fates} <= {ledger.MAPPED, ledger.DROPPED, ledger.NOT_APPLICABLE}
     dropped = {f.key for f in plan.dropped()}
     assert dropped >= {
         "cache.enabled", "cache.strict_policy_version", "memory.strategy", "run.deterministic",
@@ -71,7 +72,7 @@ def test_a_key_without_a_rule_is_listed_as_dropped_not_lost(
     monkeypatch.setattr(vx, "_rules", without_lr)
     plan = vx.plan_export(_hf())
     fate = next(f for f in plan.fates if f.key == "train.lr")
-    assert fate.status == vx.DROPPED and "no verl mapping rule" in fate.note
+    assert fate.status == ledger.DROPPED and "no verl mapping rule" in fate.note
     assert fate in plan.dropped()
     assert "actor_rollout_ref.actor.optim.lr" not in plan.overrides
 
@@ -283,7 +284,7 @@ def test_reward_is_the_environments_verifier_on_the_last_final_block() -> None:
 
 def test_tool_module_imports_without_verl_and_builds_the_class_lazily() -> None:
     code = (
-        "import sys; import miniverl.evaluation.verl_tool as m; assert 'verl' not in sys.modules\n"
+        "import sys; import miniverl.export.verl_tool as m; assert 'verl' not in sys.modules\n"
         "try:\n    m.MiniverlEnvTool\nexcept ImportError as e:\n    print('lazy', e.name)"
     )
     proc = subprocess.run(
@@ -335,7 +336,7 @@ def test_cli_writes_every_file_and_the_ledger(tmp_path: Path) -> None:
     script = (out / "run_verl.sh").read_text()
     assert all(f"{s}" in script or repr(s) in script for s in ("distillation.enabled=true",))
     tools = yaml.safe_load((out / "tools.yaml").read_text())["tools"]
-    assert tools[0]["class_name"] == "miniverl.evaluation.verl_tool.MiniverlEnvTool"
+    assert tools[0]["class_name"] == "miniverl.export.verl_tool.MiniverlEnvTool"
     assert tools[0]["tool_schema"]["function"]["parameters"]["required"] == ["expression"]
 
 

@@ -158,7 +158,7 @@ def check_tool(export_dir: Path) -> dict:
 
     from miniverl.environments.base import ToolCall
     from miniverl.environments.registry import make_environment
-    from miniverl.evaluation.verl_tool import task_from_create_kwargs
+    from miniverl.export.verl_tool import task_from_create_kwargs
 
     tools = initialize_tools_from_config(str(export_dir / "tools.yaml"))
     assert len(tools) == 1 and isinstance(tools[0], BaseTool), tools

@@ -14,8 +14,8 @@ _NEXT_STEP = {
     "peft_adapter": "load: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), out)",
     "hf_merged": "load: AutoModelForCausalLM.from_pretrained(out)",
     "hf_full": "load: AutoModelForCausalLM.from_pretrained(out)",
-    "toy": "load: miniverl.training.export_model.load_exported_toy(out)",
-    "toy_merged": "load: miniverl.training.export_model.load_exported_toy(out)",
+    "toy": "load: miniverl.export.model.load_exported_toy(out)",
+    "toy_merged": "load: miniverl.export.model.load_exported_toy(out)",
 }
 
 
@@ -35,7 +35,7 @@ def export_model_command(
 ) -> None:
     """Export the trained student: a peft adapter, a merged transformers model, or toy safetensors."""
     import_torch("miniverl export-model")
-    from miniverl.training.export_model import export_model
+    from miniverl.export.model import export_model
 
     result = export_model(run_dir, out, merge=merge, checkpoint=checkpoint)
     console.print(

@@ -523,7 +523,8 @@ def benchmark(
     """Compare objectives from one shared SFT cold start per seed, holding splits, steps and evaluation fixed; rerun to resume."""
     import_torch("miniverl benchmark")
     from miniverl.config.models import RunConfig
-    from miniverl.evaluation.benchmark import print_benchmark, resolve_arms, run_benchmark
+    from miniverl.evaluation.arms import resolve_arms
+    from miniverl.evaluation.benchmark import print_benchmark, run_benchmark
     from miniverl.utils.runs import RunPaths
 
     try:
@@ -575,7 +576,7 @@ def export(
     ),
 ) -> None:
     """Write a shareable result.json: objective, config, evaluations, benchmark, sanitized hardware (torch-free)."""
-    from miniverl.evaluation.export import export_run
+    from miniverl.export.result import export_run
 
     export_run(run_dir, out)
     console.print(f"exported {run_dir.name} -> {out} (no hostnames, users or absolute paths)")

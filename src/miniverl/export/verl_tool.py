@@ -1,7 +1,7 @@
 """A miniverl environment as a verl tool, and its verifier as a verl reward function.
 
 ``miniverl export-verl`` writes a ``tools.yaml`` whose ``class_name`` is
-``miniverl.evaluation.verl_tool.MiniverlEnvTool`` and a ``miniverl_reward.py`` that
+``miniverl.export.verl_tool.MiniverlEnvTool`` and a ``miniverl_reward.py`` that
 re-exports :func:`compute_score`. Both run inside *verl's* Python environment, which
 needs miniverl importable there (``pip install --no-deps miniverl``: only the
 environment and protocol modules are used, which need pydantic and PyYAML).

@@ -13,7 +13,7 @@ parquet writer needs ``pyarrow`` (the ``verl-export`` extra), imported when writ
 
 This module plans the export (:func:`plan_export`) and writes it (dataset rows, parquet,
 ``tools.yaml``, ``run_verl.sh``, ``MAPPING.md``); the per-key rules and the fixed overrides
-are ``evaluation/verl_ledger.py``, re-exported here.
+are :mod:`miniverl.export.verl_ledger`.
 """
 
 from __future__ import annotations
@@ -35,18 +35,14 @@ from miniverl.environments.base import Task, ToolSpec
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
 from miniverl.errors import BackendError, ConfigError
-from miniverl.evaluation.verl_ledger import (
+from miniverl.export.verl_ledger import (
     AGENT_LOOP,
     DROPPED,
     EXPORT_DIR_ENV,
     FIXED_NOTES,
-    MAPPED,
-    NOT_APPLICABLE,
     TOOL_CLASS,
-    TOPK_AUTO,
     VERL_VERSION,
     KeyFate,
-    Rule,
     _fixed_overrides,
     _rules,
     config_leaves,
@@ -295,7 +291,7 @@ def tools_yaml(plan: ExportPlan) -> str:
 
 REWARD_PY = '''"""verl custom_reward_function written by miniverl export-verl: the environment's exact verifier."""
 
-from miniverl.evaluation.verl_tool import compute_score
+from miniverl.export.verl_tool import compute_score
 
 __all__ = ["compute_score"]
 '''
@@ -449,18 +445,7 @@ def export_verl(
 
 
 __all__ = [
-    "AGENT_LOOP",
-    "DROPPED",
-    "EXPORT_DIR_ENV",
-    "FIXED_NOTES",
-    "MAPPED",
-    "NOT_APPLICABLE",
-    "TOOL_CLASS",
-    "TOPK_AUTO",
-    "VERL_VERSION",
     "ExportPlan",
-    "KeyFate",
-    "Rule",
     "dataset_rows",
     "export_verl",
     "hydra_value",

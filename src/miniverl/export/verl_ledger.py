@@ -5,7 +5,7 @@ Each rule turns one leaf of the validated :class:`~miniverl.config.models.RunCon
 ``not applicable``) or a refusal string when dropping the key would change the objective.
 The table is long because the recipe is: one entry per key, so a reviewer can check every
 translation against verl 0.9.1's ``ppo_trainer.yaml`` in one place. Planning, the dataset
-and the written files are ``evaluation/verl_export.py``.
+and the written files are ``export/verl.py``.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from miniverl.config.models import RunConfig
-from miniverl.evaluation.verl_tool import TOOL_CLASS_NAME
+from miniverl.export.verl_tool import TOOL_CLASS_NAME
 from miniverl.schemas.text import FINAL_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 VERL_VERSION = "0.9.1"
 EXPORT_DIR_ENV = "MINIVERL_VERL_EXPORT"
 """run_verl.sh sets it to the export directory; overrides reference files through it."""
-TOOL_CLASS = f"miniverl.evaluation.verl_tool.{TOOL_CLASS_NAME}"
+TOOL_CLASS = f"miniverl.export.verl_tool.{TOOL_CLASS_NAME}"
 AGENT_LOOP = "tool_agent"
 TOPK_AUTO = 64
 """``loss.top_k: auto`` resolves to min(64, V) at run start in miniverl; verl needs a number."""
