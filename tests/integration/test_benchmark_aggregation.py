@@ -11,22 +11,24 @@ import pytest
 
 from helpers import tiny_config
 from miniverl.errors import ConfigError, RunDirectoryError
-from miniverl.evaluation.benchmark import (
+from miniverl.evaluation.arms import (
     BASELINE_ARM,
-    BOOTSTRAP_RESAMPLES,
     DEFAULT_ARMS,
-    aggregate,
     arm_config,
-    bootstrap_interval,
     check_arm_overrides,
     cold_start_config,
-    describe,
     fixed_view,
-    quantile,
     resolve_arms,
-    run_benchmark,
-    significance_note,
     verify_held_fixed,
+)
+from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.evaluation.stats import (
+    DEFAULT_RESAMPLES,
+    aggregate,
+    bootstrap_interval,
+    describe,
+    quantile,
+    significance_note,
 )
 from miniverl.utils.io import write_json
 
@@ -125,7 +127,7 @@ def test_aggregate_pairs_differences_by_seed() -> None:
     mean, std = _brute_mean_std(diff["values"])
     assert diff["mean"] == pytest.approx(mean) and diff["std"] == pytest.approx(std)
     assert diff["interval"] == [pytest.approx(-0.25), pytest.approx(0.25)]
-    assert diff["resamples"] == BOOTSTRAP_RESAMPLES
+    assert diff["resamples"] == DEFAULT_RESAMPLES
     assert out["opd"]["final_success"]["mean"] == pytest.approx(sum(finals["opd"].values()) / 3)
 
 

@@ -11,7 +11,6 @@ from helpers import final_text, make_runner, tool_call_text
 from miniverl.config.models import RolloutConfig
 from miniverl.environments.calc_chain import generate_tasks
 from miniverl.environments.registry import make_environment
-from miniverl.evaluation.endpoint_scoring import mean_token_nll, score_exposure
 from miniverl.evaluation.endpoints import (
     AnswerEvent,
     CallEvent,
@@ -21,6 +20,8 @@ from miniverl.evaluation.endpoints import (
     area_under_curve,
     curve_is_dense_enough,
     exposure_gap,
+    mean_token_nll,
+    score_exposure,
     summarize_episodes,
 )
 

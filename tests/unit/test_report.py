@@ -24,7 +24,7 @@ from helpers import (
 )
 from miniverl.config.models import RunConfig
 from miniverl.errors import RunDirectoryError
-from miniverl.evaluation.benchmark import aggregate, significance_note
+from miniverl.evaluation.stats import aggregate, significance_note
 from miniverl.reporting import plots
 from miniverl.reporting.report import SECTION_TITLES, load_run, write_report
 from miniverl.trajectory.io import write_trajectories

@@ -1,9 +1,8 @@
 """Benchmark arms: their definitions, what every arm must hold fixed, and their configs.
 
-Split from :mod:`miniverl.evaluation.benchmark` (which re-exports every name). An arm is
-the override keys it applies to the base recipe; every arm of a seed starts from the same
-cold start and must run the same splits, cycles, optimizer steps, rollout bounds and
-evaluation (:func:`verify_held_fixed`). :func:`arm_temperatures` is what benchmark.json
+An arm is the override keys it applies to the base recipe; every arm of a seed starts from
+the same cold start and must run the same splits, cycles, optimizer steps, rollout bounds
+and evaluation (:func:`verify_held_fixed`). :func:`arm_temperatures` is what benchmark.json
 records per arm: the temperature trajectories were sampled at and the loss temperature.
 """
 

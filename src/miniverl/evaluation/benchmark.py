@@ -19,9 +19,10 @@ level: the aggregation is plain Python and can be tested and reused without a tr
 Before any arm of a seed runs, that seed's cold start must have passed the teacher gate
 (:func:`~miniverl.evaluation.teacher_gate.refuse_failed_gates`); otherwise the benchmark
 raises :class:`~miniverl.errors.TeacherGateError` and writes no ``benchmark.json``. The arm
-definitions live in :mod:`~miniverl.evaluation.arms`, the summary statistics in
-:mod:`~miniverl.evaluation.benchmark_stats` and the console output in
-:mod:`~miniverl.evaluation.benchmark_print`; this module re-exports their names.
+definitions live in :mod:`~miniverl.evaluation.arms`, the statistics in
+:mod:`~miniverl.evaluation.stats`, the trainer behind each cell in
+:mod:`~miniverl.evaluation.cell_runner`; this module plans, runs, records and prints
+(:func:`print_benchmark` reads only a benchmark.json mapping).
 """
 
 from __future__ import annotations
@@ -32,38 +33,28 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 from miniverl import __version__
 from miniverl.config.models import RunConfig
 from miniverl.errors import ConfigError, RunDirectoryError
 from miniverl.evaluation.arms import (
-    ARM_ALIASES,
-    ARM_DESCRIPTIONS,
-    BASELINE_ARM,
-    DEFAULT_ARMS,
     FIXED_KEYS,
-    REFERENCE_CEILING_ARMS,
     arm_baseline,
     arm_config,
     arm_config_for_arm_seed,
     arm_record,
     check_arm_overrides,
     cold_start_config,
-    fixed_view,
     resolve_arms,
     verify_held_fixed,
 )
-from miniverl.evaluation.benchmark_print import print_benchmark, print_contrasts
-from miniverl.evaluation.benchmark_stats import (
-    BOOTSTRAP_RESAMPLES,
-    BOOTSTRAP_SEED,
-    CONFIDENCE,
-    METRICS,
-    MIN_SEEDS_FOR_INTERVAL,
+from miniverl.evaluation.stats import (
+    DEFAULT_BOOTSTRAP_SEED,
+    DEFAULT_RESAMPLES,
+    MIN_VALUES_FOR_INTERVAL,
     aggregate,
-    bootstrap_interval,
     describe,
-    quantile,
     seed_rows,
     significance_note,
 )
@@ -97,55 +88,6 @@ def _load_base(
     return config, path.name, sha256_file(path)
 
 
-# ---------------------------------------------------------------------- measurements
-
-
-def measure_arm(run_dir: Path) -> dict[str, Any]:
-    """What one finished arm run measured, read back from its artifacts."""
-    from miniverl.reporting.load import read_eval_summary, read_events, read_metrics
-    from miniverl.schemas.records import CycleRecord, StepRecord
-
-    paths = RunPaths(run_dir)
-    metrics = read_metrics(paths.metrics)
-    events = read_events(paths.events)
-    summary = read_eval_summary(paths)
-    steps = [r for r in metrics if isinstance(r, StepRecord)]
-    cycles = [r for r in metrics if isinstance(r, CycleRecord)]
-    mode = summary.get("mode")
-    model_tokens = sum(int((c.get("selection") or {}).get("model_tokens") or 0) for c in cycles)
-    selected_in_cycles = sum(
-        int((c.get("selection") or {}).get("selected_positions") or 0) for c in cycles
-    )
-    loaded = [e for e in events if e.event == "benchmark_cold_start_loaded"]
-    final = summary.get("final") or {}
-    baseline = summary.get("baseline") or {}
-    return {
-        "mode": mode,
-        "objective": summary.get("objective"),
-        "config_digest": summary.get("config_digest"),
-        "baseline_success": baseline.get("success_rate"),
-        "final_success": final.get("success_rate"),
-        "final_solved": final.get("solved"),
-        "final_tasks": final.get("tasks"),
-        "generated_tokens": sum(
-            int((c.get("rollouts") or {}).get("generated_tokens") or 0) for c in cycles
-        ),
-        "teacher_generated_tokens": sum(
-            int(e.get("generated_tokens") or 0)
-            for e in events
-            if e.event == "rollouts_collected"
-            and (e.get("offline_kd_pool") or e.get("teacher_sampled"))
-        ),
-        "selected_training_tokens": sum(int(s.get("selected_positions") or 0) for s in steps),
-        "teacher_query_ratio": None
-        if mode in ("sft", "seqkd") or not model_tokens
-        else selected_in_cycles / model_tokens,
-        "optimizer_steps": summary.get("global_optimizer_step"),
-        "skipped_cycles": sum(1 for c in cycles if c.get("skipped")),
-        "cold_start_student_sha256": loaded[-1].get("student_sha256") if loaded else None,
-    }
-
-
 # ---------------------------------------------------------------------- the harness
 
 
@@ -173,7 +115,7 @@ def run_benchmark(
     arm_definitions: Mapping[str, Sequence[str]] | None = None,
     arm_seeds: int = 1,
     compute_matched: str | None = None,
-    resamples: int = BOOTSTRAP_RESAMPLES,
+    resamples: int = DEFAULT_RESAMPLES,
     run_cell: Any = None,
     learning_rates: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -301,7 +243,9 @@ def run_benchmark(
     from miniverl.evaluation.contrasts import all_contrasts, statistics_note, stop_or_go
 
     names = list(chosen)
-    contrasts = all_contrasts(rows, names, resamples=resamples, bootstrap_seed=BOOTSTRAP_SEED)
+    contrasts = all_contrasts(
+        rows, names, resamples=resamples, bootstrap_seed=DEFAULT_BOOTSTRAP_SEED
+    )
     result: dict[str, Any] = {
         "schema": "miniverl.benchmark/2",
         "miniverl_version": __version__,
@@ -344,7 +288,8 @@ def run_benchmark(
         "stop_or_go": stop_or_go(cold_starts, rows, names),
         "significance": {
             "seeds": len(seeds),
-            "intervals_reported": len(seeds) >= MIN_SEEDS_FOR_INTERVAL and baseline_arm is not None,
+            "intervals_reported": len(seeds) >= MIN_VALUES_FOR_INTERVAL
+            and baseline_arm is not None,
             "note": significance_note(len(seeds), baseline_arm),
         },
         "cells": {
@@ -361,35 +306,135 @@ def run_benchmark(
     return result
 
 
+# ---------------------------------------------------------------------- console output
+
+
+def print_benchmark(result: Mapping[str, Any], console: Console) -> None:
+    """The comparison table and the significance sentence, as the CLI shows them."""
+    baseline_arm = result.get("baseline_arm")
+    n_arms, n_seeds = len(result["arms"]), len(result["seeds"])
+    table = Table(
+        title=f"miniverl benchmark: {n_arms} arm{'s' * (n_arms != 1)} × {n_seeds} seed{'s' * (n_seeds != 1)} ({result.get('recipe')})"
+    )
+    for column in (
+        "arm",
+        "seeds",
+        "final success",
+        f"Δ vs {baseline_arm or '-'}",
+        "95% interval",
+        "generated tok",
+        "selected tok",
+        "teacher query ratio",
+        "wall s",
+        "opt steps",
+    ):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+
+    def mean_sd(
+        stats: Mapping[str, Any], scale: float = 1.0, digits: int = 1, unit: str = ""
+    ) -> str:
+        if stats.get("mean") is None:
+            return "-"
+        text = f"{scale * stats['mean']:.{digits}f}{unit}"
+        return text + (
+            f" ± {scale * stats['std']:.{digits}f}" if stats.get("std") is not None else ""
+        )
+
+    for name in result.get("arm_order") or result["aggregates"]:
+        agg = result["aggregates"][name]
+        diff = agg.get("difference_to_baseline") or {}
+        interval = diff.get("interval")
+        table.add_row(
+            name,
+            str(agg["final_success"]["n"]),
+            mean_sd(agg["final_success"], 100.0, 1, "%"),
+            f"{100 * diff['mean']:+.1f} pp" if diff.get("mean") is not None else "-",
+            f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else "-",
+            mean_sd(agg["generated_tokens"], digits=0),
+            mean_sd(agg["selected_training_tokens"], digits=0),
+            mean_sd(agg["teacher_query_ratio"], digits=3),
+            mean_sd(agg["wall_seconds"], digits=1),
+            mean_sd(agg["optimizer_steps"], digits=0),
+        )
+    if not console.is_terminal and console.width < 160:
+        console = Console(file=console.file, width=160, highlight=False)
+    console.print(table)
+    from miniverl.reporting.sections.benchmark import learning_rate_note
+
+    lr_note = learning_rate_note(result)
+    if lr_note:
+        console.print(lr_note, markup=False)
+    console.print(result["significance"]["note"])
+    print_contrasts(result, console)
+    console.print(
+        f"wall clock {result['wall_seconds']:.1f} s (including {len(result['cold_starts'])} shared cold start(s))"
+    )
+
+
+def print_contrasts(result: Mapping[str, Any], console: Console) -> None:
+    """Pre-registered primary contrasts first, each with its interval, MDE and plain verdict; then stop-or-go."""
+    contrasts = result.get("contrasts") or []
+    if contrasts:
+        if result.get("statistics_note"):
+            console.print(result["statistics_note"])
+        for primary in (True, False):
+            chosen = [c for c in contrasts if bool(c.get("primary")) is primary]
+            if chosen:
+                console.print(
+                    "[bold]pre-registered primary contrasts[/]"
+                    if primary
+                    else "[bold]secondary contrasts[/]"
+                )
+            for c in chosen:
+                console.print(f"  {c['verdict']}", markup=False)
+                for note in c.get("notes") or []:
+                    console.print(f"    note: {note}", markup=False)
+    sparse = [
+        r for r in result.get("rows") or [] if (r.get("curve") or {}).get("dense_enough") is False
+    ]
+    if sparse:
+        console.print(
+            f"{len(sparse)} arm cell(s) have learning curves with fewer than 8 evaluation points; "
+            "the protocol sets eval.every so that cycles / eval.every >= 7 (docs/benchmark.md)",
+            markup=False,
+        )
+    budgets = result.get("budgets") or {}
+    shown = (
+        "optimizer_steps",
+        "trained_tokens",
+        "student_generated_tokens",
+        "teacher_scored_tokens",
+        "cpu_seconds",
+    )
+    for name, fields in budgets.items():
+        parts = [
+            f"{key} {fields[key]['mean']:.0f}"
+            if key != "cpu_seconds"
+            else f"cpu {fields[key]['mean']:.1f} s"
+            for key in shown
+            if (fields.get(key) or {}).get("mean") is not None
+        ]
+        if parts:
+            console.print(f"budget {name} (mean per cell): {', '.join(parts)}", markup=False)
+    gate = result.get("stop_or_go")
+    if gate:
+        console.print(f"[bold]stop-or-go[/]: {gate['status']}")
+        for check in gate["checks"]:
+            value = check["value"]
+            shown = f"{value:.3f}" if isinstance(value, float) else value
+            console.print(
+                f"  {check['check']}: {check['status']} (value {shown}, threshold {check['threshold']}; {check['detail']})",
+                markup=False,
+            )
+    cells = result.get("cells")
+    if cells and cells.get("reused"):
+        console.print(f"{len(cells['reused'])} of {cells['planned']} cells were stored and reused")
+
+
 __all__ = [
-    "ARM_ALIASES",
-    "ARM_DESCRIPTIONS",
-    "BASELINE_ARM",
-    "BOOTSTRAP_RESAMPLES",
-    "BOOTSTRAP_SEED",
-    "CONFIDENCE",
-    "DEFAULT_ARMS",
-    "FIXED_KEYS",
-    "METRICS",
-    "MIN_SEEDS_FOR_INTERVAL",
-    "REFERENCE_CEILING_ARMS",
-    "aggregate",
-    "arm_baseline",
-    "arm_config",
-    "arm_config_for_arm_seed",
-    "arm_record",
-    "bootstrap_interval",
-    "check_arm_overrides",
-    "cold_start_config",
-    "describe",
-    "fixed_view",
-    "measure_arm",
+    "REFUSES_TO_CLAIM",
+    "plan_digest",
     "print_benchmark",
     "print_contrasts",
-    "quantile",
-    "resolve_arms",
     "run_benchmark",
-    "seed_rows",
-    "significance_note",
-    "verify_held_fixed",
 ]

@@ -10,11 +10,11 @@ result), then trains, then measures:
   of the finished cold start, ``{value, threshold, passed, ...}`` or ``{skipped, reason}``;
   also set as ``trainer.teacher_gate_report`` and copied beside the cold-start weights) and, for calc_chain,
   the endpoints of its last greedy evaluation (the state every arm starts from);
-- an arm cell: :func:`miniverl.evaluation.benchmark.measure_arm`, the budget
+- an arm cell: :func:`measure_arm` (read back from the run's artifacts), the budget
   (:func:`miniverl.evaluation.budgets.measure_budget`), the final greedy outcome of every
   held-out task, the learning curve over every evaluation tag and, for calc_chain, the
-  endpoints of :mod:`miniverl.evaluation.endpoints` and the exposure endpoints of
-  :mod:`miniverl.evaluation.endpoint_scoring`.
+  endpoints of :mod:`miniverl.evaluation.endpoints`, the model-scored exposure endpoints
+  (:func:`~miniverl.evaluation.endpoints.score_exposure`) included.
 
 **Compute-matched mode.** ``compute_matched=<resource>`` hands every non-opd arm a
 :class:`~miniverl.evaluation.budgets.BudgetCap` at opd's spend of the same (seed, arm
@@ -33,6 +33,7 @@ from typing import Any
 
 from miniverl.config.models import RunConfig
 from miniverl.errors import CheckpointError
+from miniverl.evaluation.arms import arm_config_for_arm_seed
 from miniverl.evaluation.budgets import (
     REFERENCE_ARM,
     Stopwatch,
@@ -46,6 +47,7 @@ from miniverl.evaluation.endpoints import (
     analyze_trajectory,
     area_under_curve,
     curve_is_dense_enough,
+    score_exposure,
     summarize_episodes,
 )
 from miniverl.evaluation.teacher_gate import TEACHER_GATE_FILE, cold_start_teacher_gate
@@ -71,6 +73,52 @@ def _eval_trajectories(run_dir: Path) -> dict[str, list[Any]]:
         for traj in read_trajectories(path):
             by_tag.setdefault(str(traj.metadata.get("eval_tag")), []).append(traj)
     return by_tag
+
+
+def measure_arm(run_dir: Path) -> dict[str, Any]:
+    """What one finished arm run measured, read back from its artifacts."""
+    from miniverl.reporting.load import read_eval_summary, read_events, read_metrics
+    from miniverl.schemas.records import CycleRecord, StepRecord
+
+    paths = RunPaths(run_dir)
+    metrics = read_metrics(paths.metrics)
+    events = read_events(paths.events)
+    summary = read_eval_summary(paths)
+    steps = [r for r in metrics if isinstance(r, StepRecord)]
+    cycles = [r for r in metrics if isinstance(r, CycleRecord)]
+    mode = summary.get("mode")
+    model_tokens = sum(int((c.get("selection") or {}).get("model_tokens") or 0) for c in cycles)
+    selected_in_cycles = sum(
+        int((c.get("selection") or {}).get("selected_positions") or 0) for c in cycles
+    )
+    loaded = [e for e in events if e.event == "benchmark_cold_start_loaded"]
+    final = summary.get("final") or {}
+    baseline = summary.get("baseline") or {}
+    return {
+        "mode": mode,
+        "objective": summary.get("objective"),
+        "config_digest": summary.get("config_digest"),
+        "baseline_success": baseline.get("success_rate"),
+        "final_success": final.get("success_rate"),
+        "final_solved": final.get("solved"),
+        "final_tasks": final.get("tasks"),
+        "generated_tokens": sum(
+            int((c.get("rollouts") or {}).get("generated_tokens") or 0) for c in cycles
+        ),
+        "teacher_generated_tokens": sum(
+            int(e.get("generated_tokens") or 0)
+            for e in events
+            if e.event == "rollouts_collected"
+            and (e.get("offline_kd_pool") or e.get("teacher_sampled"))
+        ),
+        "selected_training_tokens": sum(int(s.get("selected_positions") or 0) for s in steps),
+        "teacher_query_ratio": None
+        if mode in ("sft", "seqkd") or not model_tokens
+        else selected_in_cycles / model_tokens,
+        "optimizer_steps": summary.get("global_optimizer_step"),
+        "skipped_cycles": sum(1 for c in cycles if c.get("skipped")),
+        "cold_start_student_sha256": loaded[-1].get("student_sha256") if loaded else None,
+    }
 
 
 def _is_chain(task: Any) -> bool:
@@ -149,7 +197,6 @@ def make_trainer_cell_runner(
     score_exposure_endpoints: bool = True,
 ) -> RunCell:
     """``plans[seed] = (cold-start config, {arm: config at arm seed 0})``; see the module docstring."""
-    from miniverl.evaluation.benchmark import arm_config_for_arm_seed, measure_arm
     from miniverl.training.cold_start import COLD_START_MARKER, COLD_START_STUDENT
     from miniverl.training.trainer import OPDTrainer
 
@@ -220,8 +267,6 @@ def make_trainer_cell_runner(
         endpoints = chain_endpoints(final, tasks)
         exposure = None
         if endpoints is not None and score_exposure_endpoints and trainer.teacher is not None:
-            from miniverl.evaluation.endpoint_scoring import score_exposure
-
             oracle = [trainer.runner.oracle_rollout(tasks[t.task_id]) for t in final]
             exposure = score_exposure(trainer.student, trainer.teacher, final, oracle)
         return {
@@ -251,5 +296,6 @@ __all__ = [
     "chain_endpoints",
     "learning_curve",
     "make_trainer_cell_runner",
+    "measure_arm",
     "task_outcomes",
 ]

@@ -48,6 +48,7 @@ ORACLE_TEACHER_REASON = (
     "(teachers/oracle.py) is not a model it can load"
 )
 
+
 def config_leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
     """``(dotted key, value)`` of every leaf of a config dump; nested mappings are walked,
     except ``params`` (an environment's parameters are one opaque value)."""
