@@ -22,6 +22,7 @@ from miniverl.errors import ConfigError, RunDirectoryError
 from miniverl.evaluation.arms import DEFAULT_ARMS, arm_config, arm_config_for_arm_seed
 from miniverl.evaluation.benchmark import run_benchmark
 from miniverl.evaluation.budgets import BudgetCap, cap_from_reference, cap_outcome
+from miniverl.evaluation.cell_runner import measure_arm
 from miniverl.evaluation.cells import Cell, arm_phase_seed, plan_cells
 from miniverl.evaluation.contrasts import (
     ceiling_check,
@@ -32,6 +33,7 @@ from miniverl.evaluation.contrasts import (
 )
 from miniverl.evaluation.stats import percentile_interval, two_level_bootstrap
 from miniverl.utils.failpoints import FAILPOINT_EXIT_CODE
+from miniverl.utils.runs import RunPaths
 
 ARMS = ["sft_only", "offline_kd", "opd"]
 # opd - offline_kd per (seed, task), after averaging 2 arm seeds: the brute-force table.
@@ -483,4 +485,58 @@ def test_a_stored_cell_is_reused_for_the_config_it_ran_under_not_for_how_it_was_
     assert calls == ["s1-a0-opd", "s1-a1-opd"]
     assert {d["reason"] for d in legacy["cells"]["discarded"]} == {
         "recorded for another definition of the arm"
+    }
+
+
+def _planted_arm_run(root: Path, mode: str) -> Path:
+    """The artifacts measure_arm reads, with every count known: 2 cycles, 2 steps, 3 events."""
+    paths = RunPaths(root)
+    root.mkdir(parents=True)
+    metrics = [
+        {"kind": "cycle", "cycle": 1, "rollouts": {"generated_tokens": 10},
+         "selection": {"model_tokens": 8, "selected_positions": 4}},
+        {"kind": "step", "cycle": 1, "selected_positions": 3},
+        {"kind": "cycle", "cycle": 2, "skipped": True, "rollouts": {"generated_tokens": 5},
+         "selection": {"model_tokens": 8, "selected_positions": 2}},
+        {"kind": "step", "cycle": 2, "selected_positions": 4},
+        {"kind": "eval", "tag": "final", "success_rate": 0.5},
+    ]  # fmt: skip
+    events = [
+        {"event": "benchmark_cold_start_loaded", "student_sha256": "old"},
+        {"event": "rollouts_collected", "generated_tokens": 100},  # the student's: not counted
+        {"event": "rollouts_collected", "generated_tokens": 7, "offline_kd_pool": True},
+        {"event": "rollouts_collected", "generated_tokens": 9, "teacher_sampled": True},
+        {"event": "benchmark_cold_start_loaded", "student_sha256": "new"},
+    ]
+    for path, rows in ((paths.metrics, metrics), (paths.events, events)):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    summary = {
+        "mode": mode, "objective": {"divergence": "reverse_kl"}, "config_digest": "d",
+        "baseline": {"success_rate": 0.25}, "final": {"success_rate": 0.5, "solved": 2, "tasks": 4},
+        "global_optimizer_step": 2,
+    }  # fmt: skip
+    paths.eval_json.write_text(json.dumps(summary), encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize(("mode", "ratio"), [("opd", 6 / 16), ("sft", None), ("seqkd", None)])
+def test_measure_arm_reads_back_what_the_run_spent(
+    tmp_path: Path, mode: str, ratio: float | None
+) -> None:
+    got = measure_arm(_planted_arm_run(tmp_path / mode, mode))
+    assert got == {
+        "mode": mode,
+        "objective": {"divergence": "reverse_kl"},
+        "config_digest": "d",
+        "baseline_success": 0.25,
+        "final_success": 0.5,
+        "final_solved": 2,
+        "final_tasks": 4,
+        "generated_tokens": 15,
+        "teacher_generated_tokens": 16,
+        "selected_training_tokens": 7,
+        "teacher_query_ratio": ratio,
+        "optimizer_steps": 2,
+        "skipped_cycles": 1,
+        "cold_start_student_sha256": "new",
     }

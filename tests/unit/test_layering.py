@@ -115,6 +115,8 @@ TORCH_FREE_MODULES_PREFIXES = (
     "miniverl.selection",
     "miniverl.inspection",
     "miniverl.cli",
+    "miniverl.export.result",
+    "miniverl.export.verl",  # and verl_ledger, verl_tool
     "miniverl.models.base",
     "miniverl.models.tokenizers",
 )

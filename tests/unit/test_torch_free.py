@@ -127,3 +127,13 @@ def test_is_available_never_raises() -> None:
     assert is_available("no_such_module_for_miniverl") is False
     assert is_available("no_such_module_for_miniverl.sub") is False  # find_spec raises here
     assert sys.modules.get("no_such_module_for_miniverl") is None
+
+
+def test_the_result_and_verl_exporters_import_light() -> None:
+    """``miniverl export`` (result.json) and ``export-verl`` read and write JSON / YAML only."""
+    proc = run_python(
+        "import sys, miniverl.export.result, miniverl.export.verl\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'transformers', 'safetensors') if m in sys.modules))"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
