@@ -1,15 +1,22 @@
-"""``RunConfig``: one validated recipe and the rules that relate its sections (docs/design.md §2.1).
+"""``RunConfig``: one validated recipe, how it is read, and the rules that relate its sections.
 
-Config is validated data, not behaviour. Every section (``config/sections.py``) forbids
-unknown keys and has a description per field; :meth:`RunConfig._validate_combination`
-rejects contradictory recipes before anything is downloaded or allocated, listing every
-problem at once. ``auto`` values stay ``auto`` here; the training layer resolves them and
-writes the decision to ``config.resolved.yaml``. Reading YAML and applying dotted
-overrides is ``config/loading.py``.
+Config is validated data, not behaviour (docs/design.md §2.1). Every section
+(``config/sections.py``) forbids unknown keys and has a description per field;
+:meth:`RunConfig._validate_combination` rejects contradictory recipes before anything is
+downloaded or allocated, listing every problem at once. ``auto`` values stay ``auto`` here;
+the training layer resolves them and writes the decision to ``config.resolved.yaml``, which
+``config/loading.py`` reads back.
+
+Reading a recipe happens before and around validation, on plain mappings: safe YAML
+(:func:`load_yaml_mapping`), dotted ``key=value`` overrides (:func:`apply_overrides`) and
+one line per validation problem (:func:`format_validation_error`). They live here because
+:meth:`RunConfig.from_yaml`, :meth:`~RunConfig.from_mapping` and
+:meth:`~RunConfig.with_overrides` are built on them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +25,6 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from miniverl.config.limits import BOUND_HINT
-from miniverl.config.loading import apply_overrides, format_validation_error, load_yaml_mapping
 from miniverl.config.sections import (
     CacheConfig,
     CheckpointConfig,
@@ -38,6 +44,7 @@ from miniverl.config.sections import (
 )
 from miniverl.errors import ConfigError
 from miniverl.utils.hashing import sha256_text
+from miniverl.utils.safe_load import load_yaml_file, loads_yaml
 
 TOY_PRESET_IDS = ("toy-student", "toy-teacher")
 
@@ -273,4 +280,102 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
         yield f"eval.every needs held-out tasks, but the {cfg.eval.split!r} split is empty (environment.{cfg.eval.split}_tasks: 0)"
 
 
-__all__ = ["TOY_PRESET_IDS", "RunConfig"]
+# -- reading a recipe ------------------------------------------------------------------
+
+
+def load_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """Read a recipe through :func:`miniverl.utils.safe_load.load_yaml_file`.
+
+    Safe constructors only, a size, depth and alias-expansion limit, duplicate keys
+    refused, and only a regular file is opened.
+    """
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        raise ConfigError(
+            f"recipe not found: {path}",
+            hint="pass the path of a YAML recipe, e.g. recipes/toy_demo.yaml",
+        )
+    data = load_yaml_file(path, error=ConfigError)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}"
+        )
+    return data
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"train.cycles=4"`` -> (["train", "cycles"], 4). Values are parsed as YAML scalars."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(
+            f"override {item!r} is not of the form section.key=value",
+            hint="e.g. train.cycles=4 loss.divergence=reverse_kl",
+        )
+    parts = key.split(".")
+    if any(not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in parts):
+        raise ConfigError(f"override key {key!r} must be dotted identifiers, e.g. loss.top_k")
+    value = loads_yaml(raw, where=f"override {item!r}", error=ConfigError) if raw.strip() else ""
+    return parts, value
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a deep copy of ``data`` with dotted overrides applied.
+
+    Unknown keys are not rejected here: validation rejects them with their key path,
+    exactly as it would in the file.
+    """
+    result = _deep_copy(data)
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = result
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(
+                    f"override {item!r}: {'.'.join(parts[: depth + 1])} is not a section"
+                )
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One line per problem, each with its dotted key path."""
+    lines: list[str] = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (Extra inputs are not permitted)"
+        if err["type"] in ("less_than_equal", "less_than"):
+            msg = f"{msg} ({BOUND_HINT})"
+        if loc == "<root>":
+            lines.extend(f"  - {part}" for part in msg.split("\n"))
+        else:
+            lines.append(f"  - {loc}: {msg}")
+    return "\n".join([f"{source}: {len(lines)} configuration error(s)", *lines])
+
+
+__all__ = [
+    "TOY_PRESET_IDS",
+    "RunConfig",
+    "apply_overrides",
+    "format_validation_error",
+    "load_yaml_mapping",
+    "parse_override",
+]
