@@ -18,7 +18,8 @@ from miniverl.agent.protocol import format_observation  # noqa: E402
 from miniverl.agent.transcript import ASSISTANT_HEADER  # noqa: E402
 from miniverl.config.models import RolloutConfig  # noqa: E402
 from miniverl.models.sampling import PrefixCache  # noqa: E402
-from miniverl.models.toy import TOY_STUDENT, ToyBackend  # noqa: E402
+from miniverl.models.toy import ToyBackend  # noqa: E402
+from miniverl.models.toy_config import TOY_STUDENT  # noqa: E402
 from miniverl.schemas.trajectory import SpanType  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
