@@ -386,7 +386,7 @@ def _checkpoint(tmp_path: Path, **tensors: Any) -> Path:
 
 def _rehash(path: Path) -> None:
     from miniverl.training.checkpoint import MARKER_FILE
-    from miniverl.utils.io import sha256_file
+    from miniverl.utils.hashing import sha256_file
 
     marker = json.loads((path / MARKER_FILE).read_text())
     marker["files"] = {name: sha256_file(path / name) for name in marker["files"]}
