@@ -120,7 +120,10 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         "train.opd_freshness: replay",
     ),
     "gkd_mix, two steps": (
-        {"run": {"mode": "gkd_mix"}, "train": {"rollouts_per_cycle": 8, "gradient_accumulation_steps": 4}},
+        {
+            "run": {"mode": "gkd_mix"},
+            "train": {"rollouts_per_cycle": 8, "gradient_accumulation_steps": 4},
+        },
         "run.mode: gkd_mix allows one optimizer step per batch (its student rollouts are on-policy), but "
         "rollouts_per_cycle=8 with gradient_accumulation_steps=4 takes 2; set train.gradient_accumulation_steps "
         "to 8 (or auto)",
@@ -425,8 +428,22 @@ def test_positive_or_auto(field: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["os.path", "../x", "Calculator", "1calc", "calc-ulator", "", "a" * 65, "os/path",
-     "a.b:", ":C", "a/b:C", "a:B.c", "a b:C", "calculator\n"],
+    [
+        "os.path",
+        "../x",
+        "Calculator",
+        "1calc",
+        "calc-ulator",
+        "",
+        "a" * 65,
+        "os/path",
+        "a.b:",
+        ":C",
+        "a/b:C",
+        "a:B.c",
+        "a b:C",
+        "calculator\n",
+    ],
 )
 def test_environment_name_regex(name: str) -> None:
     assert _problems({"environment": {"name": name}}) == [

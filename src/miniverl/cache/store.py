@@ -82,7 +82,6 @@ if TYPE_CHECKING:
     import torch
 
 
-
 @dataclass
 class _Staged:
     record: CacheEntryRecord

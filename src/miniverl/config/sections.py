@@ -402,7 +402,10 @@ class TeacherConfig(_Section):
         description="standard: the teacher reads the student's transcript; privileged_context: plus an oracle system block.",
     )
     batch_size: int = Field(
-        8, ge=1, le=MAX_TASKS, description="Trajectories per padded teacher forward when scoring a cycle."
+        8,
+        ge=1,
+        le=MAX_TASKS,
+        description="Trajectories per padded teacher forward when scoring a cycle.",
     )
 
 
