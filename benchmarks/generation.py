@@ -41,7 +41,8 @@ from miniverl.models.hf import HFBackend
 from miniverl.models.sampling import recompute_step, run_generation
 from miniverl.models.tiny_hf import build_tiny_hf_checkpoint
 from miniverl.models.tokenizers import ToyTokenizer
-from miniverl.models.toy import TOY_STUDENT, TOY_TEACHER, ToyBackend
+from miniverl.models.toy import ToyBackend
+from miniverl.models.toy_config import TOY_STUDENT, TOY_TEACHER
 
 PROMPT = (
     "<|im_start|>system\nUse the calculator tool, then answer inside <final> and </final>."

@@ -47,7 +47,8 @@ from miniverl.environments.registry import make_environment
 from miniverl.models.hf import HFBackend
 from miniverl.models.tiny_hf import build_tiny_hf_checkpoint
 from miniverl.models.tokenizers import ToyTokenizer
-from miniverl.models.toy import TOY_STUDENT, ToyBackend
+from miniverl.models.toy import ToyBackend
+from miniverl.models.toy_config import TOY_STUDENT
 from miniverl.schemas.cache import CacheProvenance
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "toy_demo.yaml"

@@ -311,7 +311,7 @@ JSONL_CASES: list[tuple[str, bytes, str]] = [
 def test_hostile_metrics_jsonl_is_a_run_directory_error(
     tmp_path: Path, data: bytes, fragment: str
 ) -> None:
-    from miniverl.reporting.report import read_jsonl
+    from miniverl.reporting.load import read_jsonl
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(data)
@@ -322,7 +322,7 @@ def test_hostile_metrics_jsonl_is_a_run_directory_error(
 
 
 def test_torn_final_jsonl_line_is_ignored_by_readers_and_cut_on_repair(tmp_path: Path) -> None:
-    from miniverl.reporting.report import read_jsonl
+    from miniverl.reporting.load import read_jsonl
     from miniverl.utils.io import repair_jsonl_tail
 
     path = tmp_path / "events.jsonl"
@@ -386,7 +386,7 @@ def _checkpoint(tmp_path: Path, **tensors: Any) -> Path:
 
 def _rehash(path: Path) -> None:
     from miniverl.training.checkpoint import MARKER_FILE
-    from miniverl.utils.io import sha256_file
+    from miniverl.utils.hashing import sha256_file
 
     marker = json.loads((path / MARKER_FILE).read_text())
     marker["files"] = {name: sha256_file(path / name) for name in marker["files"]}

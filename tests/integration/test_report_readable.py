@@ -9,17 +9,11 @@ import shutil
 from pathlib import Path
 
 from miniverl.reporting import plots
-from miniverl.reporting.report import (
-    CURVE_SERIES,
-    PAGE_ROWS,
-    Section,
-    Table,
-    load_run,
-    render_html,
-    render_markdown,
-    split_loss_series,
-    write_report,
-)
+from miniverl.reporting.load import load_run
+from miniverl.reporting.render import render_html, render_markdown
+from miniverl.reporting.report import write_report
+from miniverl.reporting.sections.curves import split_loss_series
+from miniverl.reporting.tables import CURVE_SERIES, PAGE_ROWS, Section, Table
 from miniverl.utils.runs import RunPaths
 
 SUMMARY_LIMIT = 20_000
@@ -74,7 +68,7 @@ def test_termination_reasons_are_shares_of_each_source(demo_fast_run: Path) -> N
 
 
 def _sections(data):  # type: ignore[no-untyped-def]
-    from miniverl.reporting.report import build_sections
+    from miniverl.reporting.sections import build_sections
 
     return build_sections(data)
 

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 from helpers import tiny_config
 from miniverl.training.checkpoint import MARKER_FILE, STATE_FILE
 from miniverl.training.trainer import OPDTrainer
-from miniverl.utils.io import sha256_file, write_json
+from miniverl.utils.hashing import sha256_file
+from miniverl.utils.io import write_json
 
 VOLATILE = {"seconds", "train_selected_tokens_per_second", "gpu", "time", "monotonic_s"}
 

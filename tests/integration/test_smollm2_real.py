@@ -21,10 +21,10 @@ import pytest
 from helpers import ScriptedBackend, calculator, char_ids
 from miniverl.agent.loop import RolloutRunner
 from miniverl.agent.protocol import format_final, format_observation, format_tool_call
-from miniverl.agent.transcript import CHATML
 from miniverl.environments.base import make_splits
 from miniverl.errors import ModelSourceError
 from miniverl.models import acquire
+from miniverl.schemas.text import CHATML
 from miniverl.trajectory.alignment import build_alignment_map
 from miniverl.trajectory.masks import model_target_positions
 

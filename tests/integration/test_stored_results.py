@@ -25,7 +25,8 @@ from miniverl.config.models import RunConfig
 from miniverl.evaluation.benchmark import run_benchmark
 from miniverl.evaluation.contrasts import PRIMARY_CONTRASTS
 from miniverl.evaluation.lr_grid import benchmark_arms_from_grid, lr_text, run_lr_grid
-from miniverl.utils.io import read_json, sha256_file
+from miniverl.utils.hashing import sha256_file
+from miniverl.utils.io import read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 STORED = ROOT / "results" / "calc_chain_oracle"

@@ -23,10 +23,11 @@ from helpers import (  # noqa: E402
     toy_tokenizer,
 )
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner  # noqa: E402
-from miniverl.agent.transcript import ASSISTANT_HEADER  # noqa: E402
 from miniverl.config.models import RolloutConfig  # noqa: E402
 from miniverl.errors import GpuMemoryError  # noqa: E402
-from miniverl.models.toy import TOY_STUDENT, ToyBackend  # noqa: E402
+from miniverl.models.toy import ToyBackend  # noqa: E402
+from miniverl.models.toy_config import TOY_STUDENT  # noqa: E402
+from miniverl.schemas.text import ASSISTANT_HEADER  # noqa: E402
 from miniverl.schemas.trajectory import TerminationReason  # noqa: E402
 from miniverl.training.memory import split_on_oom  # noqa: E402
 from miniverl.training.resolve import resolve_trajectory_batch_size  # noqa: E402

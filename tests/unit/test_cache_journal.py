@@ -18,7 +18,7 @@ import torch
 from test_cache_store import provenance, put, synthetic
 
 from miniverl.cache import INDEX_NAME, TeacherCache
-from miniverl.cache.store import JOURNAL_NAME
+from miniverl.cache.layout import JOURNAL_NAME
 from miniverl.errors import CacheIntegrityError
 from miniverl.utils.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
 

@@ -7,13 +7,8 @@ from typing import Any
 import pytest
 
 from helpers import toy_tokenizer
-from miniverl.agent.transcript import (
-    CHATML,
-    ChatFormat,
-    TranscriptBuilder,
-    chat_format_from_template,
-    chat_format_of,
-)
+from miniverl.agent.transcript import TranscriptBuilder
+from miniverl.schemas.text import CHATML, ChatFormat, chat_format_from_template, chat_format_of
 from miniverl.schemas.trajectory import SpanType
 
 

@@ -11,13 +11,12 @@ import yaml
 from pydantic import BaseModel
 
 from miniverl.config.models import (
-    ENVIRONMENT_REF_PATTERN,
     RunConfig,
-    TrainConfig,
     apply_overrides,
     load_yaml_mapping,
     parse_override,
 )
+from miniverl.config.sections import ENVIRONMENT_REF_PATTERN, TrainConfig
 from miniverl.errors import ConfigError
 
 
@@ -121,7 +120,10 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         "train.opd_freshness: replay",
     ),
     "gkd_mix, two steps": (
-        {"run": {"mode": "gkd_mix"}, "train": {"rollouts_per_cycle": 8, "gradient_accumulation_steps": 4}},
+        {
+            "run": {"mode": "gkd_mix"},
+            "train": {"rollouts_per_cycle": 8, "gradient_accumulation_steps": 4},
+        },
         "run.mode: gkd_mix allows one optimizer step per batch (its student rollouts are on-policy), but "
         "rollouts_per_cycle=8 with gradient_accumulation_steps=4 takes 2; set train.gradient_accumulation_steps "
         "to 8 (or auto)",
@@ -380,6 +382,45 @@ def test_field_errors_have_key_paths() -> None:
     assert "models.student.toy: num_heads=5 must divide hidden_size=48" in problems
 
 
+def test_a_bound_error_points_at_the_file_that_sets_the_bound() -> None:
+    from miniverl.config import limits
+
+    [problem] = _problems({"train": {"lr": 2e3}})
+    assert problem == f"train.lr: Input should be less than or equal to 1 ({limits.BOUND_HINT})"
+    assert limits.BOUND_HINT.endswith(f"src/miniverl/config/{Path(limits.__file__).name}")
+
+
+@pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl", "jsd", "entropy_aware"])
+def test_divergence_kwargs_build_the_spec_the_trainer_builds(divergence: str) -> None:
+    """``LossConfig.divergence_kwargs`` is the one unpacking of the loss section into a
+    ``DivergenceSpec``: every field, each from its recipe key."""
+    pytest.importorskip("torch")
+    import dataclasses
+
+    from miniverl.losses.numerics import DivergenceSpec
+
+    loss = RunConfig.from_mapping(
+        {
+            "loss": {
+                "divergence": divergence,
+                "jsd_beta": 0.3,
+                "temperature": 1.7,
+                "entropy_threshold": 0.4,
+                "entropy_forward_weight": 2.5,
+            }
+        }
+    ).loss
+    kwargs = loss.divergence_kwargs()
+    assert set(kwargs) == {f.name for f in dataclasses.fields(DivergenceSpec)}
+    assert DivergenceSpec(**kwargs) == DivergenceSpec(
+        name=divergence,
+        temperature=1.7,
+        jsd_beta=0.3 if divergence == "jsd" else 0.5,
+        entropy_threshold=0.4,
+        entropy_forward_weight=2.5,
+    )
+
+
 @pytest.mark.parametrize("field", ["gradient_accumulation_steps", "trajectory_batch_size"])
 def test_positive_or_auto(field: str) -> None:
     assert f"train.{field}: must be >= 1 or 'auto'" in _problems({"train": {field: 0}})
@@ -387,8 +428,22 @@ def test_positive_or_auto(field: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["os.path", "../x", "Calculator", "1calc", "calc-ulator", "", "a" * 65, "os/path",
-     "a.b:", ":C", "a/b:C", "a:B.c", "a b:C", "calculator\n"],
+    [
+        "os.path",
+        "../x",
+        "Calculator",
+        "1calc",
+        "calc-ulator",
+        "",
+        "a" * 65,
+        "os/path",
+        "a.b:",
+        ":C",
+        "a/b:C",
+        "a:B.c",
+        "a b:C",
+        "calculator\n",
+    ],
 )
 def test_environment_name_regex(name: str) -> None:
     assert _problems({"environment": {"name": name}}) == [

@@ -15,10 +15,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from miniverl.agent.protocol import format_observation  # noqa: E402
-from miniverl.agent.transcript import ASSISTANT_HEADER  # noqa: E402
 from miniverl.models.hf import HFBackend  # noqa: E402
 from miniverl.models.sampling import PrefixCache  # noqa: E402
 from miniverl.models.tiny_hf import build_tiny_hf_checkpoint  # noqa: E402
+from miniverl.schemas.text import ASSISTANT_HEADER  # noqa: E402
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning"),

@@ -15,10 +15,11 @@ torch = pytest.importorskip("torch")
 from helpers import calculator, calculator_tasks, tool_call_text, toy_tokenizer  # noqa: E402
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner  # noqa: E402
 from miniverl.agent.protocol import format_observation  # noqa: E402
-from miniverl.agent.transcript import ASSISTANT_HEADER  # noqa: E402
 from miniverl.config.models import RolloutConfig  # noqa: E402
 from miniverl.models.sampling import PrefixCache  # noqa: E402
-from miniverl.models.toy import TOY_STUDENT, ToyBackend  # noqa: E402
+from miniverl.models.toy import ToyBackend  # noqa: E402
+from miniverl.models.toy_config import TOY_STUDENT  # noqa: E402
+from miniverl.schemas.text import ASSISTANT_HEADER  # noqa: E402
 from miniverl.schemas.trajectory import SpanType  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -2,8 +2,11 @@
 
 Every ``import`` / ``from ... import`` in every module is parsed with ``ast`` (module
 level, function level and ``TYPE_CHECKING`` blocks alike), resolved to an absolute
-module name, and checked against the rules below. Also: nothing in ``src`` can execute
-code while loading data (no pickle, ``torch.load``, ``eval``/``exec``, unsafe YAML).
+module name, and checked against the rules below: packages follow the layer table, and
+no two files import each other, directly or through others (a cycle means neither file
+is the lower one, so neither can be read, tested or moved alone). Also: nothing in
+``src`` can execute code while loading data (no pickle, ``torch.load``,
+``eval``/``exec``, unsafe YAML).
 """
 
 from __future__ import annotations
@@ -153,8 +156,10 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _is_subpackage(name: str) -> bool:
-    return (PACKAGE_ROOT / name / "__init__.py").exists() or (PACKAGE_ROOT / f"{name}.py").exists()
+def _is_module(name: str) -> bool:
+    """Whether dotted ``name`` is a module file of ``src`` (``a/b.py`` or ``a/b/__init__.py``)."""
+    path = SRC_DIR.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 class _Collector(ast.NodeVisitor):
@@ -199,13 +204,13 @@ class _Collector(ast.NodeVisitor):
             target = ".".join([*base, node.module] if node.module else base)
         else:
             target = node.module or ""
-        if target == "miniverl":  # "from miniverl import training" imports a subpackage
-            subpackages = [a.name for a in node.names if _is_subpackage(a.name)]
-            for name in subpackages:
-                self._add(f"miniverl.{name}", node.lineno)
-            if len(subpackages) == len(node.names):
-                return
-        self._add(target, node.lineno)
+        # "from miniverl import training" / "from miniverl.config import models" import a
+        # submodule; any other name comes from the package's own __init__.py.
+        submodules = [a.name for a in node.names if _is_module(f"{target}.{a.name}")]
+        for name in submodules:
+            self._add(f"{target}.{name}", node.lineno)
+        if len(submodules) < len(node.names):
+            self._add(target, node.lineno)
 
 
 def _edges_of_source(module: str, source: str, *, is_package: bool = False) -> list[ImportEdge]:
@@ -361,6 +366,116 @@ def test_no_package_import_cycle() -> None:
 
     cyclic = sorted(p for p in graph if reaches(p, p, {p}))
     assert not cyclic, f"packages on an import cycle: {cyclic}"
+
+
+# -- no import cycles between files -------------------------------------------------------
+
+
+def _file_graph(edges: list[ImportEdge]) -> dict[str, set[str]]:
+    """Module -> the modules of ``src`` it imports; every file (``__init__.py`` too) is a node.
+
+    External imports and a module importing itself are left out. Module level,
+    function-local and ``TYPE_CHECKING`` imports are edges alike: each one means the importer
+    cannot be understood without the imported file.
+    """
+    graph: dict[str, set[str]] = {}
+    for edge in edges:
+        graph.setdefault(edge.importer, set())
+        if edge.imported != edge.importer and _is_module(edge.imported):
+            graph[edge.importer].add(edge.imported)
+            graph.setdefault(edge.imported, set())
+    return graph
+
+
+def _descendants(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every node reachable from ``start`` by one or more edges."""
+    seen: set[str] = set()
+    stack = list(graph.get(start, ()))
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(graph.get(node, ()))
+    return seen
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of two or more nodes, each sorted, in sorted order.
+
+    Two nodes share a component when each reaches the other, so a cycle through any number
+    of files is one component, and two cycles that share a file merge into one.
+    """
+    reach = {node: _descendants(graph, node) for node in graph}
+    cycles: list[list[str]] = []
+    placed: set[str] = set()
+    for node in sorted(graph):
+        if node in placed:
+            continue
+        component = sorted({node} | {other for other in reach[node] if node in reach[other]})
+        placed.update(component)
+        if len(component) >= 2:
+            cycles.append(component)
+    return cycles
+
+
+def _cycle_report(cycles: list[list[str]], edges: list[ImportEdge]) -> str:
+    """Each cycle with the import lines that close it, so the fix can start at one of them."""
+    lines = []
+    for component in cycles:
+        members = set(component)
+        lines.append(f"import cycle between {len(component)} files: {', '.join(component)}")
+        lines += [
+            f"  {e.where}{' (TYPE_CHECKING)' if e.type_checking else ''}"
+            for e in edges
+            if e.importer in members and e.imported in members and e.importer != e.imported
+        ]
+    lines.append(
+        "break each by direction: move what the lower file needs from the higher one down "
+        "into it (or a file below both), or pass it in"
+    )
+    return "\n".join(lines)
+
+
+def test_no_import_cycles_between_files() -> None:
+    cycles = import_cycles(_file_graph(ALL_EDGES))
+    assert not cycles, _cycle_report(cycles, ALL_EDGES)
+
+
+def test_the_cycle_finder_finds_a_three_cycle_and_passes_a_dag() -> None:
+    dag = {"a": {"b", "c"}, "b": {"c"}, "c": set(), "d": {"a"}}
+    assert import_cycles(dag) == []
+    three = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_cycles(three) == [["a", "b", "c"]]
+    two_joined = {"a": {"b"}, "b": {"a", "c"}, "c": {"b"}, "x": {"y"}, "y": {"x"}, "z": {"z"}}
+    assert import_cycles(two_joined) == [["a", "b", "c"], ["x", "y"]]
+
+
+def test_the_file_graph_sees_deferred_and_submodule_imports() -> None:
+    """A TYPE_CHECKING import one way and a function-local ``from package import module`` the
+    other way are still a cycle; a package's ``__init__.py`` is a file like any other."""
+    sources = {
+        "miniverl.agent.episode": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from miniverl.agent.loop import RolloutRunner\n"
+        ),
+        "miniverl.agent.loop": "def f():\n    from miniverl.agent import episode\n",
+        "miniverl.cache": "from miniverl.cache.store import TeacherCache\n",
+        "miniverl.cache.store": "from miniverl.cache import TeacherCache\n",
+        "miniverl.schemas.text": "import miniverl.errors\n",
+    }
+    edges = [
+        edge
+        for module, source in sources.items()
+        for edge in _edges_of_source(module, source, is_package=module == "miniverl.cache")
+    ]
+    cycles = import_cycles(_file_graph(edges))
+    assert cycles == [
+        ["miniverl.agent.episode", "miniverl.agent.loop"],
+        ["miniverl.cache", "miniverl.cache.store"],
+    ]
+    report = _cycle_report(cycles, edges)
+    assert "miniverl.agent.loop:2 in f() imports miniverl.agent.episode" in report
+    assert "miniverl.agent.episode:3 imports miniverl.agent.loop (TYPE_CHECKING)" in report
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from helpers import make_trajectory, toy_tokenizer
-from miniverl.agent.transcript import ASSISTANT_HEADER, IM_END
 from miniverl.errors import TrajectoryError
+from miniverl.schemas.text import ASSISTANT_HEADER, IM_END
 from miniverl.schemas.trajectory import Span, SpanType, Trajectory
 from miniverl.trajectory.masks import (
     build_masks,

@@ -17,13 +17,14 @@ pytest.importorskip("peft")
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from miniverl.agent.transcript import TokenizerLike  # noqa: E402
 from miniverl.errors import BackendError, CheckpointError, ConfigError, TokenizerMismatchError  # noqa: E402
 from miniverl.models.base import CausalLMBackend, PaddedTrajectoryBatch  # noqa: E402
-from miniverl.models.hf import HFBackend, HFRoleView, LoraSettings, build_shared_backbone  # noqa: E402
+from miniverl.models.hf import HFBackend, LoraSettings  # noqa: E402
+from miniverl.models.hf_shared import HFRoleView, build_shared_backbone  # noqa: E402
 from miniverl.models.sampling import recompute_step, run_generation  # noqa: E402
 from miniverl.models.tiny_hf import PROTOCOL_TAGS, build_tiny_hf_checkpoint  # noqa: E402
 from miniverl.models.tokenizers import HFTokenizerAdapter, check_same_tokenizer, load_hf_tokenizer  # noqa: E402
+from miniverl.schemas.text import TokenizerLike  # noqa: E402
 
 PROMPT_TEXT = "<|im_start|>user\nCompute 12 * (7 - 3) and report the value.<|im_end|>\n<|im_start|>assistant\n"
 CUDA = torch.cuda.is_available()

@@ -12,13 +12,8 @@ from miniverl.errors import BackendError, CheckpointError, TrajectoryError
 from miniverl.models.base import CausalLMBackend, PaddedTrajectoryBatch
 from miniverl.models.sampling import recompute_step, run_generation
 from miniverl.models.tokenizers import ToyTokenizer
-from miniverl.models.toy import (
-    TOY_STUDENT,
-    TOY_TEACHER,
-    ToyBackend,
-    ToyModelConfig,
-    toy_preset,
-)
+from miniverl.models.toy import ToyBackend
+from miniverl.models.toy_config import TOY_STUDENT, TOY_TEACHER, ToyModelConfig, toy_preset
 from miniverl.training.toy_teacher import fit_toy_model
 
 TOK = ToyTokenizer()

@@ -8,8 +8,6 @@ import pytest
 
 from helpers import char_ids, toy_tokenizer
 from miniverl.agent.protocol import (
-    FINAL_CLOSE,
-    TOOL_CALL_CLOSE,
     format_final,
     format_observation,
     format_tool_call,
@@ -18,6 +16,7 @@ from miniverl.agent.protocol import (
     token_index_at_char,
 )
 from miniverl.environments.base import ToolCall
+from miniverl.schemas.text import FINAL_CLOSE, TOOL_CALL_CLOSE
 
 
 def test_stop_sequences() -> None:

@@ -26,7 +26,9 @@ from miniverl.config.models import RunConfig
 from miniverl.errors import RunDirectoryError
 from miniverl.evaluation.stats import aggregate, significance_note
 from miniverl.reporting import plots
-from miniverl.reporting.report import SECTION_TITLES, load_run, write_report
+from miniverl.reporting.load import load_run
+from miniverl.reporting.report import write_report
+from miniverl.reporting.tables import SECTION_TITLES
 from miniverl.trajectory.io import write_trajectories
 from miniverl.utils.io import append_jsonl, write_json
 from miniverl.utils.runs import RunPaths

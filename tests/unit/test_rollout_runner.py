@@ -20,10 +20,10 @@ from helpers import (
 )
 from miniverl.agent.loop import RolloutRunner
 from miniverl.agent.protocol import stop_sequences
-from miniverl.agent.transcript import ASSISTANT_HEADER, IM_END
 from miniverl.config.models import RolloutConfig, SelectionConfig
 from miniverl.environments.base import Task, make_splits
 from miniverl.environments.registry import make_environment
+from miniverl.schemas.text import ASSISTANT_HEADER, IM_END
 from miniverl.schemas.trajectory import TerminationReason, Trajectory
 from miniverl.selection.selectors import select_positions
 from miniverl.trajectory.alignment import build_alignment_map

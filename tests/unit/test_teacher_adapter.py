@@ -17,7 +17,8 @@ pytest.importorskip("peft")
 
 from miniverl.config.models import RunConfig  # noqa: E402
 from miniverl.errors import BackendError, CheckpointError  # noqa: E402
-from miniverl.models.hf import TEACHER_ADAPTER, HFBackend, build_shared_backbone  # noqa: E402
+from miniverl.models.hf import TEACHER_ADAPTER, HFBackend  # noqa: E402
+from miniverl.models.hf_shared import build_shared_backbone  # noqa: E402
 from miniverl.models.tiny_hf import build_tiny_hf_checkpoint  # noqa: E402
 from miniverl.models.tokenizers import load_hf_tokenizer  # noqa: E402
 from miniverl.training import teacher_adapter  # noqa: E402

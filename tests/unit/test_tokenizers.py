@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from miniverl.agent.transcript import TokenizerLike
 from miniverl.errors import TokenizerMismatchError
 from miniverl.models.tokenizers import (
     PROBE_CORPUS,
@@ -20,6 +19,7 @@ from miniverl.models.tokenizers import (
     check_same_tokenizer,
     compute_fingerprint,
 )
+from miniverl.schemas.text import TokenizerLike
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 TOK = ToyTokenizer()

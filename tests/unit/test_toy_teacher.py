@@ -15,7 +15,8 @@ from miniverl.errors import CheckpointError
 from miniverl.losses.chunked import chunked_selected_position_loss
 from miniverl.models.fitting import cross_entropy_fit_step
 from miniverl.models.tokenizers import ToyTokenizer
-from miniverl.models.toy import TOY_STUDENT, ToyBackend
+from miniverl.models.toy import ToyBackend
+from miniverl.models.toy_config import TOY_STUDENT
 from miniverl.training import teacher_reuse
 from miniverl.training.cold_start import (
     COLD_START_MARKER,

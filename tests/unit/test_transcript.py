@@ -5,13 +5,8 @@ from __future__ import annotations
 import pytest
 
 from helpers import toy_tokenizer
-from miniverl.agent.transcript import (
-    ASSISTANT_HEADER,
-    IM_END,
-    TokenizerLike,
-    TranscriptBuilder,
-    render_message,
-)
+from miniverl.agent.transcript import TranscriptBuilder
+from miniverl.schemas.text import ASSISTANT_HEADER, IM_END, TokenizerLike, render_message
 from miniverl.schemas.trajectory import SpanType, TerminationReason, Turn
 
 

@@ -15,14 +15,13 @@ from miniverl import errors
 from miniverl.errors import BackendError, MiniverlError
 from miniverl.utils import gpu
 from miniverl.utils.env import NUMERIC_ENV_VARS, collect_environment, package_versions
+from miniverl.utils.hashing import sha256_bytes, sha256_file
 from miniverl.utils.io import (
     append_jsonl,
     atomic_path,
     atomic_write_bytes,
     atomic_write_text,
     read_json,
-    sha256_bytes,
-    sha256_file,
     to_json_text,
     write_json,
 )

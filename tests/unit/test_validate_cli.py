@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from miniverl.cli import common
 from miniverl.cli import main as cli
-from miniverl.config.models import ENVIRONMENT_REF_PATTERN, RunConfig
+from miniverl.config.models import RunConfig
+from miniverl.config.sections import ENVIRONMENT_REF_PATTERN
 
 
 @pytest.fixture(autouse=True)

@@ -1,28 +1,32 @@
-"""One episode as a state machine, and the request that starts one in a batch.
+"""One episode as a state machine, and how a turn is written into a transcript.
 
 :class:`Episode` holds everything that changes while a policy plays one task: the turn
 counter, the transcript builder, the call-signature counts and the termination reason.
 :meth:`~miniverl.agent.loop.RolloutRunner.rollout` (one episode) and
 :meth:`~miniverl.agent.loop.RolloutRunner.rollout_batch` (many, decoded together) drive the
 same object, which is why it lives apart from the runner that drives it: the runner owns the
-decoding schedule, the episode owns what a turn means. It appends spans through the
-runner's transcript helpers (``_add_model_spans``, ``_execute``, ``_add_observation``), so a
-policy turn is rendered by the same code as an oracle turn.
+decoding schedule, the episode owns what a turn means. The runner hands it the rollout
+bounds and never the runner itself, so this module does not know the runner exists.
+
+The turn writers :func:`add_model_spans`, :func:`execute_call` and :func:`add_observation`
+live here too: the runner's scripted transcripts (oracle, corrective) call the same three,
+so a policy turn is rendered by the same code as an oracle turn.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from miniverl.agent.protocol import parse_assistant_text
+from miniverl.agent.protocol import format_observation, parse_assistant_text, token_index_at_char
 from miniverl.agent.transcript import TranscriptBuilder
-from miniverl.environments.base import Task, ToolEnvironment, ToolResult
+from miniverl.config.sections import RolloutConfig
+from miniverl.environments.base import Task, ToolCall, ToolEnvironment, ToolResult
 from miniverl.schemas.trajectory import (
     SpanType,
     TerminationReason,
     ToolCallRecord,
+    ToolResultRecord,
     Trajectory,
     Turn,
     VerificationRecord,
@@ -30,18 +34,84 @@ from miniverl.schemas.trajectory import (
 from miniverl.utils.seeding import derive_seed
 
 if TYPE_CHECKING:
-    from miniverl.agent.loop import RolloutRunner
     from miniverl.models.base import GenerationResult
 
 
-@dataclass(frozen=True)
-class EpisodeRequest:
-    """One episode to run in :meth:`RolloutRunner.rollout_batch`."""
+def add_model_spans(
+    builder: TranscriptBuilder,
+    ids: list[int],
+    text: str,
+    block_start: int | None,
+    block_type: SpanType,
+    turn: int,
+    *,
+    tool_name: str | None = None,
+    tool_call_id: str | None = None,
+) -> None:
+    """Append sampled ids verbatim: prose before the block as assistant_text, the block typed.
 
-    task: Task
-    seed: int
-    trajectory_id: str | None = None
-    extra_metadata: dict[str, Any] | None = None
+    ``block_start`` is a character offset into ``text`` (``None``: all prose); the token
+    split point is found by decoding prefixes of ``ids``, never by re-tokenizing ``text``.
+    """
+    split = (
+        len(ids)
+        if block_start is None
+        else token_index_at_char(builder.tokenizer, ids, block_start)
+    )
+    builder.add_model(
+        SpanType.ASSISTANT_TEXT, ids[:split], segment_key=f"gen:{turn}:prose", turn_id=turn
+    )
+    builder.add_model(
+        block_type,
+        ids[split:],
+        segment_key=f"gen:{turn}:block",
+        turn_id=turn,
+        tool_name=tool_name,
+        tool_call_id=tool_call_id,
+    )
+
+
+def add_observation(
+    builder: TranscriptBuilder, result: ToolResult, turn: int, call_id: str
+) -> None:
+    """Append a tool result as user context that closes the turn and opens the next one."""
+    builder.add_context(
+        SpanType.TOOL_RESULT,
+        "user",
+        format_observation(result.observation_text()),
+        segment_key=f"obs:{turn}",
+        turn_id=turn,
+        close_previous=True,
+        open_next_assistant=True,
+        tool_call_id=call_id,
+        env_state_id=result.env_state_id,
+    )
+
+
+def execute_call(
+    builder: TranscriptBuilder,
+    environment: ToolEnvironment,
+    call: ToolCall,
+    record: ToolCallRecord,
+    turn: int,
+) -> ToolResult:
+    """Run one tool call, record the turn and append the observation as context."""
+    result = environment.step(call)
+    builder.add_turn(
+        Turn(
+            turn_id=turn,
+            tool_call=record,
+            tool_result=ToolResultRecord(
+                call_id=record.call_id,
+                ok=result.ok,
+                result=result.result,
+                error=result.error,
+                env_state_id=result.env_state_id,
+            ),
+        )
+    )
+    add_observation(builder, result, turn, record.call_id)
+    return result
 
 
 class Episode:
@@ -49,11 +119,12 @@ class Episode:
 
     :meth:`RolloutRunner.rollout` and :meth:`RolloutRunner.rollout_batch` drive the same
     object, so termination reasons, spans and masks cannot differ between the two paths.
+    ``config`` holds the episode's bounds (turns, tokens, repeated calls, parse errors).
     """
 
     def __init__(
         self,
-        runner: RolloutRunner,
+        config: RolloutConfig,
         environment: ToolEnvironment,
         task: Task,
         seed: int,
@@ -61,7 +132,7 @@ class Episode:
         builder: TranscriptBuilder,
         extra_metadata: dict[str, Any] | None,
     ) -> None:
-        self.runner, self.environment, self.task = runner, environment, task
+        self.config, self.environment, self.task = config, environment, task
         self.seed, self.temperature, self.builder = seed, temperature, builder
         self.extra_metadata = extra_metadata
         self.turn = 0
@@ -71,12 +142,12 @@ class Episode:
         self.generated = self.invalid = self.parse_errors = 0
         self.signatures: Counter[str] = Counter()
         turn_limit = environment.turn_budget(task)
-        max_turns = runner.config.max_turns
+        max_turns = config.max_turns
         self.max_turns = max_turns if turn_limit is None else min(max_turns, turn_limit)
 
     def next_request(self) -> tuple[list[int], int, int] | None:
         """``(prompt ids, token budget, seed)`` of the next turn, or None once terminated."""
-        cfg = self.runner.config
+        cfg = self.config
         if self.done:
             return None
         if self.turn >= self.max_turns:
@@ -91,8 +162,7 @@ class Episode:
 
     def consume(self, generation: GenerationResult) -> None:
         """Append one turn's sampled ids and run its tool call, or record why it ended."""
-        runner, builder, turn = self.runner, self.builder, self.turn
-        cfg = runner.config
+        cfg, builder, turn = self.config, self.builder, self.turn
         self.turn += 1
         ids = list(generation.token_ids)
         self.generated += len(ids)
@@ -104,7 +174,7 @@ class Episode:
         call_id = f"c{turn}"
 
         if parsed.kind == "final":
-            runner._add_model_spans(
+            add_model_spans(
                 builder, ids, generation.text, parsed.block_start, SpanType.ASSISTANT_FINAL, turn
             )
             builder.add_turn(Turn(turn_id=turn, is_final=True))
@@ -114,7 +184,7 @@ class Episode:
 
         if parsed.kind == "tool_call" and parsed.tool_call is not None:
             call = parsed.tool_call
-            runner._add_model_spans(
+            add_model_spans(
                 builder,
                 ids,
                 generation.text,
@@ -132,11 +202,11 @@ class Episode:
                 builder.add_turn(Turn(turn_id=turn, tool_call=record))
                 self._end(TerminationReason.REPEATED_CALL_LIMIT)
                 return
-            if not runner._execute(builder, call, record, turn, self.environment).ok:
+            if not execute_call(builder, self.environment, call, record, turn).ok:
                 self.invalid += 1
             return
 
-        runner._add_model_spans(builder, ids, generation.text, None, SpanType.ASSISTANT_TEXT, turn)
+        add_model_spans(builder, ids, generation.text, None, SpanType.ASSISTANT_TEXT, turn)
         builder.add_turn(
             Turn(
                 turn_id=turn,
@@ -157,7 +227,7 @@ class Episode:
         if self.parse_errors >= max(1, cfg.max_parse_errors):
             self._end(TerminationReason.PARSE_ERROR_LIMIT)
             return
-        runner._add_observation(builder, ToolResult(ok=False, error=parsed.error), turn, call_id)
+        add_observation(builder, ToolResult(ok=False, error=parsed.error), turn, call_id)
 
     def _end(self, reason: TerminationReason) -> None:
         self.reason, self.done = reason, True
@@ -183,4 +253,4 @@ class Episode:
         )
 
 
-__all__ = ["Episode", "EpisodeRequest"]
+__all__ = ["Episode", "add_model_spans", "add_observation", "execute_call"]

@@ -6,27 +6,27 @@ prose before a block, the split point comes from :func:`token_index_at_char`, wh
 decodes prefixes of the sampled ids instead of re-tokenizing text.
 
 The turn-by-turn state of one episode (what a sampled turn means, when the episode ends) is
-:class:`~miniverl.agent.episode.Episode`; this module decides what is decoded when, and
-renders the scripted transcripts (oracle, corrective, privileged).
+:class:`~miniverl.agent.episode.Episode`, and so are the turn writers every transcript
+shares; this module decides what is decoded when, and renders the scripted transcripts
+(oracle, corrective, privileged).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from miniverl.agent.episode import Episode, EpisodeRequest
+from miniverl.agent.episode import Episode, add_observation, execute_call
 from miniverl.agent.protocol import (
     format_final,
-    format_observation,
     format_tool_call,
     parse_assistant_text,
     stop_sequences,
-    token_index_at_char,
 )
 from miniverl.agent.transcript import TranscriptBuilder
-from miniverl.config.models import RolloutConfig
+from miniverl.config.sections import RolloutConfig
 from miniverl.environments.base import (
     Task,
     ToolCall,
@@ -40,7 +40,6 @@ from miniverl.schemas.trajectory import (
     SpanType,
     TerminationReason,
     ToolCallRecord,
-    ToolResultRecord,
     Trajectory,
     Turn,
 )
@@ -55,6 +54,16 @@ BatchSplitter = Callable[
     [Callable[[list[Any]], list["GenerationResult"]], list[Any]], list["GenerationResult"]
 ]
 """``split(decode, requests) -> results``: how a batched round is run (e.g. halved on OOM)."""
+
+
+@dataclass(frozen=True)
+class EpisodeRequest:
+    """One episode to run in :meth:`RolloutRunner.rollout_batch`."""
+
+    task: Task
+    seed: int
+    trajectory_id: str | None = None
+    extra_metadata: dict[str, Any] | None = None
 
 
 class RolloutRunner:
@@ -109,77 +118,6 @@ class RolloutRunner:
             SpanType.USER, "user", task.prompt, segment_key="user", open_next_assistant=True
         )
         return builder
-
-    def _add_model_spans(
-        self,
-        builder: TranscriptBuilder,
-        ids: list[int],
-        text: str,
-        block_start: int | None,
-        block_type: SpanType,
-        turn: int,
-        *,
-        tool_name: str | None = None,
-        tool_call_id: str | None = None,
-    ) -> None:
-        """Append sampled ids: prose before the block as assistant_text, the block typed."""
-        split = (
-            len(ids)
-            if block_start is None
-            else token_index_at_char(self.tokenizer, ids, block_start)
-        )
-        builder.add_model(
-            SpanType.ASSISTANT_TEXT, ids[:split], segment_key=f"gen:{turn}:prose", turn_id=turn
-        )
-        builder.add_model(
-            block_type,
-            ids[split:],
-            segment_key=f"gen:{turn}:block",
-            turn_id=turn,
-            tool_name=tool_name,
-            tool_call_id=tool_call_id,
-        )
-
-    def _add_observation(
-        self, builder: TranscriptBuilder, result: ToolResult, turn: int, call_id: str
-    ) -> None:
-        builder.add_context(
-            SpanType.TOOL_RESULT,
-            "user",
-            format_observation(result.observation_text()),
-            segment_key=f"obs:{turn}",
-            turn_id=turn,
-            close_previous=True,
-            open_next_assistant=True,
-            tool_call_id=call_id,
-            env_state_id=result.env_state_id,
-        )
-
-    def _execute(
-        self,
-        builder: TranscriptBuilder,
-        call: ToolCall,
-        record: ToolCallRecord,
-        turn: int,
-        environment: ToolEnvironment | None = None,
-    ) -> ToolResult:
-        """Run one tool call, record the turn and append the observation as context."""
-        result = (environment or self.environment).step(call)
-        builder.add_turn(
-            Turn(
-                turn_id=turn,
-                tool_call=record,
-                tool_result=ToolResultRecord(
-                    call_id=record.call_id,
-                    ok=result.ok,
-                    result=result.result,
-                    error=result.error,
-                    env_state_id=result.env_state_id,
-                ),
-            )
-        )
-        self._add_observation(builder, result, turn, record.call_id)
-        return result
 
     # -- episodes -----------------------------------------------------------------
 
@@ -332,7 +270,7 @@ class RolloutRunner:
         )
         environment.reset(task)
         temp = self.config.temperature if temperature is None else temperature
-        return Episode(self, environment, task, seed, temp, builder, extra_metadata)
+        return Episode(self.config, environment, task, seed, temp, builder, extra_metadata)
 
     def oracle_rollout(
         self, task: Task, *, trajectory_id: str | None = None, policy_version: int = 0
@@ -368,7 +306,7 @@ class RolloutRunner:
                 arguments=call.arguments,
                 raw_text=format_tool_call(call),
             )
-            self._execute(builder, call, record, turn)
+            execute_call(builder, self.environment, call, record, turn)
         final_turn = len(oracle.tool_calls)
         ids = self.tokenizer.encode(format_final(oracle.final_answer))
         builder.add_model(
@@ -420,7 +358,7 @@ class RolloutRunner:
                     ),
                 )
             )
-            self._add_observation(builder, ToolResult(ok=False, error=parsed.error), 0, "c0")
+            add_observation(builder, ToolResult(ok=False, error=parsed.error), 0, "c0")
         elif noise == "wrong_tool":
             call = ToolCall(f"{first.name}_tool", dict(first.arguments))
             text = format_tool_call(call)
@@ -435,7 +373,7 @@ class RolloutRunner:
             record = ToolCallRecord(
                 call_id="c0", name=call.name, arguments=call.arguments, raw_text=text
             )
-            self._execute(builder, call, record, 0)
+            execute_call(builder, self.environment, call, record, 0)
         else:
             raise ValueError(f"unknown noise {noise!r}; expected malformed or wrong_tool")
         supervise_from = len(builder)
@@ -458,7 +396,7 @@ class RolloutRunner:
                 arguments=call.arguments,
                 raw_text=format_tool_call(call),
             )
-            self._execute(builder, call, record, turn)
+            execute_call(builder, self.environment, call, record, turn)
         final_turn = len(oracle.tool_calls) + 1
         ids = self.tokenizer.encode(format_final(oracle.final_answer))
         builder.add_model(

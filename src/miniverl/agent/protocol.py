@@ -1,8 +1,7 @@
 """The plain-text tool protocol: formatting and parsing tool-call and final-answer blocks.
 
 The tags themselves are the text contract of ``miniverl.schemas.text`` (why plain text and
-not a vendor function-calling format is said there); they are re-exported here for callers
-that import them from this module.
+not a vendor function-calling format is said there).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from miniverl.environments.base import ToolCall
 from miniverl.schemas.text import (
     FINAL_CLOSE,
     FINAL_OPEN,
-    PROTOCOL_TOKENS,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     TOOL_RESULT_CLOSE,
@@ -150,16 +148,9 @@ def token_index_at_char(tokenizer: TokenizerLike, token_ids: Sequence[int], char
     return lo
 
 
-__all__ = [  # the tags are re-exported from miniverl.schemas.text for existing importers
-    "FINAL_CLOSE",
-    "FINAL_OPEN",
+__all__ = [
     "MAX_TOOL_JSON_CHARS",
     "MAX_TOOL_JSON_DEPTH",
-    "PROTOCOL_TOKENS",
-    "TOOL_CALL_CLOSE",
-    "TOOL_CALL_OPEN",
-    "TOOL_RESULT_CLOSE",
-    "TOOL_RESULT_OPEN",
     "ParsedAssistant",
     "format_final",
     "format_observation",

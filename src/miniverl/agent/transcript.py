@@ -1,8 +1,7 @@
 """Segment-wise transcript building.
 
 The text contract it builds on (``TokenizerLike``, the chat framing, the tool tags) lives in
-``miniverl.schemas.text``; the names are re-exported here for callers that import them from
-this module.
+``miniverl.schemas.text``.
 """
 
 from __future__ import annotations
@@ -10,18 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from miniverl.schemas.text import (
-    ASSISTANT_HEADER,
-    CHAT_ROLES,
-    CHATML,
-    IM_END,
-    IM_START,
-    ChatFormat,
-    TokenizerLike,
-    chat_format_from_template,
-    chat_format_of,
-    render_message,
-)
+from miniverl.schemas.text import TokenizerLike, chat_format_of
 from miniverl.schemas.trajectory import (
     MODEL_GENERATED_SPAN_TYPES,
     Span,
@@ -33,19 +21,7 @@ from miniverl.schemas.trajectory import (
 )
 from miniverl.trajectory.masks import build_masks
 
-__all__ = [  # the text contract is re-exported for existing importers
-    "ASSISTANT_HEADER",
-    "CHATML",
-    "CHAT_ROLES",
-    "IM_END",
-    "IM_START",
-    "ChatFormat",
-    "TokenizerLike",
-    "TranscriptBuilder",
-    "chat_format_from_template",
-    "chat_format_of",
-    "render_message",
-]
+__all__ = ["TranscriptBuilder"]
 
 
 class TranscriptBuilder:
@@ -59,8 +35,9 @@ class TranscriptBuilder:
     assistant suffix (``<|im_end|>\\n`` in ChatML) that closes the preceding assistant
     turn, and ``open_next_assistant`` appends the assistant header of the next turn
     (``<|im_start|>assistant\\n``), so the first token of every model span is genuinely
-    the first sampled token. The framing is the tokenizer's :class:`ChatFormat` (its
-    model's chat template where it has one, see :func:`chat_format_of`).
+    the first sampled token. The framing is the tokenizer's
+    :class:`~miniverl.schemas.text.ChatFormat` (its model's chat template where it has one,
+    see :func:`~miniverl.schemas.text.chat_format_of`).
     """
 
     def __init__(

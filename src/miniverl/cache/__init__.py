@@ -5,6 +5,16 @@ from a base install through :mod:`miniverl.cache.maintenance`. torch and safeten
 tensors (:meth:`TeacherCache.write`, :meth:`TeacherCache.flush`, :meth:`TeacherCache.read`).
 """
 
+from miniverl.cache.layout import (
+    INDEX_NAME,
+    TENSOR_ORDER,
+    decode_key,
+    encode_key,
+    index_dtype_code,
+    tensor_name,
+    validate_key,
+)
+from miniverl.cache.maintenance import ValidationReport
 from miniverl.cache.safetensors_io import (
     MAX_HEADER_BYTES,
     RawTensor,
@@ -13,19 +23,8 @@ from miniverl.cache.safetensors_io import (
     parse_safetensors_header,
     read_safetensors_header,
 )
-from miniverl.cache.store import (
-    INDEX_NAME,
-    TENSOR_ORDER,
-    CacheableTargets,
-    CachedTargets,
-    TeacherCache,
-    ValidationReport,
-    decode_key,
-    encode_key,
-    index_dtype_code,
-    tensor_name,
-    validate_key,
-)
+from miniverl.cache.store import TeacherCache
+from miniverl.cache.targets import CacheableTargets, CachedTargets
 
 __all__ = [
     "INDEX_NAME",

@@ -54,18 +54,12 @@ from miniverl.cache.index import (
     write_index,
 )
 from miniverl.cache.layout import (
-    CACHE_DTYPE_CODES,
     INDEX_NAME,
     JOURNAL_NAME,
-    MAX_KEY_LENGTH,
     SHARD_METADATA,
     TENSOR_ORDER,
     TORCH_DTYPE_NAMES,
-    decode_key,
-    encode_key,
-    expected_layout,
     fsync_directory,
-    index_dtype_code,
     now_iso,
     tensor_name,
     validate_key,
@@ -86,7 +80,6 @@ from miniverl.utils.io import atomic_path
 
 if TYPE_CHECKING:
     import torch
-
 
 
 @dataclass
@@ -570,21 +563,4 @@ class TeacherCache:
         )
 
 
-__all__ = [
-    "CACHE_DTYPE_CODES",
-    "INDEX_NAME",
-    "JOURNAL_NAME",
-    "MAX_KEY_LENGTH",
-    "TENSOR_ORDER",
-    "CacheableTargets",
-    "CachedTargets",
-    "TeacherCache",
-    "ValidationReport",
-    "decode_key",
-    "encode_key",
-    "expected_layout",
-    "index_dtype_code",
-    "read_safetensors_header",
-    "tensor_name",
-    "validate_key",
-]
+__all__ = ["TeacherCache"]

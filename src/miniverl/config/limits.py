@@ -1,8 +1,8 @@
 """Sanity bounds on recipe numbers and the path-component rule for names.
 
-These sit in their own module because three others need them: the section models
-(``config/sections.py``), the combination rules (``config/recipe.py``) and the error
-formatter (``config/loading.py``), whose messages point a user here to raise a bound.
+These sit in their own module because the section models (``config/sections.py``) and
+:class:`~miniverl.config.models.RunConfig` (its combination rules and its validation-error
+formatter) both need them, and the error messages point a user here to raise a bound.
 """
 
 from __future__ import annotations

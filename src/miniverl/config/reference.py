@@ -16,7 +16,7 @@ from miniverl.config.models import RunConfig
 
 _HEADER = """# Configuration reference
 
-Every recipe is a YAML mapping validated into `RunConfig` (`src/miniverl/config/recipe.py`).
+Every recipe is a YAML mapping validated into `RunConfig` (`src/miniverl/config/models.py`).
 Unknown keys are rejected at any depth, with their key path; contradictory combinations are
 rejected by `RunConfig._validate_combination` before anything is loaded. `auto` values stay
 `auto` in `config.validated.yaml` and are replaced by their decision in `config.resolved.yaml`.

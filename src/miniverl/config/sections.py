@@ -2,9 +2,9 @@
 
 Each section forbids unknown keys and documents every field; a field validator checks
 only that field. Rules that relate fields of several sections live in
-``config/recipe.py`` with :class:`~miniverl.config.recipe.RunConfig`, which composes these.
-Size: one model per recipe key, each field with its bounds and description; splitting them
-would scatter the reference that ``docs/configuration.md`` is generated from.
+``config/models.py`` with :class:`~miniverl.config.models.RunConfig`, which composes these.
+One model per recipe key, each field with its bounds and description, in one file: it is
+the reference that ``docs/configuration.md`` is generated from.
 """
 
 from __future__ import annotations
@@ -402,7 +402,10 @@ class TeacherConfig(_Section):
         description="standard: the teacher reads the student's transcript; privileged_context: plus an oracle system block.",
     )
     batch_size: int = Field(
-        8, ge=1, le=MAX_TASKS, description="Trajectories per padded teacher forward when scoring a cycle."
+        8,
+        ge=1,
+        le=MAX_TASKS,
+        description="Trajectories per padded teacher forward when scoring a cycle.",
     )
 
 

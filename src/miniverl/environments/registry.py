@@ -14,7 +14,7 @@ code-equivalent input, unlike a checkpoint, a cache or a trajectory file, which 
 data and never import anything. Only importable module names are accepted (no file paths),
 and the torch-free commands that read run directories (``report``, ``inspect``,
 ``export``) never resolve environments. Names are checked against
-:data:`~miniverl.config.models.ENVIRONMENT_REF_PATTERN` before anything is imported.
+:data:`~miniverl.config.sections.ENVIRONMENT_REF_PATTERN` before anything is imported.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
-from miniverl.config.models import ENVIRONMENT_NAME_PATTERN, ENVIRONMENT_REF_PATTERN
+from miniverl.config.sections import ENVIRONMENT_NAME_PATTERN, ENVIRONMENT_REF_PATTERN
 from miniverl.environments.base import ToolEnvironment
 from miniverl.environments.calc_chain import CalcChainEnvironment
 from miniverl.environments.calculator import CalculatorEnvironment

@@ -59,7 +59,8 @@ from miniverl.evaluation.stats import (
     significance_note,
 )
 from miniverl.evaluation.teacher_gate import refuse_failed_gates
-from miniverl.utils.io import read_json, sha256_file, write_json
+from miniverl.utils.hashing import sha256_file
+from miniverl.utils.io import read_json, write_json
 from miniverl.utils.logging import utc_now
 from miniverl.utils.runs import RunPaths
 
@@ -97,7 +98,8 @@ def _relative(path: Path, root: Path) -> str:
 
 def plan_digest(base: RunConfig, compute_matched: str | None) -> str:
     """What every stored cell must have been computed under: the base config and the matching mode."""
-    from miniverl.utils.io import sha256_bytes, to_json_text
+    from miniverl.utils.hashing import sha256_bytes
+    from miniverl.utils.io import to_json_text
 
     return sha256_bytes(
         to_json_text({"base": base.digest(), "compute_matched": compute_matched}).encode("utf-8")

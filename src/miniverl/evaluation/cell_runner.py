@@ -51,7 +51,8 @@ from miniverl.evaluation.endpoints import (
     summarize_episodes,
 )
 from miniverl.evaluation.teacher_gate import TEACHER_GATE_FILE, cold_start_teacher_gate
-from miniverl.utils.io import read_json, sha256_file
+from miniverl.utils.hashing import sha256_file
+from miniverl.utils.io import read_json
 from miniverl.utils.runs import RunPaths
 
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.utils.failpoints import failpoint
-from miniverl.utils.io import sha256_bytes, to_json_text, write_json
+from miniverl.utils.hashing import sha256_bytes
+from miniverl.utils.io import to_json_text, write_json
 from miniverl.utils.seeding import derive_seed
 
 CELL_SCHEMA = "miniverl.benchmark_cell/1"

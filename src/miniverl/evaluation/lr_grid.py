@@ -26,7 +26,8 @@ from typing import Any
 
 from miniverl.config.models import RunConfig, parse_override
 from miniverl.errors import ConfigError, RunDirectoryError
-from miniverl.utils.io import read_json, sha256_bytes, sha256_file, to_json_text, write_json
+from miniverl.utils.hashing import sha256_bytes, sha256_file
+from miniverl.utils.io import read_json, to_json_text, write_json
 from miniverl.utils.logging import utc_now
 
 GRID_SCHEMA = "miniverl.lr_grid/1"

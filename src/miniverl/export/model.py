@@ -40,7 +40,8 @@ from miniverl.errors import CheckpointError, ConfigError, RunDirectoryError
 from miniverl.models.factory import build_tokenizer
 from miniverl.models.runtime import build_runtime
 from miniverl.training.checkpoint import load_checkpoint
-from miniverl.utils.io import read_json, sha256_file, write_json
+from miniverl.utils.hashing import sha256_file
+from miniverl.utils.io import read_json, write_json
 from miniverl.utils.logging import utc_now
 from miniverl.utils.runs import RunPaths
 

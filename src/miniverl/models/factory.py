@@ -36,7 +36,7 @@ def build_tokenizer(config: RunConfig) -> TokenizerLike:
 
 def toy_config_for(spec: ModelSpec, tokenizer: TokenizerLike, *, trainable_lora: bool):
     """The ``ToyModelConfig`` of a recipe's model block (preset or explicit ``toy``)."""
-    from miniverl.models.toy import ToyModelConfig, toy_preset
+    from miniverl.models.toy_config import ToyModelConfig, toy_preset
 
     if spec.toy is not None:
         base = ToyModelConfig(vocab_size=tokenizer.vocab_size, **spec.toy.model_dump())

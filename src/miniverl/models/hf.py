@@ -15,8 +15,7 @@ What it does differently from calling ``model(input_ids).logits``, and why:
   recipe naming a hub id must not be able to run arbitrary Python.
 
 One base model serving the actor and a frozen teacher (``models.runtime: shared_backbone``)
-is ``models/hf_shared.py``; its ``HFRoleView`` and ``build_shared_backbone`` are re-exported
-here.
+is ``models/hf_shared.py``, which builds on this module (this one never imports it).
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import torch
 
 from miniverl.errors import BackendError, ConfigError
 from miniverl.models.base import BackendCapabilities, GenerationResult, PaddedTrajectoryBatch
-from miniverl.models.hf_shared import HFRoleView, build_shared_backbone
 from miniverl.models.sampling import (
     PrefixCache,
     check_right_padded,
@@ -48,7 +46,7 @@ from miniverl.models.tokenizers import cached_snapshot, load_hf_tokenizer, load_
 from miniverl.utils.lazy import require
 
 if TYPE_CHECKING:
-    from miniverl.config.models import ModelSpec
+    from miniverl.config.sections import ModelSpec
     from miniverl.schemas.text import TokenizerLike
 
 DEFAULT_LORA_TARGETS: tuple[str, ...] = (
@@ -587,7 +585,5 @@ __all__ = [
     "QUANTIZATIONS",
     "TEACHER_ADAPTER",
     "HFBackend",
-    "HFRoleView",
     "LoraSettings",
-    "build_shared_backbone",
 ]

@@ -4,9 +4,8 @@ The actor is an :class:`~miniverl.models.hf.HFBackend` with its LoRA adapter; th
 is an :class:`HFRoleView` of the same weights with adapters off, or with its own frozen
 adapter, so distillation needs one copy of the model on the device. Kept apart from
 ``models/hf.py`` because it composes the backend rather than being part of it: the view
-only switches adapters around the owner's calls. ``models.hf`` imports this module and
-re-exports both names, so this module reaches ``HFBackend`` only inside
-:func:`build_shared_backbone` (and for type checking), never at import time.
+only switches adapters around the owner's calls. It imports ``models.hf``; ``models.hf``
+never imports it.
 """
 
 from __future__ import annotations
@@ -20,11 +19,12 @@ import torch
 
 from miniverl.errors import BackendError, CheckpointError, ConfigError
 from miniverl.models.base import BackendCapabilities, GenerationResult, PaddedTrajectoryBatch
+from miniverl.models.hf import TEACHER_ADAPTER, HFBackend, LoraSettings
 from miniverl.models.sampling import PrefixCache
+from miniverl.utils.seeding import derive_seed
 
 if TYPE_CHECKING:
     from miniverl.config.models import RunConfig
-    from miniverl.models.hf import HFBackend
     from miniverl.schemas.text import TokenizerLike
 
 
@@ -209,9 +209,6 @@ def build_shared_backbone(
     ``models.teacher_fit.enabled`` it is the base plus a second, frozen adapter
     ``teacher`` (shaped by ``models.teacher.lora``), fitted by the training layer.
     """
-    from miniverl.models.hf import TEACHER_ADAPTER, HFBackend, LoraSettings
-    from miniverl.utils.seeding import derive_seed
-
     student, teacher = config.models.student, config.models.teacher
     if student.model_id != teacher.model_id or student.revision != teacher.revision:
         raise ConfigError(

@@ -66,7 +66,7 @@ def build_runtime(
 ) -> ModelRuntime:
     """Build the runtime ``models.runtime`` asks for (teacher placement: :func:`teacher_load_device`)."""
     if config.models.runtime == "shared_backbone":
-        from miniverl.models.hf import build_shared_backbone
+        from miniverl.models.hf_shared import build_shared_backbone
 
         student, teacher = build_shared_backbone(config, tokenizer, device)
         return ModelRuntime("shared_backbone", student, teacher if with_teacher else None)

@@ -39,13 +39,7 @@ from miniverl.models.sampling import (
     run_generation,
     trainable_state,
 )
-from miniverl.models.toy_config import (
-    TOY_PRESETS,
-    TOY_STUDENT,
-    TOY_TEACHER,
-    ToyModelConfig,
-    toy_preset,
-)
+from miniverl.models.toy_config import ToyModelConfig
 
 if TYPE_CHECKING:
     from miniverl.schemas.text import TokenizerLike
@@ -566,14 +560,4 @@ def _resolve_device(device: str) -> str:
     return str(resolved)
 
 
-__all__ = [
-    "TOY_PRESETS",
-    "TOY_STUDENT",
-    "TOY_TEACHER",
-    "KVCache",
-    "ToyBackend",
-    "ToyDecoder",
-    "ToyLinear",
-    "ToyModelConfig",
-    "toy_preset",
-]
+__all__ = ["KVCache", "ToyBackend", "ToyDecoder", "ToyLinear"]

@@ -1,8 +1,7 @@
 """The shape of a toy decoder and the two presets, ``toy-student`` and ``toy-teacher``.
 
-Plain validated data, kept apart so ``models/toy.py`` holds only the decoder and its backend;
-``models/toy.py`` re-exports every name here, so ``from miniverl.models.toy import
-ToyModelConfig`` keeps working.
+Plain validated data (no torch), kept apart so ``models/toy.py`` holds only the decoder and
+its backend.
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
-"""Rendering: the same sections as self-contained HTML (Jinja2, autoescaped) and as Markdown,
-and :func:`write_report`, which writes both atomically.
+"""Rendering: the same sections as self-contained HTML (Jinja2, autoescaped) and as Markdown.
+
+Both renderers take the already-built sections, so the two files cannot disagree about a
+number; :func:`miniverl.reporting.report.write_report` builds them once and writes both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import jinja2
 from markupsafe import Markup
 
 from miniverl import __version__
 from miniverl.reporting import plots
-from miniverl.reporting.load import RunData, load_run
-from miniverl.reporting.sections import build_sections
+from miniverl.reporting.load import RunData
 from miniverl.reporting.tables import (
     COLLAPSE_ROWS,
     MD_LONG_TABLE,
@@ -22,7 +22,6 @@ from miniverl.reporting.tables import (
     Section,
     looks_numeric,
 )
-from miniverl.utils.io import atomic_write_text
 
 
 def _environment() -> jinja2.Environment:
@@ -89,14 +88,3 @@ def render_markdown(data: RunData, sections: Sequence[Section]) -> str:
         for name, _ in section.preformatted:
             out += [f"The full text of `{name}` is in report.html and in the run directory.", ""]
     return "\n".join(out).rstrip() + "\n"
-
-
-def write_report(run_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``report.html`` and ``summary.md`` into ``run_dir`` (atomically); return their paths."""
-    data = load_run(run_dir)
-    sections = build_sections(data)
-    html = render_html(data, sections)
-    markdown = render_markdown(data, sections)
-    atomic_write_text(data.paths.report_html, html)
-    atomic_write_text(data.paths.summary_md, markdown)
-    return data.paths.report_html, data.paths.summary_md

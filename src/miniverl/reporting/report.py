@@ -12,43 +12,35 @@ artifacts may be missing (an ``sft`` run has no teacher cache and no divergence,
 interrupted run has no ``eval.json``, a benchmark directory has no manifest); each
 section then says what is absent instead of showing zeros.
 
-The pieces live one import away: :mod:`~miniverl.reporting.load` (the run-directory
-reader), :mod:`~miniverl.reporting.tables` (formatting and the section model),
-:mod:`~miniverl.reporting.sections` (one builder per section) and
-:mod:`~miniverl.reporting.render` (HTML, Markdown, :func:`write_report`). This module
-keeps the public names in one place.
+This module writes the two files; the pieces live one import away:
+:mod:`~miniverl.reporting.load` (the run-directory reader), :mod:`~miniverl.reporting.tables`
+(formatting and the section model), :mod:`~miniverl.reporting.sections` (one builder per
+section) and :mod:`~miniverl.reporting.render` (HTML and Markdown).
 """
 
 from __future__ import annotations
 
-from miniverl.reporting.load import RunData, load_run, read_jsonl
-from miniverl.reporting.render import render_html, render_markdown, write_report
-from miniverl.reporting.sections import build_sections
-from miniverl.reporting.sections.curves import split_loss_series
-from miniverl.reporting.tables import (
-    CURVE_SERIES,
-    PAGE_ROWS,
-    SECTION_TITLES,
-    Section,
-    Table,
-    fmt_num,
-    fmt_pct,
-)
+from pathlib import Path
 
-__all__ = [
-    "CURVE_SERIES",
-    "PAGE_ROWS",
-    "SECTION_TITLES",
-    "RunData",
-    "Section",
-    "Table",
-    "build_sections",
-    "fmt_num",
-    "fmt_pct",
-    "load_run",
-    "read_jsonl",
-    "render_html",
-    "render_markdown",
-    "split_loss_series",
-    "write_report",
-]
+from miniverl.reporting.load import load_run
+from miniverl.reporting.render import render_html, render_markdown
+from miniverl.reporting.sections import build_sections
+from miniverl.utils.io import atomic_write_text
+
+
+def write_report(run_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``report.html`` and ``summary.md`` into ``run_dir`` (atomically); return their paths.
+
+    The sections are built once and rendered twice, so the HTML and the Markdown show the
+    same numbers.
+    """
+    data = load_run(run_dir)
+    sections = build_sections(data)
+    html = render_html(data, sections)
+    markdown = render_markdown(data, sections)
+    atomic_write_text(data.paths.report_html, html)
+    atomic_write_text(data.paths.summary_md, markdown)
+    return data.paths.report_html, data.paths.summary_md
+
+
+__all__ = ["write_report"]

@@ -26,12 +26,12 @@ from typing import Any
 
 from miniverl.errors import CheckpointError
 from miniverl.schemas.records import CheckpointState, parse_state
+from miniverl.utils.hashing import sha256_file
 from miniverl.utils.io import (
     atomic_path,
     checked_failpoint,
     is_disk_full,
     read_json,
-    sha256_file,
     storage_error,
     write_json,
 )

@@ -23,7 +23,8 @@ from miniverl.errors import CheckpointError
 from miniverl.models.base import CausalLMBackend
 from miniverl.training.checkpoint import save_tensors
 from miniverl.training.toy_teacher import TOY_TEACHER_FILE, save_teacher
-from miniverl.utils.io import read_json, sha256_file, write_json
+from miniverl.utils.hashing import sha256_file
+from miniverl.utils.io import read_json, write_json
 from miniverl.utils.logging import EventLog
 
 COLD_START_STUDENT = "student.safetensors"

@@ -40,7 +40,7 @@ from miniverl.training import teacher_reuse as reuse
 from miniverl.training.checkpoint import save_tensors
 from miniverl.training.noisy_traces import FitTrace, toy_fit_traces
 from miniverl.training.progress import ProgressReporter
-from miniverl.utils.io import sha256_file
+from miniverl.utils.hashing import sha256_file
 from miniverl.utils.logging import EventLog
 from miniverl.utils.seeding import capture_rng_state, derive_seed, restore_rng_state
 

@@ -1,4 +1,4 @@
-"""Atomic file writes and hashing.
+"""Atomic file writes.
 
 Every artifact is written to a temporary sibling and renamed into place, so a crash
 never leaves a half-written file that later reads as valid. ``os.replace`` is atomic on
@@ -19,8 +19,6 @@ from typing import Any
 
 from miniverl.errors import MiniverlError, RunDirectoryError, RunStorageError
 from miniverl.utils.failpoints import failpoint
-from miniverl.utils.hashing import sha256_bytes as sha256_bytes  # re-exported
-from miniverl.utils.hashing import sha256_file as sha256_file  # re-exported
 from miniverl.utils.safe_load import load_json_file
 
 
