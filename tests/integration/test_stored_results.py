@@ -1,4 +1,4 @@
-"""The figures quoted in the README and docs/benchmark.md come from the cells stored in ``results/``.
+"""The figures the README, docs/benchmark.md and LOG.md quote come from the cells in ``results/``.
 
 ``results/calc_chain_oracle/pilot`` holds the pilot's 25 finished cells and five shared cold
 starts; ``results/calc_chain_oracle/lr-grid`` the learning-rate grid's cells, cold starts and
@@ -179,7 +179,7 @@ ORACLE_SFT_CHECK = ("go", 0.088)
 AT_SELECTED_RATES = {
     # One benchmark command each: arms, arm seeds, then every contrast row it writes as
     # (reference, arm, endpoint): mean, interval, per-seed differences, sd of the seed
-    # differences and MDE, all in pp (README "Where the calc_chain result stands"), then the
+    # differences and MDE, all in pp (docs/benchmark.md, "Result with the oracle teacher"), then the
     # stop-or-go checks as (status, value) and the overall status.
     "full-arm-set": (
         [
@@ -197,7 +197,7 @@ AT_SELECTED_RATES = {
         {**GATE_AND_ERRORS, "oracle_sft_not_at_ceiling": ORACLE_SFT_CHECK},
         "go",
     ),
-    # The reverse-KL pair on arm seed 0 alone: the fifth session's table (docs/benchmark.md).
+    # The reverse-KL pair on arm seed 0 alone (results/calc_chain_oracle/LOG.md, 2026-12-01 18:50).
     "reverse-kl-arm-seed-0": (
         ["offline_kd_reverse_kl", "opd_reverse_kl"],
         1,

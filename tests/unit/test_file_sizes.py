@@ -1,6 +1,6 @@
 """No module under ``src/`` is longer than ~600 lines unless its opening comment says why.
 
-Issue 10 item 7: a long file is a sign that two ideas share one home. A module whose size
+A long file is a sign that two ideas share one home. A module whose size
 is essential says so with a ``# Size:`` line (or ``Size:`` in its docstring) within its
 first 10 lines, giving the reason; the check then accepts it.
 """
