@@ -15,6 +15,7 @@ recipe.
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -351,3 +352,43 @@ def test_the_test_split_protocol_takes_its_rates_from_the_stored_grid() -> None:
         assert SELECTED_RATES[arm] == lr_text(stored["selected"][arm])
     assert record["selected"] == stored["selected"]
     assert record["lr_grid_sha256"] == sha256_file(GRID / "lr_grid.json")
+
+
+T_975_DF4 = 2.7764451051977987
+"""The 0.975 quantile of Student's t with 4 degrees of freedom (5 seeds)."""
+
+
+def _t4_cdf(t: float) -> float:
+    """Student's t CDF for 4 degrees of freedom, in closed form (no scipy in the test deps)."""
+    u = t / math.sqrt(1 + t * t / 4)
+    return 0.5 + 0.375 * u * (1 - t * t / (12 * (1 + t * t / 4)))
+
+
+T_INTERVALS_AT_K3 = {
+    # (reference, arm): 95% t-interval over the 5 seed means in pp, two-sided p; the README and
+    # docs/benchmark.md quote them beside the two-level bootstrap.
+    ("offline_kd", "opd"): ([-14.6, 0.7], 0.066),
+    ("offline_kd_reverse_kl", "opd_reverse_kl"): ([-11.4, 0.2], 0.054),
+}
+
+
+@pytest.mark.parametrize("pair", sorted(T_INTERVALS_AT_K3), ids="-vs-".join)
+def test_the_k3_primary_contrasts_t_interval_over_seed_means(pair: tuple[str, str]) -> None:
+    """A t-interval over the five seed means, the conservative reading of a 5-seed bootstrap.
+
+    Each seed's success at k = 3 is the mean of its two arm seeds' cells (the two-level
+    bootstrap's seed-level value); the difference is arm minus reference, in pp.
+    """
+    assert abs(_t4_cdf(T_975_DF4) - 0.975) < 1e-9 and abs(_t4_cdf(0.0) - 0.5) < 1e-12
+
+    def seed_mean(arm: str, seed: int) -> float:
+        cells = [SELECTED / "cells" / f"s{seed}-a{a}-{arm}.json" for a in (0, 1)]
+        return sum(read_json(c)["payload"]["endpoints"]["success_by_k"]["3"] for c in cells) / 2
+
+    reference, arm = pair
+    diffs = [100 * (seed_mean(arm, s) - seed_mean(reference, s)) for s in range(1, 6)]
+    mean = sum(diffs) / 5
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 4 / 5)
+    interval, p = T_INTERVALS_AT_K3[pair]
+    assert [round(mean - T_975_DF4 * se, 1), round(mean + T_975_DF4 * se, 1)] == interval
+    assert round(2 * (1 - _t4_cdf(abs(mean) / se)), 3) == p
