@@ -136,7 +136,7 @@ def test_the_readme_set_up_and_test_blocks_are_self_contained_and_name_what_ci_a
     command = (
         'pip install torch==2.13.0 -e ".[hf,dev,verl-export]" && ruff check . && python -m pytest'
     )
-    setup = _bash_block_after(readme, "## Set up")
+    setup = _bash_block_after(readme, "## Quick start")
     assert setup == [venv, cpu_torch, 'pip install -e ".[hf,dev]"', "miniverl demo"], setup
     tests = _bash_block_after(readme, "## Tests")
     assert tests[:2] == [venv, cpu_torch] and tests[-1] == command, tests
