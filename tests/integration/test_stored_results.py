@@ -392,3 +392,43 @@ def test_the_k3_primary_contrasts_t_interval_over_seed_means(pair: tuple[str, st
     interval, p = T_INTERVALS_AT_K3[pair]
     assert [round(mean - T_975_DF4 * se, 1), round(mean + T_975_DF4 * se, 1)] == interval
     assert round(2 * (1 - _t4_cdf(abs(mean) / se)), 3) == p
+
+
+ARM_TABLE = {
+    # arm: final success over all k in % (mean, SD over the 5 seeds, each seed the mean of its
+    # two arm seeds), then success at k = 1, 2, 3 (mean over the 10 cells); the README and
+    # docs/benchmark.md ("Every arm on the test split") quote these.
+    "offline_kd": (23.8, 7.6, 0.824, 0.530, 0.070),
+    "sft_oracle": (25.3, 6.5, 0.891, 0.535, 0.088),
+    "seqkd": (25.2, 6.2, 0.892, 0.525, 0.091),
+    "kd_oracle": (24.6, 6.5, 0.872, 0.529, 0.073),
+    "gkd_mix": (21.7, 5.8, 0.850, 0.409, 0.041),
+    "opd": (1.4, 2.8, 0.084, 0.000, 0.001),
+    "offline_kd_reverse_kl": (25.7, 6.6, 0.899, 0.549, 0.089),
+    "opd_reverse_kl": (23.4, 7.0, 0.898, 0.475, 0.033),
+}
+
+
+def _matches_quote(value: float, quoted: float, decimals: int) -> bool:
+    """``quoted`` is ``value`` rounded to ``decimals`` places (either way at an exact half)."""
+    return abs(value - quoted) <= 0.5 * 10**-decimals + 1e-9
+
+
+@pytest.mark.parametrize("arm", sorted(ARM_TABLE))
+def test_each_arms_test_split_figures_are_its_stored_cells(arm: str) -> None:
+    payloads = {
+        (seed, a): read_json(SELECTED / "cells" / f"s{seed}-a{a}-{arm}.json")["payload"]
+        for seed in range(1, 6)
+        for a in (0, 1)
+    }
+    per_seed = [
+        100 * (payloads[s, 0]["final_success"] + payloads[s, 1]["final_success"]) / 2
+        for s in range(1, 6)
+    ]
+    mean = sum(per_seed) / 5
+    sd = math.sqrt(sum((v - mean) ** 2 for v in per_seed) / 4)
+    quoted_mean, quoted_sd, *by_k = ARM_TABLE[arm]
+    assert _matches_quote(mean, quoted_mean, 1) and _matches_quote(sd, quoted_sd, 1), (mean, sd)
+    for k, quoted in zip(("1", "2", "3"), by_k, strict=True):
+        value = sum(p["endpoints"]["success_by_k"][k] for p in payloads.values()) / 10
+        assert _matches_quote(value, quoted, 3), (k, value)
