@@ -1,4 +1,4 @@
-"""Teacher-cache size and throughput (design.txt §3.6; figures for issue 5's closing note).
+"""Teacher-cache size and throughput (docs/design.md §3.6).
 
 Two measurements:
 

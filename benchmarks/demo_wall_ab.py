@@ -1,7 +1,7 @@
 """Wall time of ``miniverl demo --fast`` for two checkouts, measured in one interleaved run.
 
-Issue 10's acceptance asks that a refactor keep ``demo --fast`` within 5% of the wall time
-it had before, measured side by side. Timing one checkout now and the other later compares
+A refactor should keep ``demo --fast`` within 5% of the wall time it had before, measured
+side by side. Timing one checkout now and the other later compares
 two machine loads, not two programs, so this script alternates the two (A B B A A B ...)
 in fresh subprocesses, each with its own empty teacher cache (``MINIVERL_CACHE_DIR``), so
 both fit the toy teacher from scratch exactly as a first-time user does. It also checks

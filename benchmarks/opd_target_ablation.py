@@ -1,6 +1,6 @@
 """Which OPD targets move the student where: fit one batch of its own rollouts, by position subset.
 
-A diagnostic, not a timing (docs/benchmark.md, "Runs so far", uses it to explain why `opd`
+A diagnostic, not a timing (docs/benchmark.md, "Where the forward-KL collapse comes from", uses it to explain why `opd`
 collapses on calc_chain with the oracle teacher). From a shared cold start it collects ONE
 cycle of the student's own rollouts with their teacher targets, exactly as the `opd` arm's
 first cycle does, then fits that fixed batch for ``--steps`` optimizer steps keeping the

@@ -1,4 +1,4 @@
-"""Item 7 of issue 16: one test per user-visible behaviour of the smaller CLI fixes."""
+"""One test per user-visible behaviour of the smaller CLI conveniences."""
 
 from __future__ import annotations
 

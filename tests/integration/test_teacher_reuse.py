@@ -1,4 +1,4 @@
-"""Item 4 of issue 16: a fitted toy teacher is cached by digest and reused."""
+"""A fitted toy teacher is cached by digest and reused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Item 7 of issue 16: version summaries, cache stats and the missing HF folder error."""
+"""Version summaries, cache stats and the missing HF folder error."""
 
 from __future__ import annotations
 

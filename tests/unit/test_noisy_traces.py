@@ -1,4 +1,4 @@
-"""Noise-injected toy-teacher fitting traces (issue 15, item 2): provenance, masks, recovery."""
+"""Noise-injected toy-teacher fitting traces: provenance, masks, recovery."""
 
 from __future__ import annotations
 

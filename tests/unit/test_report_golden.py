@@ -1,8 +1,8 @@
 """Golden output of ``miniverl report`` for fixed synthetic run directories.
 
 The fixtures in ``tests/data/report_golden/`` were rendered by the single-file
-``reporting/report.py`` before it was split into load / tables / sections / render
-(issue 10 item 7); the split must not change a byte of ``summary.md``, nor of ``report.html`` once its SVG id prefixes are renumbered (below).
+``reporting/report.py`` before it was split into load / tables / sections / render;
+the split must not change a byte of ``summary.md``, nor of ``report.html`` once its SVG id prefixes are renumbered (below).
 Regenerate deliberately with ``MINIVERL_REGEN_GOLDEN=1`` when an intended report change
 lands, and review the diff.
 """

@@ -1,4 +1,4 @@
-"""The teacher gate (issue 15, item 2): the correct next action at student states, the score,
+"""The teacher gate: the correct next action at student states, the score,
 the refusal."""
 
 from __future__ import annotations
