@@ -57,13 +57,25 @@ def run_arm(
     temperature: float,
     repeats: int,
     threads: int,
+    device: str = "cpu",
 ) -> dict:
-    """Run one arm in this process and return its memory and per-pass time measurements."""
+    """Run one arm in this process and return its memory and per-pass time measurements.
+
+    On ``device="cuda"`` the tensors live on the GPU, every timed pass is synchronised, and
+    the result also holds ``cuda_setup_allocated`` / ``cuda_peak_allocated`` /
+    ``cuda_peak_reserved`` (bytes; the peak is reset after setup, so arms can share a
+    process there, unlike the resident set, which only grows).
+    """
     import torch
     import torch.nn.functional as F
 
     if threads > 0:
         torch.set_num_threads(threads)
+    on_cuda = torch.device(device).type == "cuda"
+
+    def sync() -> None:
+        if on_cuda:
+            torch.cuda.synchronize(device)
 
     from miniverl.losses import (
         DivergenceSpec,
@@ -73,13 +85,13 @@ def run_arm(
     )
 
     torch.manual_seed(0)
-    student_head = torch.randn(vocab, hidden).mul_(hidden**-0.5)
-    teacher_head = torch.randn(vocab, hidden).mul_(hidden**-0.5)
-    student_hidden = torch.randn(positions, hidden).requires_grad_()
-    teacher_hidden = torch.randn(positions, hidden)
-    targets = torch.randint(0, vocab, (positions,))
+    student_head = torch.randn(vocab, hidden, device=device).mul_(hidden**-0.5)
+    teacher_head = torch.randn(vocab, hidden, device=device).mul_(hidden**-0.5)
+    student_hidden = torch.randn(positions, hidden, device=device).requires_grad_()
+    teacher_hidden = torch.randn(positions, hidden, device=device)
+    targets = torch.randint(0, vocab, (positions,), device=device)
     rows = [
-        torch.ones(min(ROWS_PER_TRAJECTORY, positions - start))
+        torch.ones(min(ROWS_PER_TRAJECTORY, positions - start), device=device)
         for start in range(0, positions, ROWS_PER_TRAJECTORY)
     ]
     weights = torch.cat(normalize_trajectory_weights(rows))
@@ -133,16 +145,31 @@ def run_arm(
 
     run(2)
     student_hidden.grad = None
+    sync()
     setup_rss = _rss_now_bytes()
     setup_peak = _peak_rss_bytes()
+    if on_cuda:
+        cuda_setup = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
     wall, cpu = [], []
     for _ in range(repeats):
         student_hidden.grad = None
+        sync()
         cpu_start, start = _cpu_seconds(), time.perf_counter()
         loss = run(positions)
+        sync()
         wall.append(time.perf_counter() - start)
         cpu.append(_cpu_seconds() - cpu_start)
+    cuda = {}
+    if on_cuda:
+        cuda = {
+            "cuda_setup_allocated": cuda_setup,
+            "cuda_peak_allocated": torch.cuda.max_memory_allocated(device),
+            "cuda_peak_reserved": torch.cuda.max_memory_reserved(device),
+        }
     return {
+        "device": str(device),
+        **cuda,
         "arm": arm,
         "positions": positions,
         "setup_rss": setup_rss,
