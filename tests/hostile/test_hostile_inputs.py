@@ -377,7 +377,7 @@ def _checkpoint(tmp_path: Path, **tensors: Any) -> Path:
             "parameter_version": 1,
             "task_cursor": 0,
             "chunk_size": 8,
-            "rng": {},
+            "rng": {"python": [3, [1] * 624 + [624], None]},
             "optimizer": {},
         },
         config_digest="d" * 64,
@@ -437,6 +437,36 @@ def _state_rehashed_garbage(tmp_path: Path) -> Path:
     return path
 
 
+def _state_rehashed(tmp_path: Path, **fields: Any) -> Path:
+    path = _checkpoint(tmp_path)
+    state = json.loads((path / "state.json").read_text())
+    (path / "state.json").write_text(json.dumps({**state, **fields}))
+    _rehash(path)
+    return path
+
+
+def _state_rng_short(tmp_path: Path) -> Path:
+    return _state_rehashed(tmp_path, rng={"python": [3, [1, 2, 3], None, 7]})
+
+
+def _state_rng_words(tmp_path: Path) -> Path:
+    return _state_rehashed(tmp_path, rng={"python": [3, [-1] * 625, None]})
+
+
+def _state_rng_torch(tmp_path: Path) -> Path:
+    return _state_rehashed(
+        tmp_path, rng={"python": [3, [1] * 624 + [624], None], "torch_cpu": [300]}
+    )
+
+
+def _state_rng_missing(tmp_path: Path) -> Path:
+    return _state_rehashed(tmp_path, rng={})
+
+
+def _state_huge_cycle(tmp_path: Path) -> Path:
+    return _state_rehashed(tmp_path, cycle=10**12)
+
+
 def _adapter_rehashed_garbage(tmp_path: Path) -> Path:
     path = _checkpoint(tmp_path)
     (path / "adapter.safetensors").write_bytes(struct.pack("<Q", 10**9) + b"{")
@@ -467,6 +497,11 @@ CHECKPOINT_CASES: list[tuple[str, Callable[[Path], Path], str]] = [
     ("marker_list", _marker_list, "checkpoint.json holds a JSON list"),
     ("state_missing_keys", _state_rehashed_missing_keys, "state.json lacks"),
     ("state_garbage", _state_rehashed_garbage, "state.json is not valid JSON"),
+    ("state_rng_short", _state_rng_short, "state.json: field 'rng': rng.python must be"),
+    ("state_rng_words", _state_rng_words, "field 'rng': rng.python state words"),
+    ("state_rng_torch", _state_rng_torch, "field 'rng': rng.torch_cpu must hold"),
+    ("state_rng_missing", _state_rng_missing, "field 'rng': rng.python is missing"),
+    ("state_huge_cycle", _state_huge_cycle, "state.json: field 'cycle'"),
     ("adapter_garbage", _adapter_rehashed_garbage, "adapter.safetensors"),
     ("adapter_fifo", _adapter_fifo, "adapter.safetensors is not a regular file"),
     ("adapter_tampered", _adapter_tampered, "does not match its SHA-256"),
@@ -482,10 +517,42 @@ def test_hostile_checkpoint_is_a_checkpoint_error(
     from miniverl.training.checkpoint import load_checkpoint
 
     path = make(tmp_path)
+    before = _snapshot(tmp_path)
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(path)
     assert type(info.value) is CheckpointError
     assert fragment in info.value.message, info.value.message
+    assert _snapshot(tmp_path) == before, "a refused checkpoint changed files on disk"
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_fifo()
+    }
+
+
+def test_state_cycle_past_the_recipe_is_a_checkpoint_error() -> None:
+    """``cycle`` 5 passes the schema's sanity bound but not a recipe with ``train.cycles: 2``."""
+    from miniverl.schemas.records import check_state_cycle
+
+    check_state_cycle({"cycle": 1}, "state.json", cycles=2)
+    check_state_cycle({"cycle": -1}, "state.json", cycles=2)
+    for bad in (2, 5, 10**12, -2, "1", None):
+        with pytest.raises(CheckpointError, match=r"state.json: field 'cycle'"):
+            check_state_cycle({"cycle": bad}, "state.json", cycles=2)
+
+
+def test_restoring_a_garbage_rng_block_is_a_value_error_naming_the_part() -> None:
+    import random
+
+    from miniverl.utils.seeding import restore_rng_state
+
+    before = random.getstate()
+    with pytest.raises(ValueError, match="rng.python must be"):
+        restore_rng_state({"python": [3, [1, 2], None, 9]})
+    assert random.getstate() == before
 
 
 def test_optimizer_state_without_exp_avg_is_a_checkpoint_error() -> None:
