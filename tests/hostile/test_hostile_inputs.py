@@ -583,6 +583,8 @@ def _mutate(record: dict[str, Any], how: str) -> str:
     rec = json.loads(json.dumps(record))
     if how == "vocab":
         rec["token_ids"][-1] = 10**6
+    elif how == "huge_id":
+        rec["token_ids"][-1] = 10**12
     elif how == "negative":
         rec["token_ids"][0] = -1
     elif how == "version":
@@ -610,6 +612,7 @@ def _mutate(record: dict[str, Any], how: str) -> str:
 
 TRAJECTORY_CASES: list[tuple[str, str]] = [
     ("vocab", "outside the tokenizer vocabulary"),
+    ("huge_id", "token id 1000000000000 is past 16777215"),
     ("negative", "token ids must be non-negative"),
     ("version", "has trajectory schema_version 999"),
     ("length", "but token_ids has length"),
@@ -648,9 +651,20 @@ def test_inspect_checks_token_ids_against_the_run_manifest(
 
     path = tmp_path / "trajectories.jsonl"
     path.write_text(_mutate(trajectory_record, "vocab") + "\n")
-    summarize_file(path)  # no manifest: nothing to check against
+    summarize_file(path)  # no manifest: only the sanity bound, which 10**6 is under
     (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": {"vocab_size": 200}}))
     with pytest.raises(SchemaValidationError, match="outside the tokenizer vocabulary"):
+        summarize_file(path)
+
+
+def test_inspect_of_a_standalone_file_refuses_an_id_past_any_vocabulary(
+    tmp_path: Path, trajectory_record: dict[str, Any]
+) -> None:
+    from miniverl.inspection.summary import summarize_file
+
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text(_mutate(trajectory_record, "huge_id") + "\n")
+    with pytest.raises(SchemaValidationError, match=f"{path}:1.*beyond any tokenizer"):
         summarize_file(path)
 
 

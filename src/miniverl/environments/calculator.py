@@ -305,6 +305,11 @@ class CalculatorEnvironment(ToolEnvironment):
             return prompt, answer, {"expressions": [first, second]}
         raise ToolEnvironmentError(f"calculator: unknown difficulty {difficulty!r}")
 
+    def distinct_tasks(self, difficulty: Difficulty) -> int | None:
+        """easy: 9 * 9 operand pairs * 3 operators = 243 prompts; medium and hard run to
+        millions, treated as unbounded."""
+        return 9 * 9 * len(_OPS) if difficulty == "easy" else None
+
     def reset(self, task: Task) -> None:
         self._task = task
         self._steps = 0
