@@ -166,20 +166,88 @@ RECIPE_TEXT_CASES: list[tuple[str, str, str]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("text", "fragment"),
-    [pytest.param(t, f, id=i) for i, t, f in RECIPE_TEXT_CASES],
+AMPLIFYING = frozenset(
+    {"alias_bomb", "many_aliases", "recursive_alias", "deep_flow_list", "deep_flow_map"}
+    | {"deep_block_map", "huge_int"}
 )
-def test_hostile_recipe_is_a_config_error(tmp_path: Path, text: str, fragment: str) -> None:
+"""Cases whose guard stands between a few hundred bytes and gigabytes or minutes of work:
+they load in a capped child (:func:`_load_recipe_capped`)."""
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "fragment"),
+    [pytest.param(i, t, f, id=i) for i, t, f in RECIPE_TEXT_CASES],
+)
+def test_hostile_recipe_is_a_config_error(
+    tmp_path: Path, case: str, text: str, fragment: str
+) -> None:
     from miniverl.config.models import RunConfig
 
     path = tmp_path / "recipe.yaml"
     path.write_text(text, encoding="utf-8")
-    with pytest.raises(ConfigError) as info:
-        RunConfig.from_yaml(path)
-    assert type(info.value) is ConfigError
-    assert fragment in info.value.message, info.value.message
-    assert str(path) in info.value.message
+    if case in AMPLIFYING:
+        kind, message = _load_recipe_capped(path)
+        assert kind == "ConfigError", message
+    else:
+        with pytest.raises(ConfigError) as info:
+            RunConfig.from_yaml(path)
+        assert type(info.value) is ConfigError
+        message = info.value.message
+    assert fragment in message, message
+    assert str(path) in message
+
+
+CAP_BYTES = 1 << 30
+"""Address-space cap of the child that loads a hostile recipe (1 GiB; a guarded load needs
+about a tenth of it, an unguarded alias bomb tens of GiB)."""
+CAP_SECONDS = 30
+
+
+_LOAD_RECIPE = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]), int(sys.argv[2])))
+resource.setrlimit(resource.RLIMIT_CPU, (int(sys.argv[3]), int(sys.argv[3])))
+from miniverl.config.models import RunConfig
+from miniverl.errors import MiniverlError
+try:
+    RunConfig.from_yaml(sys.argv[1])
+except MiniverlError as exc:
+    print(json.dumps([type(exc).__name__, exc.message]))
+else:
+    print(json.dumps(["accepted", ""]))
+"""
+
+
+def _load_recipe_capped(path: Path) -> tuple[str, str]:
+    """Load ``path`` in a child capped at :data:`CAP_BYTES` and :data:`CAP_SECONDS`.
+
+    A hostile recipe whose guard regressed then fails this test in seconds (MemoryError,
+    SIGXCPU or the timeout) instead of eating the machine: an unguarded alias bomb took
+    minutes and ~10 GB in-process. Returns the error's type name and message.
+    """
+    import subprocess
+    import sys
+
+    from helpers import subprocess_env
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _LOAD_RECIPE, str(path), str(CAP_BYTES), str(CAP_SECONDS)],
+            capture_output=True,
+            text=True,
+            timeout=2 * CAP_SECONDS,
+            env=subprocess_env(),
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"loading {path} ran past {2 * CAP_SECONDS} s: its guard is gone")
+    if proc.returncode != 0:
+        pytest.fail(
+            f"loading {path} died (exit {proc.returncode}) under a {CAP_BYTES >> 20} MiB / "
+            f"{CAP_SECONDS} s cap: {proc.stderr.strip().splitlines()[-1:]}"
+        )
+    kind, message = json.loads(proc.stdout.strip().splitlines()[-1])
+    return kind, message
 
 
 def _fifo(path: Path) -> Path:
