@@ -618,7 +618,7 @@ def test_restoring_a_garbage_rng_block_is_a_value_error_naming_the_part() -> Non
     from miniverl.utils.seeding import restore_rng_state
 
     before = random.getstate()
-    with pytest.raises(ValueError, match="rng.python must be"):
+    with pytest.raises(ValueError, match=r"rng\.python must be"):
         restore_rng_state({"python": [3, [1, 2], None, 9]})
     assert random.getstate() == before
 

@@ -79,9 +79,9 @@ def test_cache_prune_beside_a_live_writer_is_refused_and_changes_nothing(
     run, proc = live_holder
     cache = run / "teacher-cache"
     shutil.copytree(finished_run / "teacher-cache", cache)
-    versions = json.loads(
-        CliRunner().invoke(app, ["cache", "stats", str(cache), "--json"]).output
-    )["versions"]
+    versions = json.loads(CliRunner().invoke(app, ["cache", "stats", str(cache), "--json"]).output)[
+        "versions"
+    ]
     before = {p.name: p.read_bytes() for p in sorted(cache.iterdir())}
     keep = sorted(int(v) for v in versions)[-1]
     result = CliRunner().invoke(app, ["cache", "prune", str(cache), "--keep-version", str(keep)])

@@ -216,7 +216,6 @@ _SYSTEM_PROMPTS = {
 }
 
 
-
 def calculator_expression(call: ToolCall, state: str) -> str | ToolResult:
     """The ``expression`` of a well-formed ``calculator`` call, or the tool error to return.
 
@@ -238,8 +237,11 @@ def calculator_expression(call: ToolCall, state: str) -> str | ToolResult:
         )
     expression = call.arguments.get("expression")
     if not isinstance(expression, str):
-        return ToolResult(ok=False, error="missing string argument 'expression'", env_state_id=state)
+        return ToolResult(
+            ok=False, error="missing string argument 'expression'", env_state_id=state
+        )
     return expression
+
 
 class CalculatorEnvironment(ToolEnvironment):
     """Arithmetic tasks of three difficulties, solved with a safe calculator tool.
