@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -209,8 +211,12 @@ def inspect(
     all_versions: Annotated[
         bool, typer.Option("--all-versions", help="List every policy version, not a summary.")
     ] = False,
+    wide: Annotated[
+        bool,
+        typer.Option("--wide", help="Print tables at their full width, never folding a column."),
+    ] = False,
 ) -> None:
-    """Validate every record of a trajectory file and summarize its token provenance."""
+    """Validate a trajectory file; count how every episode ended; show token provenance."""
     from miniverl.inspection.summary import summarize_file
     from miniverl.utils.versions import summarize_versions
 
@@ -224,12 +230,11 @@ def inspect(
     if json_out:
         sys.stdout.write(json.dumps(summary.to_dict(), indent=2, sort_keys=True) + "\n")
         return
+    for line in outcome_lines(summary):
+        console.print(line, markup=False, soft_wrap=True)
     console.print(
         f"  {summary.trajectories} trajectories | {summary.tokens} tokens | {summary.model_tokens} model tokens "
         f"({100 * summary.model_token_fraction:.1f}%) | {summary.critical_tokens} critical"
-    )
-    console.print(
-        f"  graded {summary.graded} | solved {summary.solved} ({100 * summary.solve_rate:.1f}%)"
     )
     versions = (
         ", ".join(map(str, summary.policy_versions))
@@ -246,30 +251,16 @@ def inspect(
     from miniverl.schemas.trajectory import MODEL_GENERATED_SPAN_TYPES, SpanType
 
     table = Table(title="tokens by span type (only assistant_* can enter the loss)")
-    table.add_column("span type")
+    table.add_column("span type", overflow="fold")
     table.add_column("tokens", justify="right")
-    table.add_column("in loss")
+    table.add_column("in loss", overflow="fold")
     for span_type, count in summary.tokens_by_span_type.items():
         in_loss = SpanType(span_type) in MODEL_GENERATED_SPAN_TYPES
         table.add_row(span_type, str(count), "yes" if in_loss else "no (context)")
     console.print(table)
 
     if summary.rows and limit:
-        rows = Table(title=f"first {len(summary.rows)} trajectories")
-        for col in ("trajectory", "tokens", "model", "termination", "solved", "version", "source"):
-            rows.add_column(col)
-        for r in summary.rows:
-            solved = "-" if r.solved is None else ("yes" if r.solved else "no")
-            rows.add_row(
-                Text(r.trajectory_id),
-                str(r.tokens),
-                str(r.model_tokens),
-                r.termination_reason,
-                solved,
-                str(r.policy_version),
-                Text(r.source or ""),
-            )
-        console.print(rows)
+        _print_rows(summary.rows, wide=wide)
 
     if summary.spans is not None:
         span_table = Table(title=f"spans of {trajectory}")
@@ -284,6 +275,72 @@ def inspect(
                 Text(s.text.replace("\n", "\\n")),
             )
         console.print(span_table)
+
+
+def outcome_lines(summary: Any) -> list[str]:
+    """The header of ``inspect``: every trajectory counted once, by how it ended.
+
+    The solve rate over graded trajectories alone reads 100% when half the episodes never
+    answered, so the first line divides by all trajectories and names the unanswered ones.
+    """
+    reasons = ", ".join(f"{k} {v}" for k, v in summary.without_answer_by_reason.items())
+    first = (
+        f"  {summary.trajectories} trajectories: solved {summary.solved} "
+        f"({100 * summary.success_rate:.1f}%) | answered wrong {summary.answered_wrong} | "
+        f"ended without an answer {summary.without_answer}" + (f" ({reasons})" if reasons else "")
+    )
+    graded = (
+        f"  graded {summary.graded} (gave a final answer) | solved {summary.solved} "
+        f"({100 * summary.solve_rate:.1f}% of graded)"
+    )
+    return [first, graded]
+
+
+def _print_rows(rows: list[Any], *, wide: bool) -> None:
+    """The per-trajectory table, ids always whole (they are what ``--trajectory`` takes).
+
+    When the table is wider than the terminal it becomes one plain line per trajectory
+    (the terminal may wrap it, nothing is cut); ``--wide`` keeps the table at full width.
+    """
+    from rich.measure import Measurement
+
+    table = Table(
+        title=f"first {len(rows)} trajectories",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for col in ("trajectory", "ended by", "tokens", "model", "solved", "version", "source"):
+        table.add_column(col, no_wrap=True)
+    cells = [
+        (
+            r.trajectory_id,
+            r.termination_reason,
+            str(r.tokens),
+            str(r.model_tokens),
+            "-" if r.solved is None else ("yes" if r.solved else "no"),
+            str(r.policy_version),
+            r.source or "",
+        )
+        for r in rows
+    ]
+    for row in cells:
+        table.add_row(*(Text(c) for c in row))
+    needed = Measurement.get(console, console.options.update_width(10**6), table).maximum
+    if needed <= console.width:
+        console.print(table)
+        return
+    if wide:  # a console as wide as the table: the terminal wraps lines, rich cuts nothing
+        Console(width=needed, highlight=False, file=console.file).print(table)
+        return
+    console.print(
+        f"first {len(rows)} trajectories (id, termination, tokens, model tokens, solved, "
+        "version, source; --wide for a table):",
+        markup=False,
+        soft_wrap=True,
+    )
+    for row in cells:
+        console.print("  " + "  ".join(row), markup=False, soft_wrap=True)
 
 
 # -- train / demo / eval ------------------------------------------------------------
