@@ -175,20 +175,74 @@ def validate(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Only the verdict and digest.")
     ] = False,
+    full: Annotated[
+        bool,
+        typer.Option("--full", help="Print the whole resolved config, not only what differs."),
+    ] = False,
 ) -> None:
-    """Validate a recipe: print the full validated config, or every error with its key path."""
+    """Validate a recipe: the verdict first, then the settings that differ from the defaults
+    (--full: all of them), or every error with its key path."""
     from miniverl.config.models import RunConfig
 
     config = RunConfig.from_yaml(recipe, overrides or [])
     from miniverl.environments.tasks_file import check_environment
 
     env_note = check_environment(config.environment, config.rollout.max_turns)
-    if not quiet:
-        console.print(config.to_yaml(), markup=False, end="")
-        console.print(f"# {env_note}", markup=False, soft_wrap=True)
     console.print(
-        f"[green]valid[/] {recipe} (digest {config.digest()[:16]}, mode {config.run.mode}, objective {config.objective_label()})"
+        f"[green]valid[/] {recipe} (digest {config.digest()[:16]}, mode {config.run.mode}, objective {config.objective_label()})",
+        soft_wrap=True,
     )
+    if quiet:
+        return
+    console.print(f"# {env_note}", markup=False, soft_wrap=True)
+    if full:
+        console.print("# the whole resolved config:", markup=False)
+        console.print(config.to_yaml(), markup=False, end="")
+        return
+    changed = changed_settings(config)
+    console.print(
+        f"# {len(changed)} setting(s) differ from the defaults (--full for the whole resolved config):",
+        markup=False,
+    )
+    if changed:
+        import yaml
+
+        console.print(
+            yaml.safe_dump(nest(changed), sort_keys=False, default_flow_style=False).rstrip(),
+            markup=False,
+        )
+
+
+def changed_settings(config: Any) -> dict[str, Any]:
+    """``{"train.cycles": 4, ...}``: every leaf of ``config`` whose value differs from the
+    default recipe's (an empty recipe), in the config's own section order."""
+    from miniverl.config.models import RunConfig
+
+    defaults = dict(_leaves(RunConfig.from_mapping({}, source="<defaults>").to_dict()))
+    missing = object()
+    return {k: v for k, v in _leaves(config.to_dict()) if defaults.get(k, missing) != v}
+
+
+def _leaves(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Dotted leaves of a nested mapping; an empty mapping is itself a leaf."""
+    if not isinstance(data, dict) or not data:
+        return [(prefix, data)]
+    out: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        out.extend(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`_leaves` for printing: ``{"a.b": 1}`` -> ``{"a": {"b": 1}}``."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
 
 
 # -- inspect ------------------------------------------------------------------------
