@@ -24,6 +24,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from miniverl import __version__
 from miniverl.cli.cache_cmd import cache_app
@@ -37,22 +38,69 @@ from miniverl.utils.lazy import import_torch
 from miniverl.utils.runlock import run_lock
 from miniverl.utils.safe_load import MAX_YAML_BYTES, read_regular_bytes
 
+APP_HELP = (
+    "On-policy distillation of tool-using LM agents. Everything a newcomer runs works on the "
+    "CPU: 'miniverl demo' trains a toy student end to end with no network and no GPU. "
+    "Hugging Face models train on the CPU or on a CUDA GPU (models.device)."
+)
+
+RUN, INSPECT, COMPARE, EXPORT, MAINTAIN = "Run", "Inspect", "Compare", "Export", "Maintain"
+WORKFLOW: dict[str, tuple[str, ...]] = {
+    RUN: ("doctor", "demo", "validate", "train", "eval"),
+    INSPECT: ("inspect", "report"),
+    COMPARE: ("benchmark", "lr-grid"),
+    EXPORT: ("export", "export-model", "export-verl"),
+    MAINTAIN: ("cache", "models"),
+}
+"""``--help`` lists commands in this order, one panel per stage of a user's workflow."""
+
+
+class WorkflowGroup(TyperGroup):
+    """The root group: commands listed in :data:`WORKFLOW` order, not registration order."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        order = [name for names in WORKFLOW.values() for name in names]
+        known = [n for n in order if n in self.commands]
+        return known + [n for n in self.commands if n not in order]
+
+
 app = typer.Typer(
     name="miniverl",
-    help="On-policy distillation of tool-using agents on one GPU (or a laptop, with the toy backend).",
+    cls=WorkflowGroup,
+    help=APP_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("export-verl")(export_verl)
-app.command("export-model")(export_model_command)
-app.command("lr-grid")(lr_grid_command)
+app.command(
+    "export-verl",
+    rich_help_panel=EXPORT,
+    short_help="A verl experiment from an OPD recipe: parquet data, tools, launch script "
+    "(writes on the CPU; verl itself trains on GPUs).",
+)(export_verl)
+app.command(
+    "export-model",
+    rich_help_panel=EXPORT,
+    short_help="The trained student as a peft adapter, a merged transformers model or toy "
+    "safetensors (CPU).",
+)(export_model_command)
+app.command(
+    "lr-grid",
+    rich_help_panel=COMPARE,
+    short_help="Select each arm's learning rate on the validation split from one shared grid "
+    "(runs on the recipe's models.device: CPU or GPU).",
+)(lr_grid_command)
 app.add_typer(
-    cache_app, name="cache", help="Inspect, validate and prune a teacher cache (torch-free)."
+    cache_app,
+    name="cache",
+    rich_help_panel=MAINTAIN,
+    help="Inspect, validate and prune a teacher cache (CPU, torch-free).",
 )
-
 app.add_typer(
-    models_app, name="models", help="Fetch and convert pretrained models (no hub needed)."
+    models_app,
+    name="models",
+    rich_help_panel=MAINTAIN,
+    help="Fetch and convert pretrained models without a model hub (CPU).",
 )
 
 NoReport = Annotated[bool, typer.Option("--no-report", help="Skip report.html and summary.md.")]
@@ -69,11 +117,14 @@ def _root(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            help="Print the version and exit.",
         ),
     ] = False,
 ) -> None:
-    """On-policy distillation of tool-using agents on one GPU (or a laptop, with the toy backend)."""
+    """Root options only; the help text is :data:`APP_HELP`."""
 
 
 # -- doctor -------------------------------------------------------------------------
@@ -110,7 +161,10 @@ def probe_torch(timeout_s: float = 60.0) -> dict[str, Any]:
     return {"status": "ok", **json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
-@app.command()
+@app.command(
+    rich_help_panel=RUN,
+    short_help="Check this machine: Python, packages, torch and CUDA, free disk (CPU, torch-free).",
+)
 @handles_errors
 def doctor(
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
@@ -167,7 +221,10 @@ def doctor(
 # -- validate -----------------------------------------------------------------------
 
 
-@app.command()
+@app.command(
+    rich_help_panel=RUN,
+    short_help="Check a recipe; show the settings it changes from the defaults (CPU, torch-free).",
+)
 @handles_errors
 def validate(
     recipe: Annotated[Path, typer.Argument(help="YAML recipe to validate.")],
@@ -248,7 +305,10 @@ def nest(flat: dict[str, Any]) -> dict[str, Any]:
 # -- inspect ------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(
+    rich_help_panel=INSPECT,
+    short_help="Count how every episode of a trajectories.jsonl ended; token provenance (CPU, torch-free).",
+)
 @handles_errors
 def inspect(
     path: Annotated[Path, typer.Argument(help="A trajectories.jsonl file.")],
@@ -449,7 +509,10 @@ def _print_outcome(summary: dict[str, Any], run_dir: Path, *, smoke_test: bool =
         )
 
 
-@app.command()
+@app.command(
+    rich_help_panel=RUN,
+    short_help="Train from a recipe: sft, offline_kd or opd (on models.device: CPU for the toy backend and small models, a CUDA GPU for larger ones).",
+)
 @handles_errors
 def train(
     recipe: Annotated[Path, typer.Argument(help="YAML recipe.")],
@@ -509,7 +572,10 @@ def train(
     _print_outcome(summary, trainer.paths.root)
 
 
-@app.command()
+@app.command(
+    rich_help_panel=RUN,
+    short_help="Watch a toy student learn to use a calculator, end to end (CPU, no network; --fast is a smoke test under a minute).",
+)
 @handles_errors
 def demo(
     fast: Annotated[
@@ -551,7 +617,11 @@ def demo(
     _print_outcome(summary, trainer.paths.root, smoke_test=fast)
 
 
-@app.command("eval")
+@app.command(
+    "eval",
+    rich_help_panel=RUN,
+    short_help="Re-evaluate a run's checkpoint on a held-out split (on the run's models.device: CPU or GPU).",
+)
 @handles_errors
 def eval_command(
     run: Annotated[Path, typer.Option("--run", help="A finished run directory.")],
@@ -577,7 +647,10 @@ def eval_command(
 # -- report / benchmark / export ----------------------------------------------------
 
 
-@app.command()
+@app.command(
+    rich_help_panel=INSPECT,
+    short_help="Write report.html and summary.md for a run or benchmark (CPU, torch-free).",
+)
 @handles_errors
 def report(
     run_dir: Annotated[Path, typer.Argument(help="A run or benchmark directory.")],
@@ -586,7 +659,10 @@ def report(
     _write_report(run_dir)
 
 
-@app.command()
+@app.command(
+    rich_help_panel=COMPARE,
+    short_help="Compare objectives from one shared SFT cold start per seed (on the recipe's models.device: CPU or GPU).",
+)
 @handles_errors
 def benchmark(
     recipe: Annotated[Path, typer.Argument(help="Base YAML recipe shared by every arm.")],
@@ -677,7 +753,10 @@ def benchmark(
     console.print(f"benchmark: {paths.benchmark_json}  report: {paths.report_html}")
 
 
-@app.command()
+@app.command(
+    rich_help_panel=EXPORT,
+    short_help="A shareable result.json: objective, config, evaluations, sanitized hardware (CPU, torch-free).",
+)
 @handles_errors
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A run or benchmark directory.")],
