@@ -155,7 +155,7 @@ def success_per_cycle(
     return inline_svg(success_per_cycle_figure(rollouts, held_out))
 
 
-HELD_OUT_LABEL_OFFSETS = {"baseline": (-5, 7, "right"), "warm-up": (5, 7, "left")}
+HELD_OUT_LABEL_OFFSETS = {"baseline": (-5, 6, "right"), "warm-up": (5, 6, "left")}
 """``(dx, dy, ha)`` in points per stage label. Baseline and warm-up sit half a cycle apart
 left of cycle 0, which is the same pixel on a long run's axis: baseline's label reads
 leftwards and warm-up's rightwards, so they never overlap whatever the rates."""
@@ -193,7 +193,7 @@ def success_per_cycle_figure(
             )
             for x, y, label in held_out:
                 if label:
-                    dx, dy, ha = HELD_OUT_LABEL_OFFSETS.get(label, (0, 7, "center"))
+                    dx, dy, ha = HELD_OUT_LABEL_OFFSETS.get(label, (0, 6, "center"))
                     ax.annotate(
                         label, (x, 100.0 * y), textcoords="offset points", xytext=(dx, dy),
                         ha=ha, fontsize=7, color="#555555",
