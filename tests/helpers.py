@@ -422,6 +422,7 @@ REPORT_FORBIDDEN = ("http", "//cdn", "<script src", "<script", "<link", "@import
 """Strings a self-contained, offline report.html may not contain."""
 
 REPORT_RUN_SECTIONS = (
+    "headline",
     "identity",
     "objective",
     "curves",

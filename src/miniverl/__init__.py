@@ -1,4 +1,4 @@
-"""miniverl: on-policy distillation of tool-using language-model agents, on one GPU.
+"""miniverl: on-policy distillation of tool-using language-model agents, on a CPU or one GPU.
 
 Importing the package imports nothing heavy: torch is loaded lazily by the layers that
 need it, so ``miniverl doctor|validate|inspect|report|cache`` work without torch.

@@ -166,20 +166,88 @@ RECIPE_TEXT_CASES: list[tuple[str, str, str]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("text", "fragment"),
-    [pytest.param(t, f, id=i) for i, t, f in RECIPE_TEXT_CASES],
+AMPLIFYING = frozenset(
+    {"alias_bomb", "many_aliases", "recursive_alias", "deep_flow_list", "deep_flow_map"}
+    | {"deep_block_map", "huge_int"}
 )
-def test_hostile_recipe_is_a_config_error(tmp_path: Path, text: str, fragment: str) -> None:
+"""Cases whose guard stands between a few hundred bytes and gigabytes or minutes of work:
+they load in a capped child (:func:`_load_recipe_capped`)."""
+
+
+@pytest.mark.parametrize(
+    ("case", "text", "fragment"),
+    [pytest.param(i, t, f, id=i) for i, t, f in RECIPE_TEXT_CASES],
+)
+def test_hostile_recipe_is_a_config_error(
+    tmp_path: Path, case: str, text: str, fragment: str
+) -> None:
     from miniverl.config.models import RunConfig
 
     path = tmp_path / "recipe.yaml"
     path.write_text(text, encoding="utf-8")
-    with pytest.raises(ConfigError) as info:
-        RunConfig.from_yaml(path)
-    assert type(info.value) is ConfigError
-    assert fragment in info.value.message, info.value.message
-    assert str(path) in info.value.message
+    if case in AMPLIFYING:
+        kind, message = _load_recipe_capped(path)
+        assert kind == "ConfigError", message
+    else:
+        with pytest.raises(ConfigError) as info:
+            RunConfig.from_yaml(path)
+        assert type(info.value) is ConfigError
+        message = info.value.message
+    assert fragment in message, message
+    assert str(path) in message
+
+
+CAP_BYTES = 1 << 30
+"""Address-space cap of the child that loads a hostile recipe (1 GiB; a guarded load needs
+about a tenth of it, an unguarded alias bomb tens of GiB)."""
+CAP_SECONDS = 30
+
+
+_LOAD_RECIPE = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]), int(sys.argv[2])))
+resource.setrlimit(resource.RLIMIT_CPU, (int(sys.argv[3]), int(sys.argv[3])))
+from miniverl.config.models import RunConfig
+from miniverl.errors import MiniverlError
+try:
+    RunConfig.from_yaml(sys.argv[1])
+except MiniverlError as exc:
+    print(json.dumps([type(exc).__name__, exc.message]))
+else:
+    print(json.dumps(["accepted", ""]))
+"""
+
+
+def _load_recipe_capped(path: Path) -> tuple[str, str]:
+    """Load ``path`` in a child capped at :data:`CAP_BYTES` and :data:`CAP_SECONDS`.
+
+    A hostile recipe whose guard regressed then fails this test in seconds (MemoryError,
+    SIGXCPU or the timeout) instead of eating the machine: an unguarded alias bomb took
+    minutes and ~10 GB in-process. Returns the error's type name and message.
+    """
+    import subprocess
+    import sys
+
+    from helpers import subprocess_env
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _LOAD_RECIPE, str(path), str(CAP_BYTES), str(CAP_SECONDS)],
+            capture_output=True,
+            text=True,
+            timeout=2 * CAP_SECONDS,
+            env=subprocess_env(),
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"loading {path} ran past {2 * CAP_SECONDS} s: its guard is gone")
+    if proc.returncode != 0:
+        pytest.fail(
+            f"loading {path} died (exit {proc.returncode}) under a {CAP_BYTES >> 20} MiB / "
+            f"{CAP_SECONDS} s cap: {proc.stderr.strip().splitlines()[-1:]}"
+        )
+    kind, message = json.loads(proc.stdout.strip().splitlines()[-1])
+    return kind, message
 
 
 def _fifo(path: Path) -> Path:
@@ -377,7 +445,7 @@ def _checkpoint(tmp_path: Path, **tensors: Any) -> Path:
             "parameter_version": 1,
             "task_cursor": 0,
             "chunk_size": 8,
-            "rng": {},
+            "rng": {"python": [3, [1] * 624 + [624], None]},
             "optimizer": {},
         },
         config_digest="d" * 64,
@@ -437,6 +505,36 @@ def _state_rehashed_garbage(tmp_path: Path) -> Path:
     return path
 
 
+def _state_rehashed(tmp_path: Path, **fields: Any) -> Path:
+    path = _checkpoint(tmp_path)
+    state = json.loads((path / "state.json").read_text())
+    (path / "state.json").write_text(json.dumps({**state, **fields}))
+    _rehash(path)
+    return path
+
+
+def _state_rng_short(tmp_path: Path) -> Path:
+    return _state_rehashed(tmp_path, rng={"python": [3, [1, 2, 3], None, 7]})
+
+
+def _state_rng_words(tmp_path: Path) -> Path:
+    return _state_rehashed(tmp_path, rng={"python": [3, [-1] * 625, None]})
+
+
+def _state_rng_torch(tmp_path: Path) -> Path:
+    return _state_rehashed(
+        tmp_path, rng={"python": [3, [1] * 624 + [624], None], "torch_cpu": [300]}
+    )
+
+
+def _state_rng_missing(tmp_path: Path) -> Path:
+    return _state_rehashed(tmp_path, rng={})
+
+
+def _state_huge_cycle(tmp_path: Path) -> Path:
+    return _state_rehashed(tmp_path, cycle=10**12)
+
+
 def _adapter_rehashed_garbage(tmp_path: Path) -> Path:
     path = _checkpoint(tmp_path)
     (path / "adapter.safetensors").write_bytes(struct.pack("<Q", 10**9) + b"{")
@@ -467,6 +565,11 @@ CHECKPOINT_CASES: list[tuple[str, Callable[[Path], Path], str]] = [
     ("marker_list", _marker_list, "checkpoint.json holds a JSON list"),
     ("state_missing_keys", _state_rehashed_missing_keys, "state.json lacks"),
     ("state_garbage", _state_rehashed_garbage, "state.json is not valid JSON"),
+    ("state_rng_short", _state_rng_short, "state.json: field 'rng': rng.python must be"),
+    ("state_rng_words", _state_rng_words, "field 'rng': rng.python state words"),
+    ("state_rng_torch", _state_rng_torch, "field 'rng': rng.torch_cpu must hold"),
+    ("state_rng_missing", _state_rng_missing, "field 'rng': rng.python is missing"),
+    ("state_huge_cycle", _state_huge_cycle, "state.json: field 'cycle'"),
     ("adapter_garbage", _adapter_rehashed_garbage, "adapter.safetensors"),
     ("adapter_fifo", _adapter_fifo, "adapter.safetensors is not a regular file"),
     ("adapter_tampered", _adapter_tampered, "does not match its SHA-256"),
@@ -482,10 +585,42 @@ def test_hostile_checkpoint_is_a_checkpoint_error(
     from miniverl.training.checkpoint import load_checkpoint
 
     path = make(tmp_path)
+    before = _snapshot(tmp_path)
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(path)
     assert type(info.value) is CheckpointError
     assert fragment in info.value.message, info.value.message
+    assert _snapshot(tmp_path) == before, "a refused checkpoint changed files on disk"
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_fifo()
+    }
+
+
+def test_state_cycle_past_the_recipe_is_a_checkpoint_error() -> None:
+    """``cycle`` 5 passes the schema's sanity bound but not a recipe with ``train.cycles: 2``."""
+    from miniverl.schemas.records import check_state_cycle
+
+    check_state_cycle({"cycle": 1}, "state.json", cycles=2)
+    check_state_cycle({"cycle": -1}, "state.json", cycles=2)
+    for bad in (2, 5, 10**12, -2, "1", None):
+        with pytest.raises(CheckpointError, match=r"state.json: field 'cycle'"):
+            check_state_cycle({"cycle": bad}, "state.json", cycles=2)
+
+
+def test_restoring_a_garbage_rng_block_is_a_value_error_naming_the_part() -> None:
+    import random
+
+    from miniverl.utils.seeding import restore_rng_state
+
+    before = random.getstate()
+    with pytest.raises(ValueError, match=r"rng\.python must be"):
+        restore_rng_state({"python": [3, [1, 2], None, 9]})
+    assert random.getstate() == before
 
 
 def test_optimizer_state_without_exp_avg_is_a_checkpoint_error() -> None:
@@ -516,6 +651,8 @@ def _mutate(record: dict[str, Any], how: str) -> str:
     rec = json.loads(json.dumps(record))
     if how == "vocab":
         rec["token_ids"][-1] = 10**6
+    elif how == "huge_id":
+        rec["token_ids"][-1] = 10**12
     elif how == "negative":
         rec["token_ids"][0] = -1
     elif how == "version":
@@ -543,6 +680,7 @@ def _mutate(record: dict[str, Any], how: str) -> str:
 
 TRAJECTORY_CASES: list[tuple[str, str]] = [
     ("vocab", "outside the tokenizer vocabulary"),
+    ("huge_id", "token id 1000000000000 is past 16777215"),
     ("negative", "token ids must be non-negative"),
     ("version", "has trajectory schema_version 999"),
     ("length", "but token_ids has length"),
@@ -581,9 +719,20 @@ def test_inspect_checks_token_ids_against_the_run_manifest(
 
     path = tmp_path / "trajectories.jsonl"
     path.write_text(_mutate(trajectory_record, "vocab") + "\n")
-    summarize_file(path)  # no manifest: nothing to check against
+    summarize_file(path)  # no manifest: only the sanity bound, which 10**6 is under
     (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": {"vocab_size": 200}}))
     with pytest.raises(SchemaValidationError, match="outside the tokenizer vocabulary"):
+        summarize_file(path)
+
+
+def test_inspect_of_a_standalone_file_refuses_an_id_past_any_vocabulary(
+    tmp_path: Path, trajectory_record: dict[str, Any]
+) -> None:
+    from miniverl.inspection.summary import summarize_file
+
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text(_mutate(trajectory_record, "huge_id") + "\n")
+    with pytest.raises(SchemaValidationError, match=f"{path}:1.*beyond any tokenizer"):
         summarize_file(path)
 
 

@@ -69,6 +69,39 @@ def test_benchmark_beside_a_live_writer_is_refused(live_holder, tiny_recipe: Pat
     assert result.exit_code == 1 and f"PID {proc.pid}" in result.output
 
 
+def test_cache_prune_beside_a_live_writer_is_refused_and_changes_nothing(
+    live_holder, finished_run: Path
+) -> None:
+    """``cache prune`` writes into ``<run>/teacher-cache``: it takes the run's lock first."""
+    import json
+    import shutil
+
+    run, proc = live_holder
+    cache = run / "teacher-cache"
+    shutil.copytree(finished_run / "teacher-cache", cache)
+    versions = json.loads(CliRunner().invoke(app, ["cache", "stats", str(cache), "--json"]).output)[
+        "versions"
+    ]
+    before = {p.name: p.read_bytes() for p in sorted(cache.iterdir())}
+    keep = sorted(int(v) for v in versions)[-1]
+    result = CliRunner().invoke(app, ["cache", "prune", str(cache), "--keep-version", str(keep)])
+    assert result.exit_code == 1, result.output
+    assert f"in use by another miniverl process (PID {proc.pid}" in result.output
+    assert {p.name: p.read_bytes() for p in sorted(cache.iterdir())} == before
+
+
+def test_validate_refuses_more_tasks_than_the_pool_holds_before_any_work() -> None:
+    """The calculator's easy pool has 243 prompts; 100,000 is inside the config bound."""
+    from miniverl.recipes import __file__ as recipes_init
+
+    recipe = Path(recipes_init).parent / "toy_demo.yaml"
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["validate", str(recipe), "environment.train_tasks=100000"])
+    assert time.monotonic() - started < 10.0
+    assert result.exit_code == 1, result.output
+    assert "can generate only 243 easy distinct tasks; 100024 were requested" in result.output
+
+
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()

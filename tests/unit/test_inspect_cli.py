@@ -45,7 +45,11 @@ def test_summary(traj_file: Path, trajectories: list[Trajectory]) -> None:
     tokens = sum(t.length for t in trajectories)
     model = sum(sum(t.model_generated_mask) for t in trajectories)
     assert f"3 trajectories | {tokens} tokens | {model} model tokens" in result.stdout
-    assert "graded 3 | solved 3 (100.0%)" in result.stdout
+    assert (
+        "3 trajectories: solved 3 (100.0%) | answered wrong 0 | ended without an answer 0\n"
+        in result.stdout
+    )
+    assert "graded 3 (gave a final answer) | solved 3 (100.0% of graded)" in result.stdout
     assert "termination {'final_answer': 3}" in result.stdout
     assert "tools {'calculator': 6}" in result.stdout
     assert "no (context)" in result.stdout and "assistant_tool_call" in result.stdout
@@ -169,3 +173,56 @@ def test_summarize_file_counts_failures_and_tools(tmp_path: Path) -> None:
     assert summary.termination == {"final_answer": 1, "parse_error_limit": 1}
     assert len(summary.rows) == 1 and summary.rows[0].source == "policy"
     assert summary.rows[0].solved is False
+
+
+@pytest.fixture
+def half_unanswered(tmp_path: Path) -> Path:
+    """Two solved oracle traces and two policy episodes that never parsed a tool call."""
+    from helpers import calculator_tasks, make_runner
+
+    task = calculator_tasks(1)[0]
+    unparsed = [make_runner(["nothing"]).rollout(task, seed=s, policy_version=1) for s in (1, 2)]
+    path = tmp_path / "trajectories.jsonl"
+    write_trajectories(path, [*oracle_trajectories(2), *unparsed])
+    return path
+
+
+def test_header_counts_episodes_that_ended_without_an_answer(half_unanswered: Path) -> None:
+    """Half the episodes unanswered is 50% success, not the 100% of graded ones."""
+    result = _invoke("inspect", str(half_unanswered))
+    assert result.exit_code == 0, result.output
+    first = result.stdout.splitlines()[0]
+    assert first == (
+        "  4 trajectories: solved 2 (50.0%) | answered wrong 0 | "
+        "ended without an answer 2 (parse_error_limit 2)"
+    )
+    assert "graded 2 (gave a final answer) | solved 2 (100.0% of graded)" in result.stdout
+    data = json.loads(_invoke("inspect", str(half_unanswered), "--json").stdout)
+    assert data["outcome"] == {
+        "trajectories": 4,
+        "solved": 2,
+        "answered_wrong": 0,
+        "without_answer": 2,
+        "without_answer_by_reason": {"parse_error_limit": 2},
+        "success_rate": 0.5,
+        "solve_rate_of_graded": 1.0,
+    }
+    assert data["success_rate"] == 0.5 and data["solve_rate"] == 1.0
+
+
+@pytest.mark.parametrize("width", [40, 80, 250])
+def test_trajectory_ids_are_printed_whole_at_any_width(
+    monkeypatch: pytest.MonkeyPatch, half_unanswered: Path, width: int
+) -> None:
+    """Every id printed can be pasted into ``--trajectory``: never cut with an ellipsis or
+    folded across lines."""
+    monkeypatch.setattr(common.console, "_width", width)
+    ids = [json.loads(line)["trajectory_id"] for line in half_unanswered.read_text().splitlines()]
+    for args in ([], ["--wide"]):
+        result = _invoke("inspect", str(half_unanswered), *args)
+        assert result.exit_code == 0, result.output
+        assert "…" not in result.stdout
+        for tid in ids:
+            assert tid in result.stdout, (width, args, result.stdout)
+            pasted = _invoke("inspect", str(half_unanswered), "--trajectory", tid, "--json")
+            assert json.loads(pasted.stdout)["trajectories"] == 1

@@ -56,7 +56,7 @@ FULL_CYCLE: dict[str, Any] = {
 FULL_EVAL: dict[str, Any] = {**_eval("final", 3, 3), "cycle": 1}
 STATE: dict[str, Any] = {
     "cycle": 1, "global_step": 3, "parameter_version": 3, "rollout_policy_version": 2, "task_cursor": 4,
-    "chunk_size": 1024, "schedule": {"kind": "constant"}, "main_start_step": 1, "rng": {"python": [3, [1, 2], None]},
+    "chunk_size": 1024, "schedule": {"kind": "constant"}, "main_start_step": 1, "rng": {"python": [3, [1] * 624 + [624], None]},
     "optimizer": {"kind": "adamw"}, "eval_results": {}, "jsonl_sizes": {"metrics": 10, "events": 0},
     "offline_kd": {"pool": [], "version": None, "cursor": 0}, "toy_teacher": None, "miniverl_version": "0.3.0",
     "config_digest": "ef" * 32,

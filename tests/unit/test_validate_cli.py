@@ -38,17 +38,49 @@ environment:
 """
 
 
-def test_good_recipe_prints_the_config(tmp_path: Path) -> None:
+def _verdict(recipe: Path, config: RunConfig) -> str:
+    return f"valid {recipe} (digest {config.digest()[:16]}, mode opd, objective on_policy_distillation)"
+
+
+def test_good_recipe_prints_the_verdict_first_then_what_differs(tmp_path: Path) -> None:
     recipe = tmp_path / "good.yaml"
     recipe.write_text(GOOD, encoding="utf-8")
     result = _invoke("validate", str(recipe))
     assert result.exit_code == 0, result.output
     config = RunConfig.from_yaml(recipe)
-    body, verdict = result.stdout.rstrip("\n").rsplit("\n", 1)
-    assert yaml.safe_load(body) == config.to_dict()
-    assert verdict == (
-        f"valid {recipe} (digest {config.digest()[:16]}, mode opd, objective on_policy_distillation)"
+    lines = result.stdout.splitlines()
+    assert lines[0] == _verdict(recipe, config)
+    assert lines[1].startswith("# environment calculator -> ")
+    assert lines[2] == (
+        "# 4 setting(s) differ from the defaults (--full for the whole resolved config):"
     )
+    assert yaml.safe_load("\n".join(lines[3:])) == {
+        "run": {"name": "unit"},
+        "environment": {"params": {"prompt_style": "compact"}},
+        "loss": {"divergence": "reverse_kl"},
+        "train": {"cycles": 2},
+    }
+
+
+def test_full_prints_the_whole_resolved_config(tmp_path: Path) -> None:
+    recipe = tmp_path / "good.yaml"
+    recipe.write_text(GOOD, encoding="utf-8")
+    result = _invoke("validate", str(recipe), "--full")
+    assert result.exit_code == 0, result.output
+    config = RunConfig.from_yaml(recipe)
+    lines = result.stdout.splitlines()
+    assert lines[0] == _verdict(recipe, config)
+    assert lines[2] == "# the whole resolved config:"
+    assert yaml.safe_load("\n".join(lines[3:])) == config.to_dict()
+
+
+def test_a_default_recipe_differs_in_nothing(tmp_path: Path) -> None:
+    recipe = tmp_path / "empty.yaml"
+    recipe.write_text("run: {}\n", encoding="utf-8")
+    result = _invoke("validate", str(recipe))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[2].startswith("# 0 setting(s) differ")
+    assert len(result.stdout.splitlines()) == 3
 
 
 def test_overrides_and_quiet(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from rich.table import Table
 from miniverl.cache import maintenance
 from miniverl.cli.common import console, handles_errors
 from miniverl.errors import ConfigError
+from miniverl.utils.runlock import maintenance_lock
 from miniverl.utils.versions import all_version_counts, summarize_version_counts
 
 cache_app = typer.Typer(
@@ -119,7 +120,14 @@ def prune(
         ),
     ],
 ) -> None:
-    """Remove entries of every policy version not kept; compact or delete the affected shards."""
+    """Remove entries of every policy version not kept; compact or delete the affected shards.
+
+    Refused while a run that owns the cache (``<run>/teacher-cache``) is being written."""
+    with maintenance_lock(directory):
+        _prune_locked(directory, keep_version)
+
+
+def _prune_locked(directory: Path, keep_version: list[int]) -> None:
     index = maintenance.open_index(directory)
     present = sorted(int(v) for v in maintenance.stats(directory, index)["versions"])
     negative = sorted(v for v in keep_version if v < 0)

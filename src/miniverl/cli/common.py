@@ -17,6 +17,29 @@ from rich.text import Text
 from miniverl.errors import MiniverlError
 from miniverl.utils.io import is_disk_full, storage_error
 
+
+def _hide_flag_types() -> None:
+    """Show no value type for a boolean flag in ``--help``.
+
+    Typer renders every flag (``--version``, ``--fast``, ``--help``) with a ``<bool>`` type
+    column, which reads as if the flag took a value. Flags take none, so their type column
+    is left empty; every other option keeps its type.
+    """
+    from typer.core import TyperOption
+
+    original = getattr(TyperOption, "display_type_rich", None)
+    if original is None or getattr(original, "_miniverl_flags_hidden", False):
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        return None if getattr(self, "is_flag", False) else original(self, ctx)
+
+    display_type_rich._miniverl_flags_hidden = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_hide_flag_types()
+
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 

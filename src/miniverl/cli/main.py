@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from miniverl import __version__
 from miniverl.cli.cache_cmd import cache_app
@@ -35,22 +38,69 @@ from miniverl.utils.lazy import import_torch
 from miniverl.utils.runlock import run_lock
 from miniverl.utils.safe_load import MAX_YAML_BYTES, read_regular_bytes
 
+APP_HELP = (
+    "On-policy distillation of tool-using LM agents. Everything a newcomer runs works on the "
+    "CPU: 'miniverl demo' trains a toy student end to end with no network and no GPU. "
+    "Hugging Face models train on the CPU or on a CUDA GPU (models.device)."
+)
+
+RUN, INSPECT, COMPARE, EXPORT, MAINTAIN = "Run", "Inspect", "Compare", "Export", "Maintain"
+WORKFLOW: dict[str, tuple[str, ...]] = {
+    RUN: ("doctor", "demo", "validate", "train", "eval"),
+    INSPECT: ("inspect", "report"),
+    COMPARE: ("benchmark", "lr-grid"),
+    EXPORT: ("export", "export-model", "export-verl"),
+    MAINTAIN: ("cache", "models"),
+}
+"""``--help`` lists commands in this order, one panel per stage of a user's workflow."""
+
+
+class WorkflowGroup(TyperGroup):
+    """The root group: commands listed in :data:`WORKFLOW` order, not registration order."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        order = [name for names in WORKFLOW.values() for name in names]
+        known = [n for n in order if n in self.commands]
+        return known + [n for n in self.commands if n not in order]
+
+
 app = typer.Typer(
     name="miniverl",
-    help="On-policy distillation of tool-using agents on one GPU (or a laptop, with the toy backend).",
+    cls=WorkflowGroup,
+    help=APP_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("export-verl")(export_verl)
-app.command("export-model")(export_model_command)
-app.command("lr-grid")(lr_grid_command)
+app.command(
+    "export-verl",
+    rich_help_panel=EXPORT,
+    short_help="A verl experiment from an OPD recipe: parquet data, tools, launch script "
+    "(writes on the CPU; verl itself trains on GPUs).",
+)(export_verl)
+app.command(
+    "export-model",
+    rich_help_panel=EXPORT,
+    short_help="The trained student as a peft adapter, a merged transformers model or toy "
+    "safetensors (CPU).",
+)(export_model_command)
+app.command(
+    "lr-grid",
+    rich_help_panel=COMPARE,
+    short_help="Select each arm's learning rate on the validation split from one shared grid "
+    "(runs on the recipe's models.device: CPU or GPU).",
+)(lr_grid_command)
 app.add_typer(
-    cache_app, name="cache", help="Inspect, validate and prune a teacher cache (torch-free)."
+    cache_app,
+    name="cache",
+    rich_help_panel=MAINTAIN,
+    help="Inspect, validate and prune a teacher cache (CPU, torch-free).",
 )
-
 app.add_typer(
-    models_app, name="models", help="Fetch and convert pretrained models (no hub needed)."
+    models_app,
+    name="models",
+    rich_help_panel=MAINTAIN,
+    help="Fetch and convert pretrained models without a model hub (CPU).",
 )
 
 NoReport = Annotated[bool, typer.Option("--no-report", help="Skip report.html and summary.md.")]
@@ -67,11 +117,14 @@ def _root(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            help="Print the version and exit.",
         ),
     ] = False,
 ) -> None:
-    """On-policy distillation of tool-using agents on one GPU (or a laptop, with the toy backend)."""
+    """Root options only; the help text is :data:`APP_HELP`."""
 
 
 # -- doctor -------------------------------------------------------------------------
@@ -108,7 +161,10 @@ def probe_torch(timeout_s: float = 60.0) -> dict[str, Any]:
     return {"status": "ok", **json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
-@app.command()
+@app.command(
+    rich_help_panel=RUN,
+    short_help="Check this machine: Python, packages, torch and CUDA, free disk (CPU, torch-free).",
+)
 @handles_errors
 def doctor(
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
@@ -165,7 +221,10 @@ def doctor(
 # -- validate -----------------------------------------------------------------------
 
 
-@app.command()
+@app.command(
+    rich_help_panel=RUN,
+    short_help="Check a recipe; show the settings it changes from the defaults (CPU, torch-free).",
+)
 @handles_errors
 def validate(
     recipe: Annotated[Path, typer.Argument(help="YAML recipe to validate.")],
@@ -173,26 +232,83 @@ def validate(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Only the verdict and digest.")
     ] = False,
+    full: Annotated[
+        bool,
+        typer.Option("--full", help="Print the whole resolved config, not only what differs."),
+    ] = False,
 ) -> None:
-    """Validate a recipe: print the full validated config, or every error with its key path."""
+    """Validate a recipe: the verdict first, then the settings that differ from the defaults
+    (--full: all of them), or every error with its key path."""
     from miniverl.config.models import RunConfig
 
     config = RunConfig.from_yaml(recipe, overrides or [])
     from miniverl.environments.tasks_file import check_environment
 
     env_note = check_environment(config.environment, config.rollout.max_turns)
-    if not quiet:
-        console.print(config.to_yaml(), markup=False, end="")
-        console.print(f"# {env_note}", markup=False, soft_wrap=True)
     console.print(
-        f"[green]valid[/] {recipe} (digest {config.digest()[:16]}, mode {config.run.mode}, objective {config.objective_label()})"
+        f"[green]valid[/] {recipe} (digest {config.digest()[:16]}, mode {config.run.mode}, objective {config.objective_label()})",
+        soft_wrap=True,
     )
+    if quiet:
+        return
+    console.print(f"# {env_note}", markup=False, soft_wrap=True)
+    if full:
+        console.print("# the whole resolved config:", markup=False)
+        console.print(config.to_yaml(), markup=False, end="")
+        return
+    changed = changed_settings(config)
+    console.print(
+        f"# {len(changed)} setting(s) differ from the defaults (--full for the whole resolved config):",
+        markup=False,
+    )
+    if changed:
+        import yaml
+
+        console.print(
+            yaml.safe_dump(nest(changed), sort_keys=False, default_flow_style=False).rstrip(),
+            markup=False,
+        )
+
+
+def changed_settings(config: Any) -> dict[str, Any]:
+    """``{"train.cycles": 4, ...}``: every leaf of ``config`` whose value differs from the
+    default recipe's (an empty recipe), in the config's own section order."""
+    from miniverl.config.models import RunConfig
+
+    defaults = dict(_leaves(RunConfig.from_mapping({}, source="<defaults>").to_dict()))
+    missing = object()
+    return {k: v for k, v in _leaves(config.to_dict()) if defaults.get(k, missing) != v}
+
+
+def _leaves(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Dotted leaves of a nested mapping; an empty mapping is itself a leaf."""
+    if not isinstance(data, dict) or not data:
+        return [(prefix, data)]
+    out: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        out.extend(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`_leaves` for printing: ``{"a.b": 1}`` -> ``{"a": {"b": 1}}``."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
 
 
 # -- inspect ------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(
+    rich_help_panel=INSPECT,
+    short_help="Count how every episode of a trajectories.jsonl ended; token provenance (CPU, torch-free).",
+)
 @handles_errors
 def inspect(
     path: Annotated[Path, typer.Argument(help="A trajectories.jsonl file.")],
@@ -209,8 +325,12 @@ def inspect(
     all_versions: Annotated[
         bool, typer.Option("--all-versions", help="List every policy version, not a summary.")
     ] = False,
+    wide: Annotated[
+        bool,
+        typer.Option("--wide", help="Print tables at their full width, never folding a column."),
+    ] = False,
 ) -> None:
-    """Validate every record of a trajectory file and summarize its token provenance."""
+    """Validate a trajectory file; count how every episode ended; show token provenance."""
     from miniverl.inspection.summary import summarize_file
     from miniverl.utils.versions import summarize_versions
 
@@ -224,12 +344,11 @@ def inspect(
     if json_out:
         sys.stdout.write(json.dumps(summary.to_dict(), indent=2, sort_keys=True) + "\n")
         return
+    for line in outcome_lines(summary):
+        console.print(line, markup=False, soft_wrap=True)
     console.print(
         f"  {summary.trajectories} trajectories | {summary.tokens} tokens | {summary.model_tokens} model tokens "
         f"({100 * summary.model_token_fraction:.1f}%) | {summary.critical_tokens} critical"
-    )
-    console.print(
-        f"  graded {summary.graded} | solved {summary.solved} ({100 * summary.solve_rate:.1f}%)"
     )
     versions = (
         ", ".join(map(str, summary.policy_versions))
@@ -246,30 +365,16 @@ def inspect(
     from miniverl.schemas.trajectory import MODEL_GENERATED_SPAN_TYPES, SpanType
 
     table = Table(title="tokens by span type (only assistant_* can enter the loss)")
-    table.add_column("span type")
+    table.add_column("span type", overflow="fold")
     table.add_column("tokens", justify="right")
-    table.add_column("in loss")
+    table.add_column("in loss", overflow="fold")
     for span_type, count in summary.tokens_by_span_type.items():
         in_loss = SpanType(span_type) in MODEL_GENERATED_SPAN_TYPES
         table.add_row(span_type, str(count), "yes" if in_loss else "no (context)")
     console.print(table)
 
     if summary.rows and limit:
-        rows = Table(title=f"first {len(summary.rows)} trajectories")
-        for col in ("trajectory", "tokens", "model", "termination", "solved", "version", "source"):
-            rows.add_column(col)
-        for r in summary.rows:
-            solved = "-" if r.solved is None else ("yes" if r.solved else "no")
-            rows.add_row(
-                Text(r.trajectory_id),
-                str(r.tokens),
-                str(r.model_tokens),
-                r.termination_reason,
-                solved,
-                str(r.policy_version),
-                Text(r.source or ""),
-            )
-        console.print(rows)
+        _print_rows(summary.rows, wide=wide)
 
     if summary.spans is not None:
         span_table = Table(title=f"spans of {trajectory}")
@@ -284,6 +389,72 @@ def inspect(
                 Text(s.text.replace("\n", "\\n")),
             )
         console.print(span_table)
+
+
+def outcome_lines(summary: Any) -> list[str]:
+    """The header of ``inspect``: every trajectory counted once, by how it ended.
+
+    The solve rate over graded trajectories alone reads 100% when half the episodes never
+    answered, so the first line divides by all trajectories and names the unanswered ones.
+    """
+    reasons = ", ".join(f"{k} {v}" for k, v in summary.without_answer_by_reason.items())
+    first = (
+        f"  {summary.trajectories} trajectories: solved {summary.solved} "
+        f"({100 * summary.success_rate:.1f}%) | answered wrong {summary.answered_wrong} | "
+        f"ended without an answer {summary.without_answer}" + (f" ({reasons})" if reasons else "")
+    )
+    graded = (
+        f"  graded {summary.graded} (gave a final answer) | solved {summary.solved} "
+        f"({100 * summary.solve_rate:.1f}% of graded)"
+    )
+    return [first, graded]
+
+
+def _print_rows(rows: list[Any], *, wide: bool) -> None:
+    """The per-trajectory table, ids always whole (they are what ``--trajectory`` takes).
+
+    When the table is wider than the terminal it becomes one plain line per trajectory
+    (the terminal may wrap it, nothing is cut); ``--wide`` keeps the table at full width.
+    """
+    from rich.measure import Measurement
+
+    table = Table(
+        title=f"first {len(rows)} trajectories",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for col in ("trajectory", "ended by", "tokens", "model", "solved", "version", "source"):
+        table.add_column(col, no_wrap=True)
+    cells = [
+        (
+            r.trajectory_id,
+            r.termination_reason,
+            str(r.tokens),
+            str(r.model_tokens),
+            "-" if r.solved is None else ("yes" if r.solved else "no"),
+            str(r.policy_version),
+            r.source or "",
+        )
+        for r in rows
+    ]
+    for row in cells:
+        table.add_row(*(Text(c) for c in row))
+    needed = Measurement.get(console, console.options.update_width(10**6), table).maximum
+    if needed <= console.width:
+        console.print(table)
+        return
+    if wide:  # a console as wide as the table: the terminal wraps lines, rich cuts nothing
+        Console(width=needed, highlight=False, file=console.file).print(table)
+        return
+    console.print(
+        f"first {len(rows)} trajectories (id, termination, tokens, model tokens, solved, "
+        "version, source; --wide for a table):",
+        markup=False,
+        soft_wrap=True,
+    )
+    for row in cells:
+        console.print("  " + "  ".join(row), markup=False, soft_wrap=True)
 
 
 # -- train / demo / eval ------------------------------------------------------------
@@ -338,7 +509,10 @@ def _print_outcome(summary: dict[str, Any], run_dir: Path, *, smoke_test: bool =
         )
 
 
-@app.command()
+@app.command(
+    rich_help_panel=RUN,
+    short_help="Train from a recipe: sft, offline_kd or opd (on models.device: CPU for the toy backend and small models, a CUDA GPU for larger ones).",
+)
 @handles_errors
 def train(
     recipe: Annotated[Path, typer.Argument(help="YAML recipe.")],
@@ -398,7 +572,10 @@ def train(
     _print_outcome(summary, trainer.paths.root)
 
 
-@app.command()
+@app.command(
+    rich_help_panel=RUN,
+    short_help="Watch a toy student learn to use a calculator, end to end (CPU, no network; --fast is a smoke test under a minute).",
+)
 @handles_errors
 def demo(
     fast: Annotated[
@@ -440,7 +617,11 @@ def demo(
     _print_outcome(summary, trainer.paths.root, smoke_test=fast)
 
 
-@app.command("eval")
+@app.command(
+    "eval",
+    rich_help_panel=RUN,
+    short_help="Re-evaluate a run's checkpoint on a held-out split (on the run's models.device: CPU or GPU).",
+)
 @handles_errors
 def eval_command(
     run: Annotated[Path, typer.Option("--run", help="A finished run directory.")],
@@ -466,7 +647,10 @@ def eval_command(
 # -- report / benchmark / export ----------------------------------------------------
 
 
-@app.command()
+@app.command(
+    rich_help_panel=INSPECT,
+    short_help="Write report.html and summary.md for a run or benchmark (CPU, torch-free).",
+)
 @handles_errors
 def report(
     run_dir: Annotated[Path, typer.Argument(help="A run or benchmark directory.")],
@@ -475,7 +659,10 @@ def report(
     _write_report(run_dir)
 
 
-@app.command()
+@app.command(
+    rich_help_panel=COMPARE,
+    short_help="Compare objectives from one shared SFT cold start per seed (on the recipe's models.device: CPU or GPU).",
+)
 @handles_errors
 def benchmark(
     recipe: Annotated[Path, typer.Argument(help="Base YAML recipe shared by every arm.")],
@@ -567,7 +754,10 @@ def benchmark(
     console.print(f"benchmark: {paths.benchmark_json}  report: {paths.report_html}")
 
 
-@app.command()
+@app.command(
+    rich_help_panel=EXPORT,
+    short_help="A shareable result.json: objective, config, evaluations, sanitized hardware (CPU, torch-free).",
+)
 @handles_errors
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A run or benchmark directory.")],

@@ -137,6 +137,14 @@ class ToolEnvironment(abc.ABC):
         """``count`` tasks of ``split`` whose prompts are not in ``exclude`` (``owns_splits`` only)."""
         raise ToolEnvironmentError(f"environment {self.name!r} does not generate its own splits")
 
+    def distinct_tasks(self, difficulty: Difficulty) -> int | None:
+        """How many distinct prompts :meth:`sample_task` can produce at ``difficulty``.
+
+        ``None`` (the default) means unknown or practically unbounded. A known count lets
+        :func:`make_splits` refuse a request the pool cannot meet before drawing anything.
+        """
+        return None
+
     def turn_budget(self, task: Task) -> int | None:
         """Most assistant turns an episode of ``task`` may take; None leaves it to ``rollout.max_turns``."""
         return None
@@ -188,13 +196,20 @@ def _draw_distinct(
     difficulty: Difficulty | Literal["mixed"],
     exclude: set[str],
 ) -> list[tuple[str, str, dict[str, Any], Difficulty]]:
-    """``total`` tasks with distinct prompts, none of them in ``exclude``."""
+    """``total`` tasks with distinct prompts, none of them in ``exclude``.
+
+    A request larger than the environment's known pool (:meth:`ToolEnvironment.distinct_tasks`)
+    is refused before any draw. Otherwise drawing stops once ``20 * distinct-so-far + 1000``
+    draws in a row repeat a prompt: if even one unseen prompt were left, that run of misses
+    would have probability below e**-20, so the pool is exhausted and waiting longer only
+    burns CPU (a retry budget proportional to ``total`` took minutes at 100,000 tasks).
+    """
+    _check_pool(env, total, difficulty, len(exclude))
     seen = set(exclude)
     drawn: list[tuple[str, str, dict[str, Any], Difficulty]] = []
-    attempts = 0
+    misses = 0
     while len(drawn) < total:
-        attempts += 1
-        if attempts > 200 * max(total, 1):
+        if misses > 20 * len(seen) + 1000:
             raise ToolEnvironmentError(
                 f"could only draw {len(drawn)} distinct {difficulty} tasks of {total} requested",
                 hint="request fewer tasks or a harder difficulty (more distinct tasks)",
@@ -202,10 +217,41 @@ def _draw_distinct(
         level: Difficulty = DIFFICULTIES[len(drawn) % 3] if difficulty == "mixed" else difficulty
         prompt, answer, data = env.sample_task(rng, level)
         if prompt in seen:
+            misses += 1
             continue
+        misses = 0
         seen.add(prompt)
         drawn.append((prompt, answer, data, level))
     return drawn
+
+
+def _check_pool(
+    env: ToolEnvironment,
+    total: int,
+    difficulty: Difficulty | Literal["mixed"],
+    excluded: int,
+) -> None:
+    """Refuse ``total`` distinct tasks when the environment's pool is known to hold fewer.
+
+    ``excluded`` prompts (other splits, held out) are assumed to come from the same pool.
+    "mixed" deals easy, medium, hard in turn, so each level must cover its share.
+    """
+    levels = DIFFICULTIES if difficulty == "mixed" else (difficulty,)
+    sizes = {level: env.distinct_tasks(level) for level in levels}
+    if any(size is None for size in sizes.values()):
+        return
+    need = {level: len(range(i, total, len(levels))) for i, level in enumerate(levels)}
+    available = sum(int(size or 0) for size in sizes.values()) - excluded
+    short = [lvl for lvl in levels if need[lvl] > int(sizes[lvl] or 0)]
+    if short or total > available:
+        pool = " + ".join(f"{sizes[lvl]} {lvl}" for lvl in levels)
+        raise ToolEnvironmentError(
+            f"environment {env.name!r} can generate only {pool} distinct tasks"
+            + (f" ({excluded} already used by other splits)" if excluded else "")
+            + f"; {total} were requested",
+            hint="lower environment.train_tasks / eval_tasks / test_tasks, or choose "
+            "environment.difficulty: medium or hard (more distinct tasks)",
+        )
 
 
 def sample_extra_tasks(

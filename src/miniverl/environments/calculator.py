@@ -216,7 +216,6 @@ _SYSTEM_PROMPTS = {
 }
 
 
-
 def calculator_expression(call: ToolCall, state: str) -> str | ToolResult:
     """The ``expression`` of a well-formed ``calculator`` call, or the tool error to return.
 
@@ -238,8 +237,11 @@ def calculator_expression(call: ToolCall, state: str) -> str | ToolResult:
         )
     expression = call.arguments.get("expression")
     if not isinstance(expression, str):
-        return ToolResult(ok=False, error="missing string argument 'expression'", env_state_id=state)
+        return ToolResult(
+            ok=False, error="missing string argument 'expression'", env_state_id=state
+        )
     return expression
+
 
 class CalculatorEnvironment(ToolEnvironment):
     """Arithmetic tasks of three difficulties, solved with a safe calculator tool.
@@ -304,6 +306,11 @@ class CalculatorEnvironment(ToolEnvironment):
             prompt = f"Compute {first}, then multiply the result by {c}. Report the final value."
             return prompt, answer, {"expressions": [first, second]}
         raise ToolEnvironmentError(f"calculator: unknown difficulty {difficulty!r}")
+
+    def distinct_tasks(self, difficulty: Difficulty) -> int | None:
+        """easy: 9 * 9 operand pairs * 3 operators = 243 prompts; medium and hard run to
+        millions, treated as unbounded."""
+        return 9 * 9 * len(_OPS) if difficulty == "easy" else None
 
     def reset(self, task: Task) -> None:
         self._task = task

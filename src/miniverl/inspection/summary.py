@@ -85,6 +85,7 @@ class FileSummary:
     tokenizer_fingerprints: list[str] = field(default_factory=list)
     tokens_by_span_type: dict[str, int] = field(default_factory=dict)
     failure_categories: dict[str, int] = field(default_factory=dict)
+    ungraded_termination: dict[str, int] = field(default_factory=dict)
     rows: list[TrajectoryRow] = field(default_factory=list)
     spans: list[SpanRow] | None = None
 
@@ -94,7 +95,40 @@ class FileSummary:
 
     @property
     def solve_rate(self) -> float:
+        """Solved over *graded* (trajectories that gave a final answer); see :attr:`success_rate`."""
         return self.solved / self.graded if self.graded else 0.0
+
+    @property
+    def success_rate(self) -> float:
+        """Solved over *every* trajectory: an episode that ended without an answer counts as a
+        failure here, as it does in held-out success."""
+        return self.solved / self.trajectories if self.trajectories else 0.0
+
+    @property
+    def answered_wrong(self) -> int:
+        return self.graded - self.solved
+
+    @property
+    def without_answer(self) -> int:
+        """Trajectories that ended without a final answer (so were never graded)."""
+        return self.trajectories - self.graded
+
+    @property
+    def without_answer_by_reason(self) -> dict[str, int]:
+        """:attr:`without_answer` split by termination reason, most frequent first."""
+        return self.ungraded_termination
+
+    def outcome(self) -> dict[str, Any]:
+        """Every trajectory in exactly one bucket: solved, answered wrong or without an answer."""
+        return {
+            "trajectories": self.trajectories,
+            "solved": self.solved,
+            "answered_wrong": self.answered_wrong,
+            "without_answer": self.without_answer,
+            "without_answer_by_reason": self.without_answer_by_reason,
+            "success_rate": round(self.success_rate, 6),
+            "solve_rate_of_graded": round(self.solve_rate, 6),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,6 +141,8 @@ class FileSummary:
             "graded": self.graded,
             "solved": self.solved,
             "solve_rate": round(self.solve_rate, 6),
+            "success_rate": round(self.success_rate, 6),
+            "outcome": self.outcome(),
             "policy_versions": self.policy_versions,
             "termination": self.termination,
             "tools": self.tools,
@@ -148,6 +184,7 @@ def summarize_file(
     tools: Counter[str] = Counter()
     by_type: Counter[str] = Counter()
     failures: Counter[str] = Counter()
+    ungraded: Counter[str] = Counter()
     for t in iter_trajectories(path, vocab_size=run_vocab_size(path)):
         if trajectory_id is not None and t.trajectory_id != trajectory_id:
             continue
@@ -160,6 +197,8 @@ def summarize_file(
             summary.solved += int(t.verification.solved)
             if t.verification.failure_category:
                 failures[t.verification.failure_category] += 1
+        else:
+            ungraded[t.termination_reason.value] += 1
         versions.add(t.policy_version)
         if t.tokenizer_fingerprint not in fingerprints:
             fingerprints.append(t.tokenizer_fingerprint)
@@ -188,4 +227,5 @@ def summarize_file(
     summary.tokenizer_fingerprints = fingerprints
     summary.tokens_by_span_type = dict(by_type.most_common())
     summary.failure_categories = dict(failures.most_common())
+    summary.ungraded_termination = dict(ungraded.most_common())
     return summary

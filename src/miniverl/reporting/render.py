@@ -67,6 +67,8 @@ def render_markdown(data: RunData, sections: Sequence[Section]) -> str:
         "",
     ]
     for section in sections:
+        if section.banner:
+            out += [f"> **{section.banner}**", ""]
         out += [f"## {section.title}", ""]
         for note in section.notes:
             out += [note, ""]

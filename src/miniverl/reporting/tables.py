@@ -39,6 +39,7 @@ CURVE_SERIES = (
     ("lr", "learning rate"),
 )
 SECTION_TITLES = {
+    "headline": "Headline",
     "identity": "Run identity",
     "objective": "Objective",
     "curves": "Learning curves",
@@ -159,6 +160,8 @@ class Section:
     figures: list[Figure] = field(default_factory=list)
     preformatted: list[tuple[str, str]] = field(default_factory=list)
     token_view: TokenView | None = None
+    banner: str | None = None
+    """A warning shown above everything else in the section (the smoke-test notice)."""
 
     @property
     def title(self) -> str:

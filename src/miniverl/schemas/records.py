@@ -27,9 +27,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal, Self, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, field_validator
 
-from miniverl.errors import MiniverlError, RunDirectoryError
+from miniverl.config.limits import MAX_STEPS
+from miniverl.errors import CheckpointError, MiniverlError, RunDirectoryError
+from miniverl.utils.seeding import rng_state_problem
 
 
 def _json_number(value: Any) -> int | float:
@@ -248,11 +250,14 @@ class CheckpointState(RunRecord):
     """
 
     config_digest: str
-    cycle: int
-    global_step: int
-    parameter_version: int
-    task_cursor: int
-    chunk_size: int
+    cycle: int = Field(ge=-1, le=MAX_STEPS)
+    """The last completed cycle (-1: the checkpoint after the SFT warm-up); a resume
+    continues at ``cycle + 1``, so a value past ``train.cycles`` would skip training and
+    stamp the final evaluation with it (:func:`check_state_cycle` holds it to the recipe)."""
+    global_step: int = Field(ge=0)
+    parameter_version: int = Field(ge=0)
+    task_cursor: int = Field(ge=0)
+    chunk_size: int = Field(ge=0)
     rng: dict[str, Any]
     optimizer: dict[str, Any]
     rollout_policy_version: int | None = None
@@ -264,6 +269,30 @@ class CheckpointState(RunRecord):
     offline_kd: dict[str, Any] | None = None
     toy_teacher: dict[str, Any] | None = None
     miniverl_version: str | None = None
+
+    @field_validator("rng")
+    @classmethod
+    def _rng_restorable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = rng_state_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
+def check_state_cycle(
+    state: Any, where: str, *, cycles: int, error: type[MiniverlError] = CheckpointError
+) -> None:
+    """Refuse a checkpoint ``state.json`` whose ``cycle`` the recipe could not have written.
+
+    ``cycles`` is the recipe's ``train.cycles``; a checkpoint is taken after cycle -1 (the
+    warm-up) up to ``cycles - 1``. Called at resume, where the recipe is known.
+    """
+    cycle = state.get("cycle") if isinstance(state, dict) else getattr(state, "cycle", None)
+    if type(cycle) is not int or not -1 <= cycle <= cycles - 1:
+        raise error(
+            f"{where}: field 'cycle': {cycle!r} is outside [-1, {cycles - 1}] for train.cycles {cycles}",
+            hint="the file was edited or corrupted; restore it from the run that wrote it",
+        )
 
 
 def _error(
@@ -322,6 +351,7 @@ __all__ = [
     "RolloutStats",
     "RunRecord",
     "StepRecord",
+    "check_state_cycle",
     "parse_event",
     "parse_metric",
     "parse_state",

@@ -16,6 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TRAJECTORY_SCHEMA_VERSION = 1
 
+MAX_TOKEN_ID = 1 << 24
+"""Exclusive sanity bound on a token id (16,777,216) when no tokenizer is known to check
+against: the largest real vocabularies are a few hundred thousand entries, so an id past
+it is an edited or corrupted file, not a bigger tokenizer."""
+
 
 class SpanType(StrEnum):
     SYSTEM = "system"
@@ -168,6 +173,12 @@ class Trajectory(_Strict):
             raise ValueError("trajectory has no tokens")
         if any(t < 0 for t in self.token_ids):
             raise ValueError("token ids must be non-negative")
+        if max(self.token_ids) >= MAX_TOKEN_ID:
+            raise ValueError(
+                f"token id {max(self.token_ids)} is past {MAX_TOKEN_ID - 1}, beyond any "
+                "tokenizer vocabulary (with a manifest.json beside the file, ids are checked "
+                "against its vocab_size)"
+            )
         for name in ("attention_mask", "model_generated_mask", "critical_mask"):
             size = len(getattr(self, name))
             if size != n:

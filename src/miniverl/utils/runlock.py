@@ -1,6 +1,7 @@
 """One writer per run directory: an advisory ``fcntl.flock`` on ``<run>/.miniverl.lock``.
 
-``train``, ``demo``, ``benchmark`` and ``eval`` hold the lock for their whole life. A second
+``train``, ``demo``, ``benchmark`` and ``eval`` hold the lock for their whole life, and ``cache prune``
+for its own (:func:`maintenance_lock`, when the cache lies inside a run). A second
 writer fails at once with :class:`~miniverl.errors.RunDirectoryError` naming the holder's
 PID (written into the lock file). The kernel drops a ``flock`` when its process dies, however
 it dies, so a lock file left by a dead process is simply taken over: there is no stale-lock
@@ -74,4 +75,29 @@ def run_lock(root: str | os.PathLike[str], *, command: str = "miniverl") -> Iter
         os.close(fd)
 
 
-__all__ = ["LOCK_NAME", "run_lock"]
+def owning_run(path: str | os.PathLike[str]) -> Path | None:
+    """The run directory ``path`` lies directly inside (``<run>/teacher-cache``), or None.
+
+    A directory counts as a run when it holds the lock file or a ``manifest.json``: the lock
+    file exists from a writer's first moment, before the manifest is written. A maintenance
+    command that writes under ``path`` takes this run's lock, so it cannot run beside a
+    live ``train``.
+    """
+    parent = Path(path).absolute().parent
+    if (parent / LOCK_NAME).exists() or (parent / "manifest.json").is_file():
+        return parent
+    return None
+
+
+@contextlib.contextmanager
+def maintenance_lock(path: str | os.PathLike[str]) -> Iterator[Path | None]:
+    """Hold the lock of the run that owns ``path`` (nothing when no run owns it)."""
+    root = owning_run(path)
+    if root is None:
+        yield None
+        return
+    with run_lock(root) as lock:
+        yield lock
+
+
+__all__ = ["LOCK_NAME", "maintenance_lock", "owning_run", "run_lock"]

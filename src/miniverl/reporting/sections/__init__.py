@@ -8,6 +8,7 @@ from miniverl.reporting.load import RunData
 from miniverl.reporting.sections.benchmark import benchmark_sections
 from miniverl.reporting.sections.common import collect_evaluations
 from miniverl.reporting.sections.curves import curves_section, failures_section, success_section
+from miniverl.reporting.sections.headline import headline_section
 from miniverl.reporting.sections.resources import memory_section, selection_section
 from miniverl.reporting.sections.run import events_section, identity_section, objective_section
 from miniverl.reporting.sections.tokens import entropy_section, provenance_section, tokens_section
@@ -16,9 +17,9 @@ from miniverl.reporting.tables import Section
 
 def build_sections(data: RunData) -> list[Section]:
     """Every section the directory supports, in reading order."""
-    sections: list[Section] = []
-    if data.is_training_run:
-        evaluations = collect_evaluations(data)
+    evaluations = collect_evaluations(data) if data.is_training_run else None
+    sections: list[Section] = [headline_section(data, evaluations)]
+    if evaluations is not None:
         sections += [
             identity_section(data),
             objective_section(data),

@@ -216,15 +216,7 @@ def success_section(data: RunData, evaluations: Mapping[str, Mapping[str, Any]])
             rows,
         )
     )
-    bars = [
-        (tag, float(r["success_rate"]))
-        for tag, r in evaluations.items()
-        if isinstance(r.get("success_rate"), int | float)
-    ]
-    if bars:
-        section.figures.append(
-            Figure(plots.success_bars(bars), "Held-out success per evaluation stage.")
-        )
+    # The bar chart of these rates is the headline's (first screen), not repeated here.
     if "after_warmup" in evaluations and "final" in evaluations:
         section.notes.append(
             "The SFT warm-up runs before distillation and often does most of the work (docs/design.md §4.1): "

@@ -1,0 +1,140 @@
+"""The report's headline: first section, success per stage (and per k), objective, banner."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_report import build_run, fake_benchmark
+
+from helpers import make_runner, record_of
+from miniverl.reporting.report import write_report
+from miniverl.utils.runs import RunPaths
+
+
+def _report(run: Path) -> tuple[str, str]:
+    html, md = write_report(run)
+    return html.read_text(encoding="utf-8"), md.read_text(encoding="utf-8")
+
+
+def _headline_html(html: str) -> str:
+    start = html.index('<section id="headline"')
+    return html[start : html.index("</section>", start)]
+
+
+def _headline_md(md: str) -> str:
+    return md.split("## Headline", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_headline_is_the_first_section_of_both_renderings(tmp_path: Path) -> None:
+    html, md = _report(build_run(tmp_path / "opd-run"))
+    assert re.findall(r'<section id="([a-z_]+)"', html)[0] == "headline"
+    assert re.findall(r"^## (.+)$", md, flags=re.M)[0] == "Headline"
+    for block in (_headline_html(html), _headline_md(md)):
+        assert "Objective: on_policy_distillation (run.mode opd)" in block
+        for stage, solved, rate in (
+            ("baseline", "0/4", "0.0%"),
+            ("after SFT warm-up", "1/4", "25.0%"),
+            ("final", "3/4", "75.0%"),
+        ):
+            assert re.search(rf"{stage}\W.*?{solved}.*?{rate}", block, flags=re.S), stage
+    assert "<svg" in _headline_html(html)  # the per-stage chart is in the first screen
+    assert 'id="smoke-test"' not in html and "SMOKE TEST" not in md
+
+
+def test_a_demo_fast_run_opens_on_a_smoke_test_banner(tmp_path: Path) -> None:
+    html, md = _report(build_run(tmp_path / "demo-fast"))  # run.name of demo --fast
+    head = _headline_html(html)
+    assert head.index('id="smoke-test"') < head.index("<h2>Headline</h2>")
+    assert "SMOKE TEST (miniverl demo --fast)" in head and "not a result" in head
+    assert md.index("> **SMOKE TEST (miniverl demo --fast)") < md.index("## Headline")
+
+
+def _contrast(arm: str, ref: str, endpoint: str, primary: bool) -> dict[str, Any]:
+    return {
+        "arm": arm, "reference": ref, "endpoint": endpoint, "primary": primary,
+        "mean_difference": 0.25, "interval": [0.125, 0.375], "mde": 0.1, "distinguishable": True,
+        "verdict": f"{arm} vs {ref} ({endpoint}): +25.0 pp", "notes": [],
+    }  # fmt: skip
+
+
+def test_a_benchmark_headline_shows_the_contrasts_with_their_intervals(tmp_path: Path) -> None:
+    run = tmp_path / "bench"
+    bench = fake_benchmark(run, [1, 2, 3])
+    bench["contrasts"] = [
+        _contrast("opd", "sft_only", "all", False),
+        _contrast("opd", "sft_only", "k=3", True),
+    ]
+    bench["statistics_note"] = "3 seeds x 1 arm seed; 95% percentile intervals"
+    RunPaths(run).benchmark_json.write_text(json.dumps(bench))
+    html, md = _report(run)
+    assert re.findall(r'<section id="([a-z_]+)"', html)[0] == "headline"
+    for block in (_headline_html(html), _headline_md(md)):
+        assert "opd − sft_only" in block
+        assert block.index("k=3") < block.index("| all |" if "|" in block else ">all<")
+        assert "[12.5, 37.5] pp" in block and "+25.0 pp" in block
+        assert "3 seeds x 1 arm seed; 95% percentile intervals" in block
+        assert "75.0%" in block  # opd's final success per arm
+
+
+def _chain_eval_trajectories(path: Path) -> None:
+    """Eval trajectories of calc_chain tasks with k = 1 and k = 2 (oracle: all solved)."""
+    from miniverl.environments.calc_chain import make_task
+    from miniverl.environments.registry import make_environment
+
+    from miniverl.config.models import RolloutConfig
+
+    env = make_environment("calc_chain")
+    runner = make_runner(environment=env, config=RolloutConfig(max_turns=9, max_total_tokens=2048))
+    lines = []
+    for i, steps in enumerate([[("add", 3)], [("add", 3), ("multiply", 2)], [("subtract", 4)]]):
+        task = make_task(f"chain-eval-{i}", "eval", 10 + i, steps)
+        for tag in ("baseline", "final"):
+            traj = runner.oracle_rollout(task)
+            traj = traj.model_copy(
+                update={"trajectory_id": f"{task.task_id}:{tag}", "metadata": {"eval_tag": tag}}
+            )
+            lines.append(json.dumps(record_of(traj)))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_calc_chain_headline_shows_success_per_k(tmp_path: Path) -> None:
+    run = build_run(tmp_path / "chain")
+    paths = RunPaths(run)
+    manifest = json.loads(paths.manifest.read_text())
+    manifest["environment"]["name"] = "calc_chain"
+    paths.manifest.write_text(json.dumps(manifest))
+    _chain_eval_trajectories(paths.eval_trajectories)
+    html, md = _report(run)
+    block = _headline_md(md)
+    assert "| k=1 | k=2 |" in block
+    final = next(line for line in block.splitlines() if line.startswith("| final "))
+    assert "100.0% (2/2)" in final and "100.0% (1/1)" in final
+    after = next(line for line in block.splitlines() if line.startswith("| after SFT warm-up "))
+    assert after.endswith("| — | — |")  # no eval trajectories of that stage
+    assert "k=2" in _headline_html(html)
+
+
+@pytest.mark.parametrize("labelled", [(0.0, 0.0), (0.5, 0.5), (0.0, 0.04)])
+def test_baseline_and_warm_up_labels_never_overlap(labelled: tuple[float, float]) -> None:
+    """Half a cycle apart left of cycle 0 is one pixel on a 400-cycle axis."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from miniverl.reporting import plots
+
+    fig = plots.success_per_cycle_figure(
+        [(c, 0.5) for c in range(400)],
+        [(-1.0, labelled[0], "baseline"), (-0.5, labelled[1], "warm-up"), (399.0, 0.9, "final")],
+    )
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes = {t.get_text(): t.get_window_extent(renderer) for t in fig.axes[0].texts}
+    assert set(boxes) == {"baseline", "warm-up", "final"}
+    names = sorted(boxes)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert not boxes[a].overlaps(boxes[b]), (a, b, boxes[a], boxes[b])
