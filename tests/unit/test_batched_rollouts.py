@@ -28,8 +28,7 @@ from miniverl.config.models import RolloutConfig  # noqa: E402
 from miniverl.errors import GpuMemoryError  # noqa: E402
 from miniverl.models.toy import TOY_STUDENT, ToyBackend  # noqa: E402
 from miniverl.schemas.trajectory import TerminationReason  # noqa: E402
-from miniverl.training.memory import split_on_oom  # noqa: E402
-from miniverl.training.resolve import resolve_trajectory_batch_size  # noqa: E402
+from miniverl.training.resolve import resolve_trajectory_batch_size, split_on_oom  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

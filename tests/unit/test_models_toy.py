@@ -19,7 +19,7 @@ from miniverl.models.toy import (
     ToyModelConfig,
     toy_preset,
 )
-from miniverl.training.toy_teacher import fit_toy_model
+from miniverl.training.teacher_fit import fit_toy_model
 
 TOK = ToyTokenizer()
 PROMPT = TOK.encode(

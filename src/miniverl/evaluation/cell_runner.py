@@ -19,7 +19,7 @@ result), then trains, then measures:
 **Compute-matched mode.** ``compute_matched=<resource>`` hands every non-opd arm a
 :class:`~miniverl.evaluation.budgets.BudgetCap` at opd's spend of the same (seed, arm
 seed) (opd is planned first). The cap is set on the trainer as ``trainer.budget_cap``; the
-trainer enforces it (``training/budget.py``: each cycle's spend is charged over its optimizer
+trainer enforces it (``training/resolve.py``: each cycle's spend is charged over its optimizer
 steps and training stops cleanly after the cycle that spends it, ``enforced: true`` and
 ``stopped_at``). The cell records :func:`~miniverl.evaluation.budgets.cap_outcome`.
 """
@@ -150,7 +150,7 @@ def make_trainer_cell_runner(
 ) -> RunCell:
     """``plans[seed] = (cold-start config, {arm: config at arm seed 0})``; see the module docstring."""
     from miniverl.evaluation.benchmark import arm_config_for_arm_seed, measure_arm
-    from miniverl.training.cold_start import COLD_START_MARKER, COLD_START_STUDENT
+    from miniverl.training.teacher_fit import COLD_START_MARKER, COLD_START_STUDENT
     from miniverl.training.trainer import OPDTrainer
 
     def cold_start(cell: Cell) -> dict[str, Any]:
