@@ -140,7 +140,7 @@ def test_the_fitted_adapter_is_saved_and_reused_by_digest(
 ) -> None:
     cache = tmp_path / "adapters"
     first = _trainer(_config(tiny_dir, cache), tmp_path / "a")
-    report = teacher_fit.prepare_teacher_adapter(first)
+    report = first.prepare_teacher_adapter()
     assert report is not None and report["reused"] is False and report["steps"] == 2
     assert report["oracle_traces"] == 4 and report["corrective_traces"] == 2
     saved = Path(report["directory"])
@@ -152,21 +152,24 @@ def test_the_fitted_adapter_is_saved_and_reused_by_digest(
 
     monkeypatch.setattr(teacher_fit, "fit_adapter", no_refit)
     second = _trainer(_config(tiny_dir, cache), tmp_path / "b")
-    again = teacher_fit.prepare_teacher_adapter(second)
+    again = second.prepare_teacher_adapter()
     assert again is not None and again["reused"] is True and again["digest"] == report["digest"]
     loaded = second.student.adapter_state(TEACHER_ADAPTER)
     assert loaded.keys() == fitted.keys()
     assert all(torch.equal(loaded[k], fitted[k]) for k in fitted)
 
     other = _trainer(_config(tiny_dir, cache, steps=3), tmp_path / "c")
-    assert teacher_fit.fit_digest(teacher_fit.fit_payload(other)) != report["digest"]
+    assert (
+        teacher_fit.fit_digest(teacher_fit.fit_payload(other.config, other.tokenizer.fingerprint))
+        != report["digest"]
+    )
 
     adapter_file = saved / teacher_fit.ADAPTER_FILE
     data = bytearray(adapter_file.read_bytes())
     data[-1] ^= 1
     adapter_file.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="does not match the SHA-256"):
-        teacher_fit.prepare_teacher_adapter(_trainer(_config(tiny_dir, cache), tmp_path / "d"))
+        _trainer(_config(tiny_dir, cache), tmp_path / "d").prepare_teacher_adapter()
 
 
 def test_corrective_traces_supervise_only_the_correction(tiny_dir: Path, tmp_path: Path) -> None:
@@ -182,7 +185,12 @@ def test_corrective_traces_supervise_only_the_correction(tiny_dir: Path, tmp_pat
         assert traj.turns[0].tool_call is not None and (
             traj.turns[0].tool_call.valid is False or traj.turns[0].tool_result.ok is False
         )
-    examples, counts = teacher_fit.fit_examples(trainer)
+    examples, counts = teacher_fit.fit_examples(
+        trainer.config,
+        splits=trainer.splits,
+        environment=trainer.environment,
+        runner=trainer.runner,
+    )
     held_out = {t.task_id for t in trainer.splits["eval"]}
     assert counts == {"oracle_traces": 4, "corrective_traces": 2, "extra_tasks": 2}
     assert len(examples) == 6 and not held_out & {t.task_id for t in trainer.splits["train"]}
@@ -190,8 +198,6 @@ def test_corrective_traces_supervise_only_the_correction(tiny_dir: Path, tmp_pat
 
 def test_the_two_smollm2_recipes_share_one_teacher_adapter() -> None:
     """Same fit inputs -> same digest, so either recipe reuses the adapter the other fitted."""
-    from types import SimpleNamespace
-
     from helpers import REPO_ROOT
 
     plain = RunConfig.from_yaml(REPO_ROOT / "recipes" / "smollm2_calc_cpu.yaml")
@@ -201,8 +207,7 @@ def test_the_two_smollm2_recipes_share_one_teacher_adapter() -> None:
     assert plain.models.teacher_fit.enabled and privileged.models.teacher_fit.enabled
 
     def digest(cfg: RunConfig) -> str:
-        trainer = SimpleNamespace(config=cfg, tokenizer=SimpleNamespace(fingerprint="f"))
-        return teacher_fit.fit_digest(teacher_fit.fit_payload(trainer))  # type: ignore[arg-type]
+        return teacher_fit.fit_digest(teacher_fit.fit_payload(cfg, "f"))
 
     assert digest(plain) == digest(privileged)
     assert digest(plain) != digest(plain.with_overrides(["models.teacher.lora.r=4"]))

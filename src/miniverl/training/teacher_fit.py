@@ -62,7 +62,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -77,11 +77,9 @@ from miniverl.environments.oracle_state import oracle_steps_done, oracle_tool_re
 from miniverl.errors import CheckpointError, ConfigError, TrajectoryError
 from miniverl.models.base import CausalLMBackend, GenerationResult
 from miniverl.models.fitting import cross_entropy_fit_step, draw_rows
-from miniverl.schemas.text import TokenizerLike
 from miniverl.schemas.trajectory import Trajectory
 from miniverl.training.checkpoint import TOY_TEACHER_FILE, save_tensors
 from miniverl.training.live import ProgressReporter
-from miniverl.training.run_state import RunState
 from miniverl.training.sources import oom_splitter
 from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.hashing import sha256_file, sha256_json
@@ -959,21 +957,6 @@ def _load_cold_start(
     return LoadedColdStart(marker, teacher_sha, report)
 
 
-class AdapterFitHost(Protocol):
-    """Exactly what the adapter fit reads from the run that hosts it (``OPDTrainer`` after
-    ``setup()`` satisfies it structurally; this module never imports the trainer)."""
-
-    config: RunConfig
-    tokenizer: TokenizerLike
-    splits: dict[str, list[Task]]
-    environment: ToolEnvironment
-    runner: RolloutRunner
-    teacher: Any
-    progress: ProgressReporter
-    events: EventLog
-    state: RunState
-
-
 ADAPTER_FILE = "teacher-adapter.safetensors"
 REPORT_FILE = "fit.json"
 NOISE_KINDS = ("malformed", "wrong_tool")
@@ -988,15 +971,14 @@ def base_identity(model_id: str) -> dict[str, Any]:
     return {"model_id": model_id}
 
 
-def fit_payload(trainer: AdapterFitHost) -> dict[str, Any]:
+def fit_payload(cfg: RunConfig, tokenizer_fingerprint: str) -> dict[str, Any]:
     """Everything the fitted adapter depends on; its SHA-256 names the saved adapter."""
-    cfg = trainer.config
     return {
         "version": 1,
         "base": base_identity(cfg.models.teacher.model_id),
         "revision": cfg.models.teacher.revision,
         "precision": cfg.models.teacher.precision,
-        "tokenizer_fingerprint": trainer.tokenizer.fingerprint,
+        "tokenizer_fingerprint": tokenizer_fingerprint,
         "lora": cfg.models.teacher.lora.model_dump(),
         "fit": cfg.models.teacher_fit.model_dump(exclude={"cache_dir", "probe_tasks"}),
         "environment": cfg.environment.model_dump(),
@@ -1009,32 +991,39 @@ def fit_digest(payload: dict[str, Any]) -> str:
 
 
 def fit_examples(
-    trainer: AdapterFitHost,
+    cfg: RunConfig,
+    *,
+    splits: dict[str, list[Task]],
+    environment: ToolEnvironment,
+    runner: RolloutRunner,
 ) -> tuple[list[tuple[list[int], list[int]]], dict[str, int]]:
-    """``(token_ids, target_positions)`` of the oracle and corrective traces, and counts."""
-    cfg = trainer.config
+    """``(token_ids, target_positions)`` of the oracle and corrective traces, and counts.
+
+    The pool is the training split plus ``extra_tasks`` fresh tasks; ``runner`` only plays
+    the oracle (its policy never acts), so any runner over ``environment`` will do.
+    """
     fit = cfg.models.teacher_fit
     env_cfg = cfg.environment
-    held_out = [t for name in ("eval", "test") for t in trainer.splits[name]]
+    held_out = [t for name in ("eval", "test") for t in splits[name]]
     extra = sample_extra_tasks(
-        trainer.environment,
+        environment,
         fit.extra_tasks,
         derive_seed(env_cfg.split_seed, "teacher-adapter-pool"),
         env_cfg.difficulty,
-        exclude=[t for split in trainer.splits.values() for t in split],
+        exclude=[t for split in splits.values() for t in split],
     )
-    pool: list[Task] = list(trainer.splits["train"]) + extra
+    pool: list[Task] = list(splits["train"]) + extra
     held_ids = {t.task_id for t in held_out}
     if any(t.task_id in held_ids for t in pool):
         raise AssertionError("teacher fit pool overlaps the held-out splits")
     examples: list[tuple[list[int], list[int]]] = []
     for task in pool:
-        traj = trainer.runner.oracle_rollout(task)
+        traj = runner.oracle_rollout(task)
         examples.append((traj.token_ids, model_target_positions(traj.model_generated_mask)))
     rng = random.Random(derive_seed(cfg.run.seed, "teacher-adapter-noise"))
     noisy = rng.sample(pool, round(fit.corrective_fraction * len(pool)))
     for k, task in enumerate(noisy):
-        traj = trainer.runner.corrective_rollout(task, NOISE_KINDS[k % len(NOISE_KINDS)])
+        traj = runner.corrective_rollout(task, NOISE_KINDS[k % len(NOISE_KINDS)])
         examples.append((traj.token_ids, corrective_targets(traj)))
     counts = {
         "oracle_traces": len(pool),
@@ -1117,14 +1106,29 @@ def _load_adapter(view: Any, path: Path) -> None:
             live[key].copy_(value.to(live[key].device, live[key].dtype))
 
 
-def prepare_teacher_adapter(trainer: AdapterFitHost) -> dict[str, Any] | None:
-    """Load the adapter of this fit config if saved, else fit and save it; returns a report."""
-    cfg = trainer.config
+def prepare_teacher_adapter(
+    view: Any,
+    *,
+    config: RunConfig,
+    tokenizer_fingerprint: str,
+    splits: dict[str, list[Task]],
+    environment: ToolEnvironment,
+    runner: RolloutRunner,
+    chunk_size: int,
+    events: EventLog,
+    progress: ProgressReporter,
+) -> dict[str, Any] | None:
+    """Load the adapter of this fit config if saved, else fit and save it; returns a report.
+
+    ``view`` is the teacher backend (an adapter view of the shared base, or anything else,
+    for which this is a no-op); ``runner`` plays the oracle traces of the fit;
+    ``chunk_size`` is the loss projection chunk (rows) of the fit's cross-entropy.
+    """
+    cfg = config
     fit = cfg.models.teacher_fit
-    view = trainer.teacher
     if not fit.enabled or view is None or getattr(view, "adapter", None) is None:
         return None
-    payload = fit_payload(trainer)
+    payload = fit_payload(cfg, tokenizer_fingerprint)
     digest = fit_digest(payload)
     directory = Path(fit.cache_dir).expanduser() / digest
     adapter_path, report_path = directory / ADAPTER_FILE, directory / REPORT_FILE
@@ -1137,14 +1141,14 @@ def prepare_teacher_adapter(trainer: AdapterFitHost) -> dict[str, Any] | None:
             )
         _load_adapter(view, adapter_path)
         report = {**report, "reused": True, "directory": str(directory)}
-        trainer.events.emit(
+        events.emit(
             "teacher_adapter_loaded", echo=f"reusing teacher adapter {digest[:12]}", **report
         )
         return report
 
-    examples, counts = fit_examples(trainer)
+    examples, counts = fit_examples(cfg, splits=splits, environment=environment, runner=runner)
     started = time.perf_counter()
-    with trainer.progress.task("fitting teacher adapter", fit.steps) as advance:
+    with progress.task("fitting teacher adapter", fit.steps) as advance:
         history = fit_adapter(
             view,
             examples,
@@ -1152,16 +1156,16 @@ def prepare_teacher_adapter(trainer: AdapterFitHost) -> dict[str, Any] | None:
             lr=fit.lr,
             batch_size=fit.batch_size,
             seed=derive_seed(cfg.run.seed, "teacher-adapter-fit"),
-            chunk_size=max(1, trainer.state.chunk_size),
+            chunk_size=max(1, chunk_size),
             advance=advance,
         )
     seconds = time.perf_counter() - started
-    probe = trainer.splits[cfg.eval.split][: fit.probe_tasks]
-    with trainer.progress.task("probing teacher adapter", 1):
-        runner = RolloutRunner(view, trainer.environment, cfg.rollout)
-        split = oom_splitter(trainer.events, "probe rollout")
+    probe = splits[cfg.eval.split][: fit.probe_tasks]
+    with progress.task("probing teacher adapter", 1):
+        probe_runner = RolloutRunner(view, environment, cfg.rollout)
+        split = oom_splitter(events, "probe rollout")
         heldout = greedy_success(
-            runner, probe, seed=cfg.run.seed, batch_size=cfg.eval.batch_size, split=split
+            probe_runner, probe, seed=cfg.run.seed, batch_size=cfg.eval.batch_size, split=split
         )
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}.tmp-", dir=directory.parent))
@@ -1187,7 +1191,7 @@ def prepare_teacher_adapter(trainer: AdapterFitHost) -> dict[str, Any] | None:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     report = {**report, "reused": False, "directory": str(directory)}
-    trainer.events.emit(
+    events.emit(
         "teacher_adapter_fitted",
         echo=f"{len(history)} steps, loss {report['first_loss']:.3f} -> {report['final_loss']:.3f}, "
         f"held-out greedy success {heldout:.2f} ({len(probe)} tasks)",

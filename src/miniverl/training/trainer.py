@@ -135,6 +135,7 @@ class OPDTrainer:
         progress: bool | None = None,
         cold_start: str | Path | None = None,
         resume_from: str | None = None,
+        budget_cap: ChargeableCap | None = None,
     ) -> None:
         self.config = config
         self.paths = RunPaths(output_dir or config.run.output_dir or Path("runs") / config.run.name)
@@ -147,7 +148,7 @@ class OPDTrainer:
         self.events = EventLog(self.paths.events, self.console)
         self.metrics = MetricsLog(self.paths.metrics)
         self.state = RunState()
-        self.budget_cap: ChargeableCap | None = None  # compute-matched benchmark arms set it
+        self.budget_cap = budget_cap  # compute-matched benchmark arms: stop when it is spent
         self.toy_teacher_report: dict[str, Any] | None = None
         self.teacher_adapter_report: dict[str, Any] | None = None
         self.live: LiveSinks | None = None
@@ -310,7 +311,7 @@ class OPDTrainer:
                         self.evaluate("after_warmup")
                     self.save_checkpoint("warmup", cycle=-1)
             if not state.finished:
-                self.teacher_adapter_report = prepare_teacher_adapter(self)
+                self.teacher_adapter_report = self.prepare_teacher_adapter()
                 self._run_cycles()
                 self.evaluate("final", temperature=0.0)
                 if self.cache is not None:
@@ -456,6 +457,20 @@ class OPDTrainer:
             progress=self.progress,
             split=oom_splitter(self.events, "probe rollout"),
             publish=publish,
+        )
+
+    def prepare_teacher_adapter(self) -> dict[str, Any] | None:
+        """HF shared backbone only: load or fit the teacher's LoRA adapter (training/teacher_fit.py)."""
+        return prepare_teacher_adapter(
+            self.teacher,
+            config=self.config,
+            tokenizer_fingerprint=self.tokenizer.fingerprint,
+            splits=self.splits,
+            environment=self.environment,
+            runner=self.runner,
+            chunk_size=self.state.chunk_size,
+            events=self.events,
+            progress=self.progress,
         )
 
     def _fitted_toy_teacher(self) -> CausalLMBackend | None:
