@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -257,11 +256,12 @@ def resolve_trajectory_batch_size(
 
 
 def planned_steps(config: RunConfig) -> int:
-    """Optimizer steps of the main phase (the schedule's length; warm-up not counted)."""
-    tr = config.train
-    if config.run.mode == "opd":
-        return tr.cycles * tr.steps_per_rollout_batch()
-    return tr.cycles * math.ceil(tr.rollouts_per_cycle / tr.group_size())
+    """Optimizer steps of the main phase (the schedule's length; warm-up not counted).
+
+    ``steps_per_rollout_batch`` counts replay passes, which only ``opd`` may set (the recipe
+    refuses ``train.opd_freshness: replay`` elsewhere), so one formula serves every mode.
+    """
+    return config.train.cycles * config.train.steps_per_rollout_batch()
 
 
 # ---------------------------------------------------------------- the resolved run

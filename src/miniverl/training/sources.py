@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.config.models import RunConfig
@@ -55,6 +55,73 @@ from miniverl.trajectory.io import append_trajectories, read_trajectories
 from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.logging import EventLog
 from miniverl.utils.seeding import derive_seed
+
+# ====================================================================== the mode table
+
+Trajectories = Literal["oracle", "teacher_samples", "teacher_pool", "student", "mixed"]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Every fact that depends on ``run.mode``; the rest of the lab reads it from :data:`MODES`.
+
+    The cycle itself never branches on the mode: setup reads one of these once, builds the
+    source it names, and the source's :class:`Supervision` carries the rest into the cycle.
+    The combination rules a recipe must satisfy (``config/recipe.py``) sit in the config
+    layer, below this one, and are validated before any of this is read.
+    """
+
+    name: str
+    trajectories: Trajectories
+    """Where one cycle's trajectories come from: the environment's oracle, fresh teacher
+    samples, one fixed pool of teacher samples, fresh student rollouts, or a mix of the last
+    two (:func:`build_source` builds the matching source)."""
+    teacher_targets: bool
+    """The loss is a divergence from teacher targets at ``loss.temperature``; otherwise it
+    is cross-entropy on the trajectory's own tokens (hard labels, temperature 1)."""
+
+    @property
+    def samples(self) -> bool:
+        """Trajectories are sampled (by student or teacher) at ``rollout.temperature``."""
+        return self.trajectories != "oracle"
+
+    @property
+    def on_policy(self) -> bool:
+        """Some rollouts come from the student being trained: they are checked against its
+        fingerprint, and a sampling / loss temperature mismatch is warned about."""
+        return self.trajectories in ("student", "mixed")
+
+    @property
+    def uses_teacher(self) -> bool:
+        """A teacher is built (to sample or to score); pure SFT needs none."""
+        return self.samples or self.teacher_targets
+
+    @property
+    def warmup(self) -> bool:
+        """An SFT warm-up on oracle traces may precede the cycles (``sft`` is SFT throughout)."""
+        return self.uses_teacher
+
+
+MODES: dict[str, Mode] = {
+    m.name: m
+    for m in (
+        Mode("sft", "oracle", teacher_targets=False),
+        Mode("kd_oracle", "oracle", teacher_targets=True),
+        Mode("seqkd", "teacher_samples", teacher_targets=False),
+        Mode("offline_kd", "teacher_pool", teacher_targets=True),
+        Mode("opd", "student", teacher_targets=True),
+        Mode("gkd_mix", "mixed", teacher_targets=True),
+    )
+}
+"""One row per ``run.mode`` (the ``Literal`` of ``config/sections.py``'s ``RunSection``)."""
+
+
+def mode_of(config: RunConfig) -> Mode:
+    """The :class:`Mode` row of ``config.run.mode``."""
+    return MODES[config.run.mode]
+
+
+# ====================================================================== what a sample is
 
 
 @dataclass
@@ -183,14 +250,7 @@ def check_on_policy(
             )
 
 
-SAMPLING_MODES = frozenset({"offline_kd", "opd", "seqkd", "gkd_mix"})
-"""Modes whose training trajectories are sampled (by the student or the teacher) at
-``rollout.temperature``; ``sft`` and ``kd_oracle`` train on oracle traces."""
-TEACHER_TARGET_MODES = frozenset({"offline_kd", "opd", "kd_oracle", "gkd_mix"})
-"""Modes whose loss is a divergence at ``loss.temperature``; ``sft`` and ``seqkd`` are
-cross-entropy on hard labels (temperature 1)."""
-ON_POLICY_MODES = frozenset({"opd", "gkd_mix"})
-"""Modes whose (some) rollouts come from the student being trained."""
+# ====================================================================== temperatures
 
 
 def temperature_fields(config: RunConfig, phase: str | None = None) -> dict[str, float | None]:
@@ -200,17 +260,17 @@ def temperature_fields(config: RunConfig, phase: str | None = None) -> dict[str,
     ``sft``) train on oracle traces with cross-entropy; ``seqkd`` samples but trains with
     cross-entropy; ``kd_oracle`` matches the teacher but samples nothing.
     """
-    mode = "sft" if phase == "sft" else config.run.mode
+    mode = MODES["sft"] if phase == "sft" else mode_of(config)
     return {
-        "sampling_temperature": config.rollout.temperature if mode in SAMPLING_MODES else None,
-        "loss_temperature": config.loss.temperature if mode in TEACHER_TARGET_MODES else None,
+        "sampling_temperature": config.rollout.temperature if mode.samples else None,
+        "loss_temperature": config.loss.temperature if mode.teacher_targets else None,
     }
 
 
 def temperature_mismatch(config: RunConfig) -> dict[str, Any] | None:
-    """The warning event's fields when an ``opd`` recipe samples and matches at different τ."""
+    """The warning event's fields when an on-policy recipe samples and matches at different τ."""
     sampling, loss = config.rollout.temperature, config.loss.temperature
-    if config.run.mode not in ON_POLICY_MODES or sampling == loss:
+    if not mode_of(config).on_policy or sampling == loss:
         return None
     return {
         "sampling_temperature": sampling,
@@ -222,6 +282,8 @@ def temperature_mismatch(config: RunConfig) -> dict[str, Any] | None:
         ),
     }
 
+
+# ====================================================================== teacher targets
 
 RESIDENT_ROUND_TRIP_REASON = (
     "teacher targets are read back from the cache even when the teacher is resident: the read "
@@ -349,180 +411,7 @@ class TeacherTargets:
         }
 
 
-def oom_splitter(events: EventLog, what: str) -> Any:
-    """A ``rollout_batch`` splitter that halves a decode round on out-of-memory (recorded)."""
-
-    def split(decode: Any, requests: list[Any]) -> Any:
-        return split_on_oom(decode, requests, what=what, events=events)
-
-    return split
-
-
-def teacher_rollouts(
-    runner: RolloutRunner,
-    tasks: Sequence[Task],
-    *,
-    config: RunConfig,
-    cycle: int,
-    kind: str,
-    version: int,
-    events: EventLog,
-    trajectory_log: Path,
-) -> list[Trajectory]:
-    """Fresh teacher samples of ``tasks`` at ``rollout.temperature``, one per task, logged.
-
-    Seeds derive from ``(run.seed, kind, cycle, index)``, so a rerun (or a provenance test)
-    regenerates exactly these ids. Each trajectory is named ``<task>:<kind>:c<cycle>:<i>``
-    and carries ``teacher_sampled: true``; the ``rollouts_collected`` event with
-    ``teacher_sampled`` is what the budgets count as teacher-generated tokens.
-    """
-    if not tasks:
-        return []
-    requests = [
-        EpisodeRequest(
-            task,
-            derive_seed(config.run.seed, kind, cycle, i),
-            trajectory_id=f"{task.task_id}:{kind}:c{cycle}:{i}",
-            extra_metadata={"teacher_sampled": True, "cycle": cycle},
-        )
-        for i, task in enumerate(tasks)
-    ]
-    trajectories = runner.rollout_batch(
-        requests,
-        batch_size=config.rollout.batch_size or len(requests),
-        policy_version=version,
-        split=oom_splitter(events, f"{kind} teacher rollout"),
-    )
-    append_trajectories(trajectory_log, trajectories)
-    events.emit(
-        "rollouts_collected",
-        echo=f"cycle {cycle}: {len(trajectories)} fresh teacher samples ({kind})",
-        cycle=cycle,
-        teacher_sampled=True,
-        source=kind,
-        **summarize_rollouts(trajectories),
-    )
-    return trajectories
-
-
-class TeacherSampleSource:
-    """``seqkd``: sequence-level KD, cross-entropy on fresh teacher samples every cycle.
-
-    The teacher samples one rollout per task at ``rollout.temperature`` (1.0 by default)
-    and the student is trained on those token ids as hard labels; the teacher scores
-    nothing. Stateless: a cycle's samples are a function of (run seed, cycle, tasks).
-    """
-
-    supervision = Supervision(phase="seqkd", teacher_targets=False)
-
-    def __init__(
-        self,
-        *,
-        teacher_runner: Callable[[], RolloutRunner],
-        config: RunConfig,
-        version: Callable[[], int],
-        events: EventLog,
-        trajectory_log: Path,
-    ) -> None:
-        self.teacher_runner = teacher_runner
-        self.config = config
-        self.version = version
-        self.events = events
-        self.trajectory_log = trajectory_log
-        self.tasks_per_cycle = config.train.rollouts_per_cycle
-
-    def samples(self, cycle: int, tasks: Sequence[Task]) -> CycleSamples:
-        version = self.version()
-        trajectories = teacher_rollouts(
-            self.teacher_runner(),
-            tasks,
-            config=self.config,
-            cycle=cycle,
-            kind="seqkd",
-            version=version,
-            events=self.events,
-            trajectory_log=self.trajectory_log,
-        )
-        return CycleSamples(
-            [hard_label_sample(traj) for traj in trajectories], rollout_version=version
-        )
-
-    def finish_cycle(self, cycle: int) -> None:
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        return None
-
-
-class MixedPrefixSource:
-    """``gkd_mix``: per batch, a fraction λ (``train.gkd_student_fraction``) of the tasks get a
-    fresh student rollout and the rest a fresh teacher sample; all are scored by the teacher.
-
-    Which tasks go to the student is a seeded permutation of the batch (run seed, cycle), so
-    a resumed run draws the same split. The student half goes through
-    :meth:`OnPolicySource.collect` and is checked on-policy (:func:`check_on_policy`) before
-    it leaves the source; the teacher half is off-policy by design, so the optimizer's
-    per-group strict check does not apply (``strict_on_policy=False``) and the recipe
-    allows one optimizer step per batch (config/recipe.py).
-    """
-
-    def __init__(
-        self,
-        *,
-        on_policy: OnPolicySource,
-        teacher_runner: Callable[[], RolloutRunner],
-        student_fraction: float,
-    ) -> None:
-        self.on_policy = on_policy
-        self.teacher_runner = teacher_runner
-        self.student_fraction = float(student_fraction)
-        self.tasks_per_cycle = on_policy.tasks_per_cycle
-        self.supervision = Supervision(phase="gkd_mix", teacher_targets=True)
-
-    def split(self, cycle: int, count: int) -> list[bool]:
-        """``is_student[i]`` for the batch's ``count`` tasks: round(λ · count) of them, seeded."""
-        n_student = round(self.student_fraction * count)
-        order = list(range(count))
-        random.Random(derive_seed(self.on_policy.config.run.seed, "gkd_mix", cycle)).shuffle(order)
-        chosen = set(order[:n_student])
-        return [i in chosen for i in range(count)]
-
-    def samples(self, cycle: int, tasks: Sequence[Task]) -> CycleSamples:
-        src = self.on_policy
-        version = src.version()
-        is_student = self.split(cycle, len(tasks))
-        student_tasks = [t for t, s in zip(tasks, is_student, strict=True) if s]
-        student = src.collect(student_tasks, cycle) if student_tasks else []
-        teacher = teacher_rollouts(
-            self.teacher_runner(),
-            [t for t, s in zip(tasks, is_student, strict=True) if not s],
-            config=src.config,
-            cycle=cycle,
-            kind="gkd-teacher",
-            version=version,
-            events=src.events,
-            trajectory_log=src.trajectory_log,
-        )
-        scored = src.targets.score(
-            [*student, *teacher], cycle=cycle, version=version, expect_version=version
-        )
-        check_on_policy([s for s in scored[: len(student)] if s.trainable], src.fingerprint())
-        by_kind = iter(scored[: len(student)]), iter(scored[len(student) :])
-        ordered = [next(by_kind[0]) if s else next(by_kind[1]) for s in is_student]
-        return CycleSamples(ordered, summarize_rollouts(student), rollout_version=version)
-
-    def finish_cycle(self, cycle: int) -> None:
-        self.on_policy.finish_cycle(cycle)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        return None
-
+# ====================================================================== sources
 
 OFFLINE_POOL_CYCLE = -1
 """Cache keys of the offline_kd pool carry this cycle: it is scored once, before cycle 0."""
@@ -544,9 +433,6 @@ class SampleSource(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-# ====================================================================== sources
 
 
 class OracleSource:
@@ -839,6 +725,187 @@ class OfflinePoolSource:
         self._samples = samples
 
 
+class TeacherSampleSource:
+    """``seqkd``: sequence-level KD, cross-entropy on fresh teacher samples every cycle.
+
+    The teacher samples one rollout per task at ``rollout.temperature`` (1.0 by default)
+    and the student is trained on those token ids as hard labels; the teacher scores
+    nothing. Stateless: a cycle's samples are a function of (run seed, cycle, tasks).
+    """
+
+    supervision = Supervision(phase="seqkd", teacher_targets=False)
+
+    def __init__(
+        self,
+        *,
+        teacher_runner: Callable[[], RolloutRunner],
+        config: RunConfig,
+        version: Callable[[], int],
+        events: EventLog,
+        trajectory_log: Path,
+    ) -> None:
+        self.teacher_runner = teacher_runner
+        self.config = config
+        self.version = version
+        self.events = events
+        self.trajectory_log = trajectory_log
+        self.tasks_per_cycle = config.train.rollouts_per_cycle
+
+    def samples(self, cycle: int, tasks: Sequence[Task]) -> CycleSamples:
+        version = self.version()
+        trajectories = teacher_rollouts(
+            self.teacher_runner(),
+            tasks,
+            config=self.config,
+            cycle=cycle,
+            kind="seqkd",
+            version=version,
+            events=self.events,
+            trajectory_log=self.trajectory_log,
+        )
+        return CycleSamples(
+            [hard_label_sample(traj) for traj in trajectories], rollout_version=version
+        )
+
+    def finish_cycle(self, cycle: int) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+class MixedPrefixSource:
+    """``gkd_mix``: per batch, a fraction λ (``train.gkd_student_fraction``) of the tasks get a
+    fresh student rollout and the rest a fresh teacher sample; all are scored by the teacher.
+
+    Which tasks go to the student is a seeded permutation of the batch (run seed, cycle), so
+    a resumed run draws the same split. The student half goes through
+    :meth:`OnPolicySource.collect` and is checked on-policy (:func:`check_on_policy`) before
+    it leaves the source; the teacher half is off-policy by design, so the optimizer's
+    per-group strict check does not apply (``strict_on_policy=False``) and the recipe
+    allows one optimizer step per batch (config/recipe.py).
+    """
+
+    def __init__(
+        self,
+        *,
+        on_policy: OnPolicySource,
+        teacher_runner: Callable[[], RolloutRunner],
+        student_fraction: float,
+    ) -> None:
+        self.on_policy = on_policy
+        self.teacher_runner = teacher_runner
+        self.student_fraction = float(student_fraction)
+        self.tasks_per_cycle = on_policy.tasks_per_cycle
+        self.supervision = Supervision(phase="gkd_mix", teacher_targets=True)
+
+    def split(self, cycle: int, count: int) -> list[bool]:
+        """``is_student[i]`` for the batch's ``count`` tasks: round(λ · count) of them, seeded."""
+        n_student = round(self.student_fraction * count)
+        order = list(range(count))
+        random.Random(derive_seed(self.on_policy.config.run.seed, "gkd_mix", cycle)).shuffle(order)
+        chosen = set(order[:n_student])
+        return [i in chosen for i in range(count)]
+
+    def samples(self, cycle: int, tasks: Sequence[Task]) -> CycleSamples:
+        src = self.on_policy
+        version = src.version()
+        is_student = self.split(cycle, len(tasks))
+        student_tasks = [t for t, s in zip(tasks, is_student, strict=True) if s]
+        student = src.collect(student_tasks, cycle) if student_tasks else []
+        teacher = teacher_rollouts(
+            self.teacher_runner(),
+            [t for t, s in zip(tasks, is_student, strict=True) if not s],
+            config=src.config,
+            cycle=cycle,
+            kind="gkd-teacher",
+            version=version,
+            events=src.events,
+            trajectory_log=src.trajectory_log,
+        )
+        scored = src.targets.score(
+            [*student, *teacher], cycle=cycle, version=version, expect_version=version
+        )
+        check_on_policy([s for s in scored[: len(student)] if s.trainable], src.fingerprint())
+        by_kind = iter(scored[: len(student)]), iter(scored[len(student) :])
+        ordered = [next(by_kind[0]) if s else next(by_kind[1]) for s in is_student]
+        return CycleSamples(ordered, summarize_rollouts(student), rollout_version=version)
+
+    def finish_cycle(self, cycle: int) -> None:
+        self.on_policy.finish_cycle(cycle)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+# ====================================================================== helpers
+
+
+def oom_splitter(events: EventLog, what: str) -> Any:
+    """A ``rollout_batch`` splitter that halves a decode round on out-of-memory (recorded)."""
+
+    def split(decode: Any, requests: list[Any]) -> Any:
+        return split_on_oom(decode, requests, what=what, events=events)
+
+    return split
+
+
+def teacher_rollouts(
+    runner: RolloutRunner,
+    tasks: Sequence[Task],
+    *,
+    config: RunConfig,
+    cycle: int,
+    kind: str,
+    version: int,
+    events: EventLog,
+    trajectory_log: Path,
+) -> list[Trajectory]:
+    """Fresh teacher samples of ``tasks`` at ``rollout.temperature``, one per task, logged.
+
+    Seeds derive from ``(run.seed, kind, cycle, index)``, so a rerun (or a provenance test)
+    regenerates exactly these ids. Each trajectory is named ``<task>:<kind>:c<cycle>:<i>``
+    and carries ``teacher_sampled: true``; the ``rollouts_collected`` event with
+    ``teacher_sampled`` is what the budgets count as teacher-generated tokens.
+    """
+    if not tasks:
+        return []
+    requests = [
+        EpisodeRequest(
+            task,
+            derive_seed(config.run.seed, kind, cycle, i),
+            trajectory_id=f"{task.task_id}:{kind}:c{cycle}:{i}",
+            extra_metadata={"teacher_sampled": True, "cycle": cycle},
+        )
+        for i, task in enumerate(tasks)
+    ]
+    trajectories = runner.rollout_batch(
+        requests,
+        batch_size=config.rollout.batch_size or len(requests),
+        policy_version=version,
+        split=oom_splitter(events, f"{kind} teacher rollout"),
+    )
+    append_trajectories(trajectory_log, trajectories)
+    events.emit(
+        "rollouts_collected",
+        echo=f"cycle {cycle}: {len(trajectories)} fresh teacher samples ({kind})",
+        cycle=cycle,
+        teacher_sampled=True,
+        source=kind,
+        **summarize_rollouts(trajectories),
+    )
+    return trajectories
+
+
+# ====================================================================== the dispatch
+
+
 def build_source(
     mode: str,
     *,
@@ -856,16 +923,21 @@ def build_source(
     trajectory_log: Path,
     vocab_size: int | None = None,
 ) -> SampleSource:
-    """The one place that maps ``run.mode`` to a source (the module docstring's table)."""
-    if mode in ("sft", "kd_oracle"):
+    """The source of ``MODES[mode]``: its ``trajectories`` pick the class, and
+    ``teacher_targets`` whether the teacher scores them."""
+    if mode not in MODES:
+        raise ValueError(f"no sample source for run.mode {mode!r}")
+    spec = MODES[mode]
+    scored = targets if spec.teacher_targets else None
+    if spec.trajectories == "oracle":
         return OracleSource(
             runner=student_runner,
             version=version,
             trajectory_log=trajectory_log,
             tasks_per_cycle=config.train.rollouts_per_cycle,
-            targets=targets if mode == "kd_oracle" else None,
+            targets=scored,
         )
-    if mode == "seqkd":
+    if spec.trajectories == "teacher_samples":
         return TeacherSampleSource(
             teacher_runner=teacher_runner,
             config=config,
@@ -873,7 +945,7 @@ def build_source(
             events=events,
             trajectory_log=trajectory_log,
         )
-    if mode == "offline_kd":
+    if spec.trajectories == "teacher_pool":
         return OfflinePoolSource(
             teacher_runner=teacher_runner,
             targets=targets,
@@ -884,38 +956,35 @@ def build_source(
             trajectory_log=trajectory_log,
             vocab_size=vocab_size,
         )
-    if mode in ("opd", "gkd_mix"):
-        on_policy = OnPolicySource(
-            runner=student_runner,
-            student=student,
-            targets=targets,
-            config=config,
-            version=version,
-            step=step,
-            fingerprint=fingerprint,
-            events=events,
-            progress=progress,
-            trajectory_log=trajectory_log,
-        )
-        if mode == "opd":
-            return on_policy
-        return MixedPrefixSource(
-            on_policy=on_policy,
-            teacher_runner=teacher_runner,
-            student_fraction=config.train.gkd_student_fraction,
-        )
-    raise ValueError(f"no sample source for run.mode {mode!r}")
+    on_policy = OnPolicySource(
+        runner=student_runner,
+        student=student,
+        targets=targets,
+        config=config,
+        version=version,
+        step=step,
+        fingerprint=fingerprint,
+        events=events,
+        progress=progress,
+        trajectory_log=trajectory_log,
+    )
+    if spec.trajectories == "student":
+        return on_policy
+    return MixedPrefixSource(
+        on_policy=on_policy,
+        teacher_runner=teacher_runner,
+        student_fraction=config.train.gkd_student_fraction,
+    )
 
 
 __all__ = [
+    "MODES",
     "OFFLINE_POOL_CYCLE",
-    "ON_POLICY_MODES",
     "RESIDENT_ROUND_TRIP_REASON",
-    "SAMPLING_MODES",
-    "TEACHER_TARGET_MODES",
     "CycleSamples",
     "FingerprintedSample",
     "MixedPrefixSource",
+    "Mode",
     "OfflinePoolSource",
     "OnPolicySource",
     "OracleSource",
@@ -930,6 +999,7 @@ __all__ = [
     "check_on_policy",
     "hard_label_sample",
     "make_select_and_align",
+    "mode_of",
     "oom_splitter",
     "summarize_rollouts",
     "teacher_rollouts",

@@ -28,6 +28,7 @@ backward, with out-of-memory halving), then one commit (clip, scheduled lr,
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -78,11 +79,10 @@ from miniverl.training.live import (
 from miniverl.training.manifest import LocalRoleGraph, ManifestInputs, build_manifest
 from miniverl.training.optim import (
     Schedule,
-    UpdateOutcome,
-    apply_update,
     build_optimizer,
     load_optimizer_state,
     scheduled_lr,
+    set_lr,
 )
 from miniverl.training.resolve import (
     ChargeableCap,
@@ -98,6 +98,7 @@ from miniverl.training.sources import (
     TrainingSample,
     build_source,
     check_on_policy,
+    mode_of,
     oom_splitter,
     temperature_fields,
 )
@@ -171,7 +172,7 @@ class OPDTrainer:
         self.splits = build_splits(self.environment, cfg.environment)
         self.tasks_by_id = {t.task_id: t for split in self.splits.values() for t in split}
         self.task_order = shuffled_order(len(self.splits["train"]), cfg.run.seed)
-        with_teacher = with_teacher and cfg.run.mode != "sft"
+        with_teacher = with_teacher and mode_of(cfg).uses_teacher
         self.runtime = assembly.build_run_runtime(
             cfg, self.tokenizer, device, with_teacher=with_teacher, splits=self.splits
         )
@@ -305,7 +306,7 @@ class OPDTrainer:
                 self._prepare_toy_teacher()
                 if cfg.eval.baseline:
                     self.evaluate("baseline")
-                if cfg.run.mode != "sft" and warmup_cycles(cfg.train) > 0:
+                if mode_of(cfg).warmup and warmup_cycles(cfg.train) > 0:
                     self.run_sft_warmup()
                     if cfg.eval.after_warmup:
                         self.evaluate("after_warmup")
@@ -340,98 +341,6 @@ class OPDTrainer:
         finally:
             self.live.close()
         return summary
-
-    def _run_cycles(self) -> None:
-        """The main phase: cycles, held-out evaluations every ``eval.every``, checkpoints."""
-        cfg, state = self.config, self.state
-        meter = make_cap_meter(self.budget_cap, self.paths)
-        with self.progress.task("cycles", cfg.train.cycles - state.start_cycle) as advance:
-            for cycle in range(state.start_cycle, cfg.train.cycles):
-                steps_before = state.global_step
-                self.run_cycle(cycle)
-                last = cycle == cfg.train.cycles - 1
-                held_out = None
-                if cfg.eval.every and not last and (cycle + 1) % cfg.eval.every == 0:
-                    held_out = self.evaluate(f"cycle-{cycle:04d}")
-                if last or (cycle + 1) % cfg.train.checkpoint_every == 0:
-                    self.save_checkpoint(f"cycle-{cycle:04d}", cycle=cycle)
-                advance(stats=format_live_line(self.last_cycle_summary, held_out))
-                if meter is not None and meter.after_cycle(
-                    cycle=cycle,
-                    steps=state.global_step - steps_before,
-                    global_step=state.global_step,
-                    events=self.events,
-                ):
-                    break
-
-    def next_tasks(self, count: int) -> list[Any]:
-        """The next ``count`` training tasks of the shuffled order (``RunState.next_tasks``)."""
-        return self.state.next_tasks(self.splits["train"], self.task_order, count)
-
-    # ================================================================== one cycle
-
-    def run_cycle(self, cycle: int) -> None:
-        """tasks -> source samples (collect, select, align, score, cache) -> optimize -> log."""
-        cfg, state, source = self.config, self.state, self.source
-        state.cycle = cycle
-        started = time.perf_counter()
-        phase = source.supervision.phase
-        batch = source.samples(cycle, self.next_tasks(source.tasks_per_cycle))
-        if batch.rollout_version is not None:
-            state.rollout_version = batch.rollout_version
-        samples, rollout_stats = batch.samples, batch.rollout_stats
-        record: dict[str, Any] = {
-            "cycle": cycle,
-            "mode": phase,
-            "parameter_version_before": state.parameter_version,
-            "policy_fingerprint_before": state.policy_fingerprint,
-            **temperature_fields(cfg, phase),
-            "rollouts": rollout_stats,
-            "selection": aggregate_selection_stats(s.selection for s in samples),
-        }
-        if not any(s.trainable for s in samples):
-            self.events.emit(
-                "cycle_skipped_no_selected_positions",
-                echo=f"cycle {cycle}: the selector found nothing to supervise",
-                cycle=cycle,
-                selector=cfg.selection.selector,
-                trajectories=len(samples),
-            )
-            record.update(skipped=True, steps=0, parameter_version=state.parameter_version)
-            self._write_cycle(record, started)
-            return
-        steps = self.updater.optimize(samples, source.supervision, cycle=cycle)
-        if cycle == cfg.train.cycles - 1:
-            write_token_analysis(
-                self.paths.token_analysis,
-                self.student,
-                self.tokenizer,
-                samples,
-                cycle=cycle,
-                events=self.events,
-            )
-        source.finish_cycle(cycle)
-        live = cycle_summary(steps, rollout_stats)
-        record.update(
-            skipped=False,
-            steps=len(steps),
-            parameter_version=state.parameter_version,
-            policy_fingerprint=state.policy_fingerprint,
-            loss=steps[-1]["loss"] if steps else None,
-            mean_loss=live["mean_loss"],
-            mean_divergence=live["mean_divergence"],
-        )
-        self._write_cycle(record, started)
-        self.last_cycle_summary = live
-        if self.live is not None:
-            self.live.scalars(state.global_step, cycle_scalars(live))
-        self.events.emit(
-            "cycle_end", echo=f"cycle {cycle}: {format_live_line(live)}", cycle=cycle, **live
-        )
-
-    def _write_cycle(self, record: dict[str, Any], started: float) -> None:
-        record["seconds"] = round(time.perf_counter() - started, 3)
-        self.metrics.write(CycleRecord.build(**record).to_json())
 
     # ================================================================== before the cycles
 
@@ -545,6 +454,100 @@ class OPDTrainer:
         self.state.refresh_fingerprint(self.student)
         if loaded.toy_teacher_report is not None:
             self.toy_teacher_report = loaded.toy_teacher_report
+
+    # ================================================================== the cycles
+
+    def _run_cycles(self) -> None:
+        """The main phase: cycles, held-out evaluations every ``eval.every``, checkpoints."""
+        cfg, state = self.config, self.state
+        meter = make_cap_meter(self.budget_cap, self.paths)
+        with self.progress.task("cycles", cfg.train.cycles - state.start_cycle) as advance:
+            for cycle in range(state.start_cycle, cfg.train.cycles):
+                steps_before = state.global_step
+                self.run_cycle(cycle)
+                last = cycle == cfg.train.cycles - 1
+                held_out = None
+                if cfg.eval.every and not last and (cycle + 1) % cfg.eval.every == 0:
+                    held_out = self.evaluate(f"cycle-{cycle:04d}")
+                if last or (cycle + 1) % cfg.train.checkpoint_every == 0:
+                    self.save_checkpoint(f"cycle-{cycle:04d}", cycle=cycle)
+                advance(stats=format_live_line(self.last_cycle_summary, held_out))
+                if meter is not None and meter.after_cycle(
+                    cycle=cycle,
+                    steps=state.global_step - steps_before,
+                    global_step=state.global_step,
+                    events=self.events,
+                ):
+                    break
+
+    def next_tasks(self, count: int) -> list[Any]:
+        """The next ``count`` training tasks of the shuffled order (``RunState.next_tasks``)."""
+        return self.state.next_tasks(self.splits["train"], self.task_order, count)
+
+    # ================================================================== one cycle
+
+    def run_cycle(self, cycle: int) -> None:
+        """tasks -> source samples (collect, select, align, score, cache) -> optimize -> log."""
+        cfg, state, source = self.config, self.state, self.source
+        state.cycle = cycle
+        started = time.perf_counter()
+        phase = source.supervision.phase
+        batch = source.samples(cycle, self.next_tasks(source.tasks_per_cycle))
+        if batch.rollout_version is not None:
+            state.rollout_version = batch.rollout_version
+        samples, rollout_stats = batch.samples, batch.rollout_stats
+        record: dict[str, Any] = {
+            "cycle": cycle,
+            "mode": phase,
+            "parameter_version_before": state.parameter_version,
+            "policy_fingerprint_before": state.policy_fingerprint,
+            **temperature_fields(cfg, phase),
+            "rollouts": rollout_stats,
+            "selection": aggregate_selection_stats(s.selection for s in samples),
+        }
+        if not any(s.trainable for s in samples):
+            self.events.emit(
+                "cycle_skipped_no_selected_positions",
+                echo=f"cycle {cycle}: the selector found nothing to supervise",
+                cycle=cycle,
+                selector=cfg.selection.selector,
+                trajectories=len(samples),
+            )
+            record.update(skipped=True, steps=0, parameter_version=state.parameter_version)
+            self._write_cycle(record, started)
+            return
+        steps = self.updater.optimize(samples, source.supervision, cycle=cycle)
+        if cycle == cfg.train.cycles - 1:
+            write_token_analysis(
+                self.paths.token_analysis,
+                self.student,
+                self.tokenizer,
+                samples,
+                cycle=cycle,
+                events=self.events,
+            )
+        source.finish_cycle(cycle)
+        live = cycle_summary(steps, rollout_stats)
+        record.update(
+            skipped=False,
+            steps=len(steps),
+            parameter_version=state.parameter_version,
+            policy_fingerprint=state.policy_fingerprint,
+            loss=steps[-1]["loss"] if steps else None,
+            mean_loss=live["mean_loss"],
+            mean_divergence=live["mean_divergence"],
+        )
+        self._write_cycle(record, started)
+        self.last_cycle_summary = live
+        if self.live is not None:
+            self.live.scalars(state.global_step, cycle_scalars(live))
+        self.events.emit(
+            "cycle_end", echo=f"cycle {cycle}: {format_live_line(live)}", cycle=cycle, **live
+        )
+
+    def _write_cycle(self, record: dict[str, Any], started: float) -> None:
+        record["seconds"] = round(time.perf_counter() - started, 3)
+        self.metrics.write(CycleRecord.build(**record).to_json())
 
     # ================================================================== evaluation
 
@@ -951,6 +954,52 @@ class GroupGradients:
                     split_into=[smaller, batch_rows - smaller],
                 )
                 batch_rows = smaller
+
+
+# ====================================================================== the step
+
+
+@dataclass(frozen=True)
+class UpdateOutcome:
+    """One commit attempt: ``committed`` is False when a non-finite gradient skipped it."""
+
+    committed: bool
+    grad_norm: float
+    lr: float
+
+
+def apply_update(
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    *,
+    lr: float,
+    max_grad_norm: float | None,
+    events: EventLog,
+    global_step: int,
+) -> UpdateOutcome:
+    """Clip the accumulated gradient, set ``lr``, step, and clear the gradient.
+
+    ``grad_norm`` is the total L2 norm before clipping. A NaN/inf norm means the loss
+    blew up somewhere in the group: the gradient is dropped, the weights stay as they
+    were and an ``update_skipped_nonfinite`` event names ``global_step``. The caller bumps
+    its step and parameter version only when ``committed``.
+    """
+    norm = torch.nn.utils.clip_grad_norm_(
+        params, max_grad_norm if max_grad_norm is not None else float("inf")
+    )
+    grad_norm = float(norm)
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        events.emit(
+            "update_skipped_nonfinite",
+            echo="non-finite gradient: update skipped",
+            global_optimizer_step=global_step,
+        )
+        return UpdateOutcome(False, grad_norm, lr)
+    set_lr(optimizer, lr)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return UpdateOutcome(True, grad_norm, lr)
 
 
 __all__ = [
