@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from helpers import tiny_config
-from miniverl.training.gradients import GroupGradients
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.trainer import GroupGradients, OPDTrainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

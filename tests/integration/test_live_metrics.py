@@ -14,7 +14,7 @@ import pytest
 
 from helpers import tiny_config
 from miniverl.errors import ConfigError
-from miniverl.training.checkpoint_retention import prune_cycle_checkpoints
+from miniverl.training.checkpoint import prune_cycle_checkpoints
 from miniverl.training.live import cycle_summary, format_live_line
 from miniverl.training.trainer import OPDTrainer
 

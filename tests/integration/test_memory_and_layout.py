@@ -13,9 +13,8 @@ from safetensors.torch import load_file
 from helpers import tiny_config
 from miniverl.config.models import RunConfig
 from miniverl.errors import ConfigError, GpuMemoryError
-from miniverl.training import memory, resolve
-from miniverl.training.gradients import GroupGradients
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training import resolve
+from miniverl.training.trainer import GroupGradients, OPDTrainer
 
 
 def _losses(trainer: OPDTrainer) -> list[float]:
@@ -96,9 +95,11 @@ def test_exhausted_retries_raise_gpu_memory_error_naming_six_knobs() -> None:
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
     with pytest.raises(GpuMemoryError) as info:
-        memory.run_with_oom_retry(always_oom, chunk_size=256, min_chunk_size=16, retries=3)
+        resolve.run_with_oom_retry(always_oom, chunk_size=256, min_chunk_size=16, retries=3)
     assert "chunk size 32 after 3 retries" in info.value.message
-    assert len(memory.OOM_KNOBS) == 6 and all(knob in info.value.hint for knob in memory.OOM_KNOBS)
+    assert len(resolve.OOM_KNOBS) == 6 and all(
+        knob in info.value.hint for knob in resolve.OOM_KNOBS
+    )
 
 
 def test_oom_retry_only_changes_the_chunk_and_passes_other_errors_through() -> None:
@@ -110,14 +111,14 @@ def test_oom_retry_only_changes_the_chunk_and_passes_other_errors_through() -> N
             raise RuntimeError("CUDA error: out of memory")
         return chunk * 2
 
-    assert memory.run_with_oom_retry(fn, chunk_size=160, min_chunk_size=8, retries=5) == (80, 40)
+    assert resolve.run_with_oom_retry(fn, chunk_size=160, min_chunk_size=8, retries=5) == (80, 40)
     assert calls == [160, 80, 40]
 
     def broken(chunk: int) -> None:
         raise ValueError("not a memory problem")
 
     with pytest.raises(ValueError, match="not a memory problem"):
-        memory.run_with_oom_retry(broken, chunk_size=64, min_chunk_size=8, retries=3)
+        resolve.run_with_oom_retry(broken, chunk_size=64, min_chunk_size=8, retries=3)
 
 
 def _hf_quantized(strategy: str) -> RunConfig:

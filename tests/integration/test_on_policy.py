@@ -165,7 +165,7 @@ def test_entropy_lower_bound_flag_reaches_metrics_token_analysis_and_report(
 def test_sampling_and_loss_temperatures_are_recorded_and_a_mismatch_is_explained(
     opd_run: OPDTrainer,
 ) -> None:
-    from miniverl.training.temperatures import temperature_mismatch
+    from miniverl.training.sources import temperature_mismatch
 
     manifest = json.loads(opd_run.paths.manifest.read_text())
     assert manifest["objective"]["sampling_temperature"] == 0.5

@@ -13,7 +13,7 @@ from helpers import capture_trained_samples, tiny_config
 from miniverl.agent.protocol import format_final, format_tool_call
 from miniverl.environments.oracle_state import next_oracle_action
 from miniverl.evaluation.teacher_gate import trainer_teacher_gate
-from miniverl.training import recovery
+from miniverl.training import checkpoint
 from miniverl.training.trainer import OPDTrainer
 
 EPS = 0.001
@@ -42,7 +42,7 @@ def test_opd_with_the_oracle_teacher_is_supervised_by_the_oracle_at_student_stat
     trainer.train()
 
     root = tmp_path / "run"
-    assert not (root / recovery.TOY_TEACHER_FILE).exists(), "no toy teacher is fitted or saved"
+    assert not (root / checkpoint.TOY_TEACHER_FILE).exists(), "no toy teacher is fitted or saved"
     assert trainer.teacher is not None and trainer.teacher.capabilities.backend == "oracle"
     manifest = json.loads((root / "manifest.json").read_text())
     assert '"backend": "oracle"' in json.dumps(manifest)

@@ -14,14 +14,14 @@ from miniverl.evaluation.teacher_gate import (
     require_teacher_gate,
     trainer_teacher_gate,
 )
-from miniverl.training import teacher_reuse
+from miniverl.training import teacher_fit
 from miniverl.training.trainer import OPDTrainer
 
 
 def test_the_gate_of_a_run_is_stored_and_refuses_a_weak_teacher(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(teacher_reuse.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(teacher_fit.CACHE_ENV, str(tmp_path / "cache"))
     config = tiny_config(
         "eval.teacher_gate_tasks=2",
         "eval.teacher_gate_threshold=0.99",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from helpers import tiny_config
-from miniverl.training import teacher_reuse
+from miniverl.training import teacher_fit
 from miniverl.training.trainer import OPDTrainer
 from miniverl.utils.hashing import sha256_file
 
@@ -38,7 +38,7 @@ def _train(run: Path, *overrides: str) -> OPDTrainer:
 @pytest.fixture
 def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "cache"
-    monkeypatch.setenv(teacher_reuse.CACHE_ENV, str(root))
+    monkeypatch.setenv(teacher_fit.CACHE_ENV, str(root))
     return root
 
 

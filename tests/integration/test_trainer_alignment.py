@@ -16,8 +16,7 @@ import torch
 
 from helpers import tiny_config
 from miniverl.losses.providers import BucketedTargetProvider, ExactTargetProvider
-from miniverl.training.gradients import GroupGradients
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.trainer import GroupGradients, OPDTrainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -29,8 +29,7 @@ from miniverl.models.toy import ToyBackend  # noqa: E402
 from miniverl.models.toy_config import TOY_STUDENT  # noqa: E402
 from miniverl.schemas.text import ASSISTANT_HEADER  # noqa: E402
 from miniverl.schemas.trajectory import TerminationReason  # noqa: E402
-from miniverl.training.memory import split_on_oom  # noqa: E402
-from miniverl.training.resolve import resolve_trajectory_batch_size  # noqa: E402
+from miniverl.training.resolve import resolve_trajectory_batch_size, split_on_oom  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -9,7 +9,7 @@ import torch
 
 from miniverl.errors import OffPolicyError, StaleCacheError
 from miniverl.models.fingerprint import backend_fingerprint, tensor_fingerprint
-from miniverl.training.onpolicy import check_on_policy
+from miniverl.training.sources import check_on_policy
 
 
 def _weights() -> list[torch.Tensor]:

@@ -15,8 +15,7 @@ from miniverl.cache.index import journal_line
 from miniverl.config.models import RunConfig
 from miniverl.models.tokenizers import compute_fingerprint
 from miniverl.schemas.alignment import AlignmentMap
-from miniverl.training.teacher_adapter import fit_digest
-from miniverl.training.teacher_reuse import _tasks_sha256, teacher_digest
+from miniverl.training.teacher_fit import _tasks_sha256, fit_digest, teacher_digest
 from miniverl.utils import hashing
 from miniverl.utils.hashing import canonical_json, sha256_file, sha256_json, sha256_text
 
@@ -37,9 +36,13 @@ def test_alignment_digest_is_unchanged() -> None:
 
 
 def test_teacher_reuse_digests_are_unchanged() -> None:
-    assert teacher_digest(INPUTS) == "4784989ad974821fc32b4a48ef3bba0ccf38c624431acbacead2a934c9f39a2f"
+    assert (
+        teacher_digest(INPUTS) == "4784989ad974821fc32b4a48ef3bba0ccf38c624431acbacead2a934c9f39a2f"
+    )
     task = SimpleNamespace(task_id="a", prompt="2+2", answer="4", data={"x": 1})
-    assert _tasks_sha256([task]) == "64bc1fd7227390f8891a1e14b6ff04643f6ad694adf68ee13fad229f1dfbe2da"
+    assert (
+        _tasks_sha256([task]) == "64bc1fd7227390f8891a1e14b6ff04643f6ad694adf68ee13fad229f1dfbe2da"
+    )
 
 
 def test_adapter_fit_and_tokenizer_digests_are_unchanged() -> None:
@@ -50,10 +53,13 @@ def test_adapter_fit_and_tokenizer_digests_are_unchanged() -> None:
 
 def test_cache_journal_checksum_is_unchanged() -> None:
     line = journal_line({"base": "b", "key": "é", "n": [1, 2]})
-    assert line == (
-        '{"record":{"base":"b","key":"é","n":[1,2]},'
-        '"sha256":"ed3e63aaf5e8d3e4ffe82c6cc67a51854825f3b011eb395629d108829a18158b"}\n'
-    ).encode()
+    assert (
+        line
+        == (
+            '{"record":{"base":"b","key":"é","n":[1,2]},'
+            '"sha256":"ed3e63aaf5e8d3e4ffe82c6cc67a51854825f3b011eb395629d108829a18158b"}\n'
+        ).encode()
+    )
 
 
 def test_config_digest_is_the_sha256_of_its_yaml() -> None:
@@ -74,7 +80,9 @@ def test_sha256_file_streams_in_blocks_and_reports_progress(tmp_path: Path) -> N
     path = tmp_path / "blob"
     path.write_bytes(data)
     seen: list[int] = []
-    assert sha256_file(path, block_size=1000, progress=seen.append) == hashlib.sha256(data).hexdigest()
+    assert (
+        sha256_file(path, block_size=1000, progress=seen.append) == hashlib.sha256(data).hexdigest()
+    )
     assert seen == [*range(1000, len(data), 1000), len(data)]
 
 

@@ -122,10 +122,25 @@ def test_the_role_graph_binds_exactly_the_objects_it_is_given() -> None:
     assert roles["RolloutRuntime"]["bound_to"] == "FakeRunner"
     assert roles["RewardOrVerifier"]["bound_to"] == "CalculatorEnvironment"
     assert roles["TargetBuilder"] == {"bound_to": "FakeScorer", "shape": "bucketed"}
-    assert roles["UpdateRuntime"] == {"bound_to": "OPDTrainer", "method": "_optimize"}
+    assert roles["UpdateRuntime"] == {"bound_to": "OPDTrainer", "method": "updater.optimize"}
     assert roles["EvaluationRuntime"] == {"bound_to": "OPDTrainer", "method": "evaluate"}
     assert roles["ArtifactBridge"]["cache"] == "teacher-cache"
     assert roles["ReferencePolicy"]["bound_to"] is None
+
+
+def test_the_role_graph_names_methods_that_exist() -> None:
+    """``OPDTrainer.updater`` is a ``PolicyUpdater``; both named methods are defined (read
+    from the source, so this module still never imports the trainer)."""
+    tree = ast.parse((SRC_DIR / "miniverl" / "training" / "trainer.py").read_text("utf-8"))
+    defined = {
+        f"{cls.name}.{fn.name}"
+        for cls in tree.body
+        if isinstance(cls, ast.ClassDef)
+        for fn in cls.body
+        if isinstance(fn, ast.FunctionDef)
+    }
+    assert {"OPDTrainer.evaluate", "PolicyUpdater.optimize"} <= defined
+    assert "self.updater = PolicyUpdater(" in ast.unparse(tree)
 
 
 def test_there_is_no_trainer_shaped_constructor_left() -> None:

@@ -14,7 +14,7 @@ from miniverl.models.sampling import recompute_step, run_generation
 from miniverl.models.tokenizers import ToyTokenizer
 from miniverl.models.toy import ToyBackend
 from miniverl.models.toy_config import TOY_STUDENT, TOY_TEACHER, ToyModelConfig, toy_preset
-from miniverl.training.toy_teacher import fit_toy_model
+from miniverl.training.teacher_fit import fit_toy_model
 
 TOK = ToyTokenizer()
 PROMPT = TOK.encode(

@@ -18,15 +18,15 @@ from miniverl.environments.oracle_state import next_oracle_action
 from miniverl.environments.registry import make_environment
 from miniverl.errors import ConfigError
 from miniverl.schemas.trajectory import SpanType, Trajectory
-from miniverl.training import teacher_reuse
-from miniverl.training.noisy_traces import (
+from miniverl.training import teacher_fit
+from miniverl.training.teacher_fit import (
     CORRUPTION_KINDS,
     FitTrace,
     corrupt_call_text,
+    fit_traces,
     noisy_oracle_trace,
     toy_fit_traces,
 )
-from miniverl.training.toy_teacher import fit_traces
 from miniverl.utils.seeding import derive_seed
 
 CONFIG = RolloutConfig(
@@ -237,7 +237,7 @@ def test_the_teacher_digest_covers_the_noise_settings(tasks: list[Task]) -> None
             t.example for t in toy_fit_traces(runner, tasks, noise_fraction=fraction, seed=1)
         ]
         teacher = _DigestTeacher()
-        inputs = teacher_reuse.toy_teacher_digest_inputs(
+        inputs = teacher_fit.toy_teacher_digest_inputs(
             teacher,  # type: ignore[arg-type]
             examples=examples,
             probe=tasks[:2],
@@ -249,15 +249,15 @@ def test_the_teacher_digest_covers_the_noise_settings(tasks: list[Task]) -> None
             seed=1,
             device="cpu",
         )
-        return teacher_reuse.teacher_digest(inputs)
+        return teacher_fit.teacher_digest(inputs)
 
     base = digest(0.0, {"noise_fraction": 0.0})
     # the examples alone (same fit dict) already differ: targets and ids change with the noise
     assert digest(0.2, {"noise_fraction": 0.0}) != base
     # and the setting itself is in the fit dict the trainer passes
     assert digest(0.0, {"noise_fraction": 0.2}) != base
-    assert "training/noisy_traces.py" in teacher_reuse.FIT_SOURCES
-    assert "environments/oracle_state.py" in teacher_reuse.FIT_SOURCES
+    assert "training/teacher_fit.py" in teacher_fit.FIT_SOURCES
+    assert "environments/oracle_state.py" in teacher_fit.FIT_SOURCES
 
 
 class _DigestTeacher:

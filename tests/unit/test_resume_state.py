@@ -13,8 +13,7 @@ from miniverl.config.models import RunConfig
 from miniverl.errors import CheckpointError
 from miniverl.models.tokenizers import ToyTokenizer
 from miniverl.models.toy import ToyBackend, ToyModelConfig
-from miniverl.training.optim import Schedule, build_optimizer
-from miniverl.training.resume import (
+from miniverl.training.checkpoint import (
     LOG_NAMES,
     ResumeCounters,
     choose_resume_checkpoint,
@@ -24,6 +23,7 @@ from miniverl.training.resume import (
     source_state,
     write_training_checkpoint,
 )
+from miniverl.training.optim import Schedule, build_optimizer
 from miniverl.utils.logging import EventLog
 from miniverl.utils.runs import RunPaths
 

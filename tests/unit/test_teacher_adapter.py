@@ -21,7 +21,7 @@ from miniverl.models.hf import TEACHER_ADAPTER, HFBackend  # noqa: E402
 from miniverl.models.hf_shared import build_shared_backbone  # noqa: E402
 from miniverl.models.tiny_hf import build_tiny_hf_checkpoint  # noqa: E402
 from miniverl.models.tokenizers import load_hf_tokenizer  # noqa: E402
-from miniverl.training import teacher_adapter  # noqa: E402
+from miniverl.training import teacher_fit  # noqa: E402
 from miniverl.training.trainer import OPDTrainer  # noqa: E402
 
 pytestmark = [
@@ -117,7 +117,7 @@ def test_fit_adapter_changes_only_the_teacher_adapter(tiny_dir: Path, tmp_path: 
     )
     before = {k: v.clone() for k, v in actor.model.state_dict().items()}
     ids = actor.tokenizer.encode(PROMPT + "<final>\n48\n</final>")
-    history = teacher_adapter.fit_adapter(
+    history = teacher_fit.fit_adapter(
         teacher, [(ids, list(range(len(ids) - 6, len(ids))))] * 2,
         steps=3, lr=1e-2, batch_size=2, seed=0, chunk_size=16,
     )  # fmt: skip
@@ -141,7 +141,7 @@ def test_the_fitted_adapter_is_saved_and_reused_by_digest(
 ) -> None:
     cache = tmp_path / "adapters"
     first = _trainer(_config(tiny_dir, cache), tmp_path / "a")
-    report = teacher_adapter.prepare_teacher_adapter(first)
+    report = first.prepare_teacher_adapter()
     assert report is not None and report["reused"] is False and report["steps"] == 2
     assert report["oracle_traces"] == 4 and report["corrective_traces"] == 2
     saved = Path(report["directory"])
@@ -151,39 +151,47 @@ def test_the_fitted_adapter_is_saved_and_reused_by_digest(
     def no_refit(*_: Any, **__: Any) -> Any:
         raise AssertionError("an unchanged fit config must not be refitted")
 
-    monkeypatch.setattr(teacher_adapter, "fit_adapter", no_refit)
+    monkeypatch.setattr(teacher_fit, "fit_adapter", no_refit)
     second = _trainer(_config(tiny_dir, cache), tmp_path / "b")
-    again = teacher_adapter.prepare_teacher_adapter(second)
+    again = second.prepare_teacher_adapter()
     assert again is not None and again["reused"] is True and again["digest"] == report["digest"]
     loaded = second.student.adapter_state(TEACHER_ADAPTER)
     assert loaded.keys() == fitted.keys()
     assert all(torch.equal(loaded[k], fitted[k]) for k in fitted)
 
     other = _trainer(_config(tiny_dir, cache, steps=3), tmp_path / "c")
-    assert teacher_adapter.fit_digest(teacher_adapter.fit_payload(other)) != report["digest"]
+    assert (
+        teacher_fit.fit_digest(teacher_fit.fit_payload(other.config, other.tokenizer.fingerprint))
+        != report["digest"]
+    )
 
-    adapter_file = saved / teacher_adapter.ADAPTER_FILE
+    adapter_file = saved / teacher_fit.ADAPTER_FILE
     data = bytearray(adapter_file.read_bytes())
     data[-1] ^= 1
     adapter_file.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="does not match the SHA-256"):
-        teacher_adapter.prepare_teacher_adapter(_trainer(_config(tiny_dir, cache), tmp_path / "d"))
+        _trainer(_config(tiny_dir, cache), tmp_path / "d").prepare_teacher_adapter()
 
 
 def test_corrective_traces_supervise_only_the_correction(tiny_dir: Path, tmp_path: Path) -> None:
     trainer = _trainer(_config(tiny_dir, tmp_path), tmp_path / "run")
     task = trainer.splits["train"][0]
-    for noise in teacher_adapter.NOISE_KINDS:
+    for noise in teacher_fit.NOISE_KINDS:
         traj = trainer.runner.corrective_rollout(task, noise)
         start = traj.metadata["supervise_from"]
-        targets = teacher_adapter.corrective_targets(traj)
+        targets = teacher_fit.corrective_targets(traj)
         first_noise = next(s for s in traj.spans if s.is_model_generated)
         assert targets and min(targets) >= start > first_noise.end
         assert traj.solved and traj.invalid_tool_calls == 1
         assert traj.turns[0].tool_call is not None and (
             traj.turns[0].tool_call.valid is False or traj.turns[0].tool_result.ok is False
         )
-    examples, counts = teacher_adapter.fit_examples(trainer)
+    examples, counts = teacher_fit.fit_examples(
+        trainer.config,
+        splits=trainer.splits,
+        environment=trainer.environment,
+        runner=trainer.runner,
+    )
     held_out = {t.task_id for t in trainer.splits["eval"]}
     assert counts == {"oracle_traces": 4, "corrective_traces": 2, "extra_tasks": 2}
     assert len(examples) == 6 and not held_out & {t.task_id for t in trainer.splits["train"]}
@@ -191,8 +199,6 @@ def test_corrective_traces_supervise_only_the_correction(tiny_dir: Path, tmp_pat
 
 def test_the_two_smollm2_recipes_share_one_teacher_adapter() -> None:
     """Same fit inputs -> same digest, so either recipe reuses the adapter the other fitted."""
-    from types import SimpleNamespace
-
     from helpers import REPO_ROOT
 
     plain = RunConfig.from_yaml(REPO_ROOT / "recipes" / "smollm2_calc_cpu.yaml")
@@ -202,8 +208,7 @@ def test_the_two_smollm2_recipes_share_one_teacher_adapter() -> None:
     assert plain.models.teacher_fit.enabled and privileged.models.teacher_fit.enabled
 
     def digest(cfg: RunConfig) -> str:
-        trainer = SimpleNamespace(config=cfg, tokenizer=SimpleNamespace(fingerprint="f"))
-        return teacher_adapter.fit_digest(teacher_adapter.fit_payload(trainer))  # type: ignore[arg-type]
+        return teacher_fit.fit_digest(teacher_fit.fit_payload(cfg, "f"))
 
     assert digest(plain) == digest(privileged)
     assert digest(plain) != digest(plain.with_overrides(["models.teacher.lora.r=4"]))

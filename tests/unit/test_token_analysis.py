@@ -11,8 +11,8 @@ import torch
 from helpers import oracle_trajectories
 from miniverl.models.tokenizers import ToyTokenizer
 from miniverl.models.toy import ToyBackend, ToyModelConfig
-from miniverl.training.samples import hard_label_sample
-from miniverl.training.token_analysis import token_analysis_records, write_token_analysis
+from miniverl.training.live import token_analysis_records, write_token_analysis
+from miniverl.training.sources import hard_label_sample
 from miniverl.utils.logging import EventLog
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

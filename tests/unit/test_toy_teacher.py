@@ -1,4 +1,4 @@
-"""Toy-teacher persistence (training/toy_teacher.py) and the benchmark cold start (cold_start.py)."""
+"""Toy-teacher persistence (training/teacher_fit.py) and the benchmark cold start (cold_start.py)."""
 
 from __future__ import annotations
 
@@ -17,20 +17,18 @@ from miniverl.models.fitting import cross_entropy_fit_step
 from miniverl.models.tokenizers import ToyTokenizer
 from miniverl.models.toy import ToyBackend
 from miniverl.models.toy_config import TOY_STUDENT
-from miniverl.training import teacher_reuse
-from miniverl.training.cold_start import (
+from miniverl.training import teacher_fit
+from miniverl.training.teacher_fit import (
     COLD_START_MARKER,
     COLD_START_STUDENT,
-    load_cold_start,
-    save_cold_start,
-)
-from miniverl.training.noisy_traces import toy_fit_traces
-from miniverl.training.toy_teacher import (
     TOY_TEACHER_FILE,
     fit_toy_model,
+    load_cold_start,
     load_teacher,
     prepare_toy_teacher,
+    save_cold_start,
     save_teacher,
+    toy_fit_traces,
 )
 from miniverl.utils.io import read_json
 
@@ -48,7 +46,7 @@ def _same(a: ToyBackend, b: ToyBackend) -> bool:
 
 def test_the_reuse_key_hashes_every_file_the_fit_runs() -> None:
     """A fitted teacher is reused by digest, so the code that fits it must be in the digest."""
-    package = Path(teacher_reuse.__file__).resolve().parents[1]
+    package = Path(teacher_fit.__file__).resolve().parents[1]
     for code in (
         fit_toy_model,
         prepare_toy_teacher,
@@ -60,7 +58,7 @@ def test_the_reuse_key_hashes_every_file_the_fit_runs() -> None:
         ToyBackend,
     ):
         source = Path(inspect.getfile(code)).resolve().relative_to(package).as_posix()
-        assert source in teacher_reuse.FIT_SOURCES, source
+        assert source in teacher_fit.FIT_SOURCES, source
 
 
 def test_a_saved_teacher_loads_only_against_its_hash(tmp_path: Path) -> None:

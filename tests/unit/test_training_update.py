@@ -12,10 +12,9 @@ from miniverl.config.models import RunConfig
 from miniverl.errors import GpuMemoryError
 from miniverl.models.tokenizers import ToyTokenizer
 from miniverl.models.toy import ToyBackend, ToyModelConfig
-from miniverl.training.gradients import GroupGradients
-from miniverl.training.optim import Schedule, apply_update, build_optimizer, scheduled_lr
-from miniverl.training.samples import hard_label_sample
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.optim import Schedule, build_optimizer, scheduled_lr
+from miniverl.training.sources import hard_label_sample
+from miniverl.training.trainer import GroupGradients, OPDTrainer, apply_update
 from miniverl.utils.logging import EventLog
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -13,8 +13,8 @@ from miniverl.config.models import RunConfig
 from miniverl.config.sections import WarmupUntilConfig
 from miniverl.environments.base import Task
 from miniverl.errors import ConfigError
-from miniverl.training.progress import ProgressReporter
-from miniverl.training.samples import Supervision
+from miniverl.training.live import ProgressReporter
+from miniverl.training.sources import Supervision
 from miniverl.training.warmup import criterion_tasks, run_sft_warmup, warmup_cycles
 from miniverl.utils.logging import EventLog
 

@@ -189,11 +189,11 @@ class ToyFitConfig(_Section):
         0.0,
         ge=0,
         le=1,
-        description="Fraction of the fitting traces that get one tool call corrupted (a changed digit or a malformed call), the tool's real response, then the oracle's corrective re-call; the corrupted step is not supervised (training/noisy_traces.py).",
+        description="Fraction of the fitting traces that get one tool call corrupted (a changed digit or a malformed call), the tool's real response, then the oracle's corrective re-call; the corrupted step is not supervised (training/teacher_fit.py).",
     )
     noise_kinds: dict[NoiseKind, float] = Field(
         default_factory=lambda: dict(DEFAULT_NOISE_KINDS),
-        description="Relative weights of the corruption kinds drawn for a noisy trace: operand_digit (one digit of one number changed), random_operands (every number of the call replaced by an unrelated one), malformed_json, bad_expression (training/noisy_traces.py).",
+        description="Relative weights of the corruption kinds drawn for a noisy trace: operand_digit (one digit of one number changed), random_operands (every number of the call replaced by an unrelated one), malformed_json, bad_expression (training/teacher_fit.py).",
     )
     noise_max_follow: int = Field(
         0,

@@ -2,7 +2,7 @@
 
 The teacher gate (``evaluation/teacher_gate.py``) asks "what should the policy do next?" at
 every state the *student* visited, and the noise-injected fitting traces
-(``training/noisy_traces.py``) continue after a corrupted step with the same answer. Both use
+(``training/teacher_fit.py``) continue after a corrupted step with the same answer. Both use
 :func:`next_oracle_action`, so the gate measures the teacher on exactly the behaviour the fit
 taught it.
 

@@ -192,9 +192,9 @@ def arm_record(name: str, overrides: Sequence[str], config: RunConfig) -> dict[s
 
     ``sampling_temperature`` is the temperature the arm's training trajectories were
     sampled at (None for arms that train on oracle traces); ``loss_temperature`` the
-    divergence temperature (None for cross-entropy arms); see training/temperatures.py.
+    divergence temperature (None for cross-entropy arms); see training/sources.py.
     """
-    from miniverl.training.temperatures import temperature_fields
+    from miniverl.training.sources import temperature_fields
 
     record: dict[str, Any] = {
         "overrides": list(overrides),

@@ -18,7 +18,7 @@ is not matched and is measured instead (:func:`measure_budget`):
 **Compute-matched mode** gives every arm the budget ``opd`` spent on the same seed and arm
 seed, in one resource (:data:`MATCHABLE`). The harness runs ``opd`` first in each
 (seed, arm seed), reads its spend with :func:`measure_budget`, and hands every other arm a
-:class:`BudgetCap`. The trainer honours the cap (``training/budget.py``): it sets ``enforced``,
+:class:`BudgetCap`. The trainer honours the cap (``training/resolve.py``): it sets ``enforced``,
 charges each cycle's spend over its optimizer steps with :meth:`BudgetCap.charge`, and
 stops after the cycle in which :meth:`BudgetCap.exhausted` became True, recording
 ``stopped_at`` (cycle, global optimizer step, spend) and a ``compute_cap_reached`` event. The cell always records the cap, the spend and
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miniverl.training.budget import UNSCORED_ID_PARTS
+from miniverl.training.resolve import UNSCORED_ID_PARTS
 
 BUDGET_FIELDS = (
     "optimizer_steps",

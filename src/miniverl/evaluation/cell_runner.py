@@ -8,7 +8,7 @@ result), then trains, then measures:
 - a cold-start cell: the exported weights' SHA-256, the cold start's evaluations, the
   teacher gate (``teacher_gate``: :func:`~miniverl.evaluation.teacher_gate.cold_start_teacher_gate`
   of the finished cold start, ``{value, threshold, passed, ...}`` or ``{skipped, reason}``;
-  also set as ``trainer.teacher_gate_report`` and copied beside the cold-start weights) and, for calc_chain,
+  also copied beside the cold-start weights) and, for calc_chain,
   the endpoints of its last greedy evaluation (the state every arm starts from);
 - an arm cell: :func:`measure_arm` (read back from the run's artifacts), the budget
   (:func:`miniverl.evaluation.budgets.measure_budget`), the final greedy outcome of every
@@ -18,8 +18,8 @@ result), then trains, then measures:
 
 **Compute-matched mode.** ``compute_matched=<resource>`` hands every non-opd arm a
 :class:`~miniverl.evaluation.budgets.BudgetCap` at opd's spend of the same (seed, arm
-seed) (opd is planned first). The cap is set on the trainer as ``trainer.budget_cap``; the
-trainer enforces it (``training/budget.py``: each cycle's spend is charged over its optimizer
+seed) (opd is planned first). The cap is passed to the trainer as ``OPDTrainer(budget_cap=...)``; the
+trainer enforces it (``training/resolve.py``: each cycle's spend is charged over its optimizer
 steps and training stops cleanly after the cycle that spends it, ``enforced: true`` and
 ``stopped_at``). The cell records :func:`~miniverl.evaluation.budgets.cap_outcome`.
 """
@@ -198,7 +198,7 @@ def make_trainer_cell_runner(
     score_exposure_endpoints: bool = True,
 ) -> RunCell:
     """``plans[seed] = (cold-start config, {arm: config at arm seed 0})``; see the module docstring."""
-    from miniverl.training.cold_start import COLD_START_MARKER, COLD_START_STUDENT
+    from miniverl.training.teacher_fit import COLD_START_MARKER, COLD_START_STUDENT
     from miniverl.training.trainer import OPDTrainer
 
     def cold_start(cell: Cell) -> dict[str, Any]:
@@ -211,8 +211,8 @@ def make_trainer_cell_runner(
         trainer.train()
         trainer.export_cold_start(cold_dir)
         wall, cpu = watch.read()
-        trainer.teacher_gate_report = cold_start_teacher_gate(trainer)
-        if not trainer.teacher_gate_report.get("skipped"):
+        gate = cold_start_teacher_gate(trainer)
+        if not gate.get("skipped"):
             shutil.copyfile(run_dir / TEACHER_GATE_FILE, cold_dir / TEACHER_GATE_FILE)
         marker = read_json(cold_dir / COLD_START_MARKER)
         evaluations = marker.get("evaluations") or {}
@@ -227,7 +227,7 @@ def make_trainer_cell_runner(
             "global_optimizer_step": marker.get("global_optimizer_step"),
             "baseline_success": (evaluations.get("baseline") or {}).get("success_rate"),
             "after_warmup_success": (evaluations.get("after_warmup") or {}).get("success_rate"),
-            "teacher_gate": getattr(trainer, "teacher_gate_report", None),
+            "teacher_gate": gate,
             "start_endpoints": chain_endpoints(by_tag.get(tag, []), _task_index(trainer)),
             "start_endpoints_tag": tag,
             "wall_seconds": round(wall, 2),
@@ -248,8 +248,9 @@ def make_trainer_cell_runner(
             if reference is not None:
                 cap = cap_from_reference(reference["budget"], compute_matched)
         watch = Stopwatch()
-        trainer = OPDTrainer(config, output_dir=run_dir, cold_start=cold_dir, quiet=quiet)
-        trainer.budget_cap = cap
+        trainer = OPDTrainer(
+            config, output_dir=run_dir, cold_start=cold_dir, quiet=quiet, budget_cap=cap
+        )
         trainer.train()
         wall, cpu = watch.read()
         measured = measure_arm(run_dir)

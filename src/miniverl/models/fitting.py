@@ -1,8 +1,8 @@
 """One cross-entropy fit step on oracle rows, shared by the toy teacher fit and the HF adapter fit.
 
 A row is ``(token_ids, target_positions)``: target ``j`` is the supervised token, predicted from
-position ``j - 1``. Both fits (``training/toy_teacher.py`` ``fit_toy_model`` and
-``training/teacher_adapter.py``) walk a seeded shuffle of their rows epoch by epoch and update
+position ``j - 1``. Both fits (``training/teacher_fit.py`` ``fit_toy_model`` and
+``training/teacher_fit.py``) walk a seeded shuffle of their rows epoch by epoch and update
 with the project's ``chunked_selected_position_loss`` in pure cross-entropy form, so a teacher is
 fitted by the same code path that later trains the student.
 """
@@ -21,7 +21,9 @@ from miniverl.models.batching import build_padded_trajectory_batch
 Row = TypeVar("Row")
 
 
-def draw_rows(rows: Sequence[Row], batch_size: int, order: list[int], rng: random.Random) -> list[Row]:
+def draw_rows(
+    rows: Sequence[Row], batch_size: int, order: list[int], rng: random.Random
+) -> list[Row]:
     """The next ``min(batch_size, len(rows))`` rows of a seeded shuffle; ``order`` carries over.
 
     When ``order`` runs out a new epoch starts with a fresh shuffle of every row index.

@@ -31,8 +31,7 @@ from miniverl.teachers.local import LocalTeacherScorer
 from miniverl.teachers.oracle import build_oracle_teacher
 from miniverl.training.optim import move_optimizer_state
 from miniverl.training.resolve import HostCapabilities, ResolvedRun, place_teacher, resolve_run
-from miniverl.training.sources import TeacherTargets, make_select_and_align
-from miniverl.training.temperatures import temperature_mismatch
+from miniverl.training.sources import TeacherTargets, make_select_and_align, temperature_mismatch
 from miniverl.utils.io import atomic_write_bytes, atomic_write_text
 from miniverl.utils.logging import EventLog
 from miniverl.utils.runs import RunPaths

@@ -1,4 +1,5 @@
-"""Resumable checkpoints: safetensors + JSON, with a completion marker written last.
+"""Checkpoints: the file format, what a training run stores, which one ``--resume`` loads,
+which ones stay on disk, and recovery of a run that died before its first one.
 
 Layout of ``checkpoints/<name>/``:
 
@@ -6,37 +7,76 @@ Layout of ``checkpoints/<name>/``:
   fully fine-tuned toy student);
 - ``optimizer.safetensors``: optimizer moment tensors;
 - ``state.json``: step, parameter/rollout versions, task cursor, schedule, RNG states,
-  optimizer scalars, config digest;
+  optimizer scalars, config digest, the sample source's position and the byte length of
+  every append-only log;
 - ``checkpoint.json``: the completion marker with SHA-256 of the three files.
 
 The directory is assembled under a temporary name and renamed into place, and the marker
 is written after everything it vouches for: a checkpoint without a valid marker is never
-loaded. Nothing here unpickles: a received checkpoint is inert data.
+loaded. Nothing here unpickles: a received checkpoint is inert data. A resume cuts the logs
+back to the recorded lengths, so the records a killed run wrote after its last checkpoint
+are written again, identically, instead of twice.
+
+Which checkpoint ``--resume`` loads, all of it loud:
+
+- ``--resume`` loads the *latest* checkpoint directory (``warmup`` < ``cycle-NNNN`` in
+  cycle order < ``final``; the cycle comes from the verified marker, or from the name when
+  the marker cannot be verified). If that directory is incomplete or tampered with, the
+  resume fails with a :class:`~miniverl.errors.CheckpointError` that names the file and
+  lists the complete checkpoints to choose from; it never falls back silently to an
+  older one (which would rerun cycles, truncate the logs and then delete the damaged
+  directory).
+- ``--resume-from NAME`` loads exactly ``checkpoints/NAME`` (verified like any other).
+  Newer checkpoint directories are then moved aside, not deleted, into
+  ``checkpoints/.superseded-<UTC>/``, together with the log tails the resume truncates.
+- Deleting checkpoints is left to the explicit ``checkpoint.keep`` setting
+  (:func:`prune_cycle_checkpoints`: only ``cycle-NNNN`` directories are candidates;
+  ``warmup``, ``final`` and hidden staging directories are always kept).
+
+Everything a run writes before its first checkpoint (the toy-teacher fit, the baseline
+evaluation, the SFT warm-up) is a deterministic function of the recipe, so the way to
+recover it is to recompute it: ``--resume`` on such a directory deletes the artifacts the
+dead run left and starts again (:func:`prepare_resume`). Only miniverl's own artifact names
+are deleted, ``events.jsonl`` is kept (it records the crash), and a directory whose recipe
+differs from the one passed now is refused rather than wiped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from miniverl.errors import CheckpointError
+import torch
+
+from miniverl import __version__
+from miniverl.config.models import RunConfig
+from miniverl.errors import CheckpointError, ConfigError, RunDirectoryError
+from miniverl.models.base import CausalLMBackend
 from miniverl.schemas.records import CheckpointState, parse_state
+from miniverl.training.optim import Schedule, optimizer_state_tensors
 from miniverl.utils.hashing import sha256_file
 from miniverl.utils.io import (
     atomic_path,
     checked_failpoint,
     is_disk_full,
     read_json,
+    repair_jsonl_tail,
     storage_error,
     write_json,
 )
-from miniverl.utils.logging import utc_now
-from miniverl.utils.safe_load import require_regular_file
+from miniverl.utils.logging import EventLog, utc_now
+from miniverl.utils.runlock import LOCK_NAME
+from miniverl.utils.runs import RunPaths
+from miniverl.utils.safe_load import load_yaml_file, require_regular_file
+from miniverl.utils.seeding import capture_rng_state
 
 CHECKPOINT_FORMAT = 1
 ADAPTER_FILE = "adapter.safetensors"
@@ -237,3 +277,490 @@ def find_latest_checkpoint(checkpoints_dir: str | os.PathLike[str]) -> Path | No
             if best is None or key > best[:2]:
                 best = (*key, child)
     return None if best is None else best[2]
+
+
+_CYCLE_NAME = re.compile(r"^cycle-(\d+)$")
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """One checkpoint directory: where it sits in the run's order and whether it verifies."""
+
+    path: Path
+    order: tuple[float, int]
+    error: CheckpointError | None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def valid(self) -> bool:
+        return self.error is None
+
+
+def _order_from_name(name: str) -> tuple[float, int]:
+    """(cycle, tie-break) from a directory name; unknown names sort last (latest)."""
+    if name == "warmup":
+        return (-1.0, 0)
+    if name == "final":
+        return (math.inf, 1)
+    match = _CYCLE_NAME.match(name)
+    return (float(int(match.group(1))), 0) if match else (math.inf, 2)
+
+
+def scan_checkpoints(checkpoints_dir: str | os.PathLike[str]) -> list[CheckpointEntry]:
+    """Every visible checkpoint directory, verified, oldest first (hidden ones are staging)."""
+    root = Path(checkpoints_dir)
+    if not root.is_dir():
+        return []
+    entries = []
+    for child in root.iterdir():
+        if not child.is_dir() or child.name.startswith("."):
+            continue
+        order = _order_from_name(child.name)
+        try:
+            marker = read_marker(child)
+        except CheckpointError as exc:
+            entries.append(CheckpointEntry(child, order, exc))
+            continue
+        if child.name != "final" and isinstance(marker.get("cycle"), int):
+            order = (float(marker["cycle"]), order[1])
+        entries.append(CheckpointEntry(child, order, None))
+    return sorted(entries, key=lambda e: (e.order, e.name))
+
+
+def select_resume_checkpoint(
+    checkpoints_dir: str | os.PathLike[str], name: str | None = None
+) -> Path | None:
+    """The checkpoint to resume: ``name`` when given, else the latest, which must verify.
+
+    Returns ``None`` when there is no checkpoint directory at all. Raises
+    :class:`CheckpointError` when ``name`` does not exist or does not verify, or when the
+    latest checkpoint is incomplete or tampered with.
+    """
+    root = Path(checkpoints_dir)
+    entries = scan_checkpoints(root)
+    valid = [e.name for e in entries if e.valid]
+    if name is not None:
+        path = root / name
+        if not path.is_dir() or name.startswith(".") or Path(name).name != name:
+            raise CheckpointError(
+                f"--resume-from {name}: no checkpoint directory {path}",
+                hint=f"complete checkpoints here: {', '.join(valid) or 'none'}",
+            )
+        read_marker(path)
+        return path
+    if not entries:
+        return None
+    latest = entries[-1]
+    if latest.error is not None:
+        older = [n for n in valid if n != latest.name]
+        raise CheckpointError(
+            f"the latest checkpoint {latest.path} cannot be resumed: {latest.error.message}",
+            hint=(
+                f"nothing was loaded or deleted; to continue from an older checkpoint, choose it "
+                f"explicitly with --resume-from NAME (complete: {', '.join(older)})"
+                if older
+                else "no complete checkpoint remains; start the run again in a new --output directory"
+            ),
+        )
+    return latest.path
+
+
+def newer_than(checkpoints_dir: str | os.PathLike[str], chosen: Path) -> list[Path]:
+    """Checkpoint directories that sort after ``chosen`` (what an explicit older resume supersedes)."""
+    entries = scan_checkpoints(checkpoints_dir)
+    key = next((e.order for e in entries if e.path == chosen), None)
+    if key is None:
+        return []
+    return [e.path for e in entries if e.order > key]
+
+
+def supersede_newer(
+    checkpoints_dir: str | os.PathLike[str], chosen: Path, log_sizes: dict[Path, int]
+) -> dict[str, object] | None:
+    """An explicit older resume: set newer checkpoints and the log tails it cuts aside.
+
+    ``log_sizes`` maps each append-only log to the size recorded in ``chosen``. Returns what
+    was moved (for the event log), or ``None`` when nothing newer exists and no log grows
+    past its recorded size.
+    """
+    newer = newer_than(checkpoints_dir, chosen)
+    cut = [log for log, size in log_sizes.items() if log.exists() and log.stat().st_size > size]
+    if not newer and not cut:
+        return None
+    folder = set_aside(newer, checkpoints_dir)
+    for log in cut:
+        save_log_tail(log, log_sizes[log], folder)
+    return {
+        "folder": folder.name,
+        "checkpoints": [p.name for p in newer],
+        "log_tails": [log.name for log in cut],
+    }
+
+
+def set_aside(paths: list[Path], checkpoints_dir: str | os.PathLike[str]) -> Path:
+    """Move ``paths`` into a new ``checkpoints/.superseded-<UTC>/`` (never delete); return it."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    target = Path(checkpoints_dir) / f".superseded-{stamp}"
+    target.mkdir(parents=True, exist_ok=False)
+    for path in paths:
+        os.replace(path, target / path.name)
+    return target
+
+
+def save_log_tail(log: Path, size: int, folder: Path) -> None:
+    """Copy the bytes of ``log`` beyond ``size`` into ``folder`` before a resume truncates them."""
+    if not log.exists() or log.stat().st_size <= size:
+        return
+    with open(log, "rb") as handle:
+        handle.seek(size)
+        tail = handle.read()
+    (folder / f"{log.name}.tail").write_bytes(tail)
+
+
+_CYCLE_RE = re.compile(r"^cycle-(\d+)$")
+
+
+def prune_cycle_checkpoints(checkpoints_dir: Path, *, keep: int | None) -> list[str]:
+    """Delete all but the ``keep`` newest ``cycle-*`` checkpoints; return the deleted names.
+
+    ``keep=None`` keeps every checkpoint. Newest means highest cycle number, so the
+    checkpoint a resume would pick is never the one removed.
+    """
+    if keep is None or not checkpoints_dir.is_dir():
+        return []
+    cycles = sorted(
+        (int(m.group(1)), child)
+        for child in checkpoints_dir.iterdir()
+        if child.is_dir() and (m := _CYCLE_RE.match(child.name))
+    )
+    doomed = cycles[: max(0, len(cycles) - keep)]
+    for _, child in doomed:
+        shutil.rmtree(child, ignore_errors=True)
+    return [child.name for _, child in doomed]
+
+
+TOY_TEACHER_FILE = "toy-teacher.safetensors"
+_STAGING = re.compile(r"\.[A-Za-z0-9][A-Za-z0-9_.-]*\.[A-Za-z0-9_]{8}")
+"""``checkpoints/.<name>.<mkdtemp suffix>``: a checkpoint being assembled (checkpoint.py)."""
+
+
+def restart_artifacts(paths: RunPaths) -> list[Path]:
+    """Files and directories a run writes before (or beside) its first checkpoint."""
+    fixed = [
+        paths.config_submitted,
+        paths.config_validated,
+        paths.config_original,
+        paths.config_resolved,
+        paths.manifest,
+        paths.environment,
+        paths.metrics,
+        paths.trajectories,
+        paths.eval_trajectories,
+        paths.token_analysis,
+        paths.teacher_cache,
+        paths.checkpoints,
+        paths.eval_json,
+        paths.report_html,
+        paths.summary_md,
+        paths.root / TOY_TEACHER_FILE,
+    ]
+    temporaries = (
+        [p for p in paths.root.glob(".*.tmp") if p.name != LOCK_NAME] if paths.root.is_dir() else []
+    )
+    return [p for p in fixed + temporaries if p.exists() or p.is_symlink()]
+
+
+def has_run_traces(paths: RunPaths) -> bool:
+    """Whether ``paths.root`` holds anything a miniverl run writes."""
+    return bool(restart_artifacts(paths)) or paths.events.exists()
+
+
+def prepare_clean_restart(paths: RunPaths, config: RunConfig) -> list[str]:
+    """Delete a checkpoint-less run's artifacts so it can start again; names removed.
+
+    Refuses when a visible checkpoint directory exists (it would be a damaged checkpoint,
+    never silently discarded) or when the directory's validated recipe differs.
+    """
+    if paths.checkpoints.is_dir():
+        visible = sorted(c for c in paths.checkpoints.iterdir() if not c.name.startswith("."))
+        if visible:
+            raise CheckpointError(
+                f"{visible[0]} has no valid checkpoint.json, so there is nothing to resume from",
+                hint=f"delete {visible[0]} to restart the run from the beginning",
+            )
+    if paths.config_validated.exists():
+        try:
+            previous = RunConfig.from_mapping(
+                load_yaml_file(paths.config_validated, error=RunDirectoryError),
+                source=str(paths.config_validated),
+            )
+        except ConfigError as exc:
+            raise RunDirectoryError(
+                f"{paths.config_validated} is not a valid recipe: {exc.message}"
+            ) from None
+        if previous.digest() != config.digest():
+            raise CheckpointError(
+                f"{paths.root} was started with a different recipe ({paths.config_validated})",
+                hint="resume with exactly the recipe and overrides of the original run",
+            )
+    removed = []
+    for artifact in restart_artifacts(paths):
+        if artifact.is_dir() and not artifact.is_symlink():
+            shutil.rmtree(artifact)
+        else:
+            artifact.unlink()
+        removed.append(artifact.name)
+    return removed
+
+
+def remove_stale_temporaries(paths: RunPaths, cache_dir: Path | None = None) -> list[str]:
+    """Undo what a write killed half-way leaves behind; the names removed or restored.
+
+    - ``.<name>.<random>.tmp`` files beside run artifacts and in the cache (a write that
+      never reached its rename: the artifact itself is untouched);
+    - ``checkpoints/.<name>.<random>/`` staging directories (a checkpoint never renamed
+      into place);
+    - ``checkpoints/.<name>.old``: the previous checkpoint retired while its replacement
+      was being renamed in. If the replacement is there the old one is deleted, otherwise
+      it is renamed back, so a crash between the two renames loses nothing.
+    """
+    touched: list[str] = []
+    for directory in (paths.root, cache_dir or paths.teacher_cache):
+        if directory.is_dir():
+            for tmp in directory.glob(".*.tmp"):
+                if tmp.is_file():
+                    tmp.unlink()
+                    touched.append(tmp.name)
+    if paths.checkpoints.is_dir():
+        for child in sorted(paths.checkpoints.iterdir()):
+            if not child.is_dir() or not (
+                _STAGING.fullmatch(child.name) or child.name.endswith(".old")
+            ):
+                continue  # live checkpoints and --resume-from's .superseded-* are kept
+            if child.name.endswith(".old"):
+                live = paths.checkpoints / child.name[1:-4]
+                if not live.exists():
+                    child.rename(live)
+                    touched.append(f"{child.name} -> {live.name}")
+                    continue
+            shutil.rmtree(child)
+            touched.append(child.name)
+    return touched
+
+
+def prepare_resume(
+    paths: RunPaths, config: RunConfig, *, resume_from: str | None, events: EventLog
+) -> bool:
+    """Tidy a directory for ``--resume``; ``False`` when it must restart from the beginning.
+
+    The dead run's torn ``events.jsonl`` tail is repaired and its temporaries removed. With
+    no complete checkpoint (and no ``--resume-from``) but traces of a run, that run is
+    recomputed from scratch (:func:`prepare_clean_restart`); with neither, resuming is an error.
+    """
+    traces = has_run_traces(paths)  # before temporaries are cleaned up
+    repair_jsonl_tail(paths.events)
+    remove_stale_temporaries(paths, Path(config.cache.dir) if config.cache.dir else None)
+    if resume_from is not None or select_resume_checkpoint(paths.checkpoints):
+        return True
+    if not traces:
+        raise CheckpointError(
+            f"no complete checkpoint under {paths.checkpoints} and no run to resume in {paths.root}",
+            hint="start it without --resume",
+        )
+    removed = prepare_clean_restart(paths, config)
+    events.emit(
+        "restarted",
+        echo="no checkpoint yet: restarting the run from the beginning",
+        removed=removed,
+    )
+    return False
+
+
+LOG_NAMES = ("metrics", "trajectories", "eval_trajectories", "token_analysis")
+"""``RunPaths`` attributes of the append-only logs whose length a checkpoint records."""
+
+
+class StatefulSource(Protocol):
+    """The part of a sample source a checkpoint needs (``training.sources.SampleSource``)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ResumeCounters:
+    """The trainer's counters in ``state.json``; the run continues at ``cycle + 1``.
+
+    ``cycle`` is -1 for the checkpoint after the SFT warm-up. ``main_start_step`` is the
+    optimizer step the main phase began at (the learning-rate schedule counts from it).
+    """
+
+    cycle: int
+    global_step: int
+    parameter_version: int
+    rollout_policy_version: int | None
+    task_cursor: int
+    chunk_size: int
+    main_start_step: int
+    eval_results: dict[str, Any]
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> ResumeCounters:
+        """Read back; fields added after the first checkpoint format have defaults."""
+        return cls(
+            cycle=int(state["cycle"]),
+            global_step=int(state["global_step"]),
+            parameter_version=int(state["parameter_version"]),
+            rollout_policy_version=state.get("rollout_policy_version"),
+            task_cursor=int(state["task_cursor"]),
+            chunk_size=int(state["chunk_size"]),
+            main_start_step=int(state.get("main_start_step", 0)),
+            eval_results=dict(state.get("eval_results") or {}),
+        )
+
+
+def log_sizes(paths: RunPaths) -> dict[str, int]:
+    """Bytes of each append-only log now (0 for one not written yet), keyed by log name."""
+    sizes = {}
+    for name in LOG_NAMES:
+        path = getattr(paths, name)
+        sizes[name] = path.stat().st_size if path.exists() else 0
+    return sizes
+
+
+def truncate_log(path: Path, size: int) -> None:
+    """Cut an append-only log back to the length recorded at the checkpoint."""
+    if path.exists() and path.stat().st_size > size:
+        with open(path, "r+b") as handle:
+            handle.truncate(size)
+
+
+def write_training_checkpoint(
+    directory: Path,
+    *,
+    counters: ResumeCounters,
+    student: CausalLMBackend,
+    optimizer: torch.optim.Optimizer,
+    schedule: Schedule,
+    source: StatefulSource,
+    toy_teacher: dict[str, Any] | None,
+    paths: RunPaths,
+    config_digest: str,
+) -> Path:
+    """Trainable weights, optimizer moments and every counter needed to resume.
+
+    ``state.json`` goes through ``CheckpointState.build`` (``checkpoint.save_checkpoint``);
+    the sample source's position is under ``source``.
+    """
+    tensors, optimizer_meta = optimizer_state_tensors(optimizer)
+    state = {
+        "cycle": counters.cycle,
+        "global_step": counters.global_step,
+        "parameter_version": counters.parameter_version,
+        "rollout_policy_version": counters.rollout_policy_version,
+        "task_cursor": counters.task_cursor,
+        "chunk_size": counters.chunk_size,
+        "schedule": schedule.to_dict(),
+        "main_start_step": counters.main_start_step,
+        "rng": capture_rng_state(),
+        "optimizer": optimizer_meta,
+        "eval_results": counters.eval_results,
+        "jsonl_sizes": log_sizes(paths),
+        "source": source.state_dict(),
+        "toy_teacher": toy_teacher,
+        "miniverl_version": __version__,
+    }
+    return save_checkpoint(
+        directory,
+        trainable=student.trainable_state_dict(),
+        optimizer_tensors=tensors,
+        state=state,
+        config_digest=config_digest,
+    )
+
+
+def choose_resume_checkpoint(
+    paths: RunPaths, resume_from: str | None, path: str | Path | None = None
+) -> Path:
+    """``path``; else ``checkpoints/<resume_from>``; else the latest verified checkpoint.
+
+    A finished run (``final`` plus ``eval.json``) is refused: there is nothing to resume.
+    """
+    if path is None:
+        path = select_resume_checkpoint(paths.checkpoints, resume_from)
+    if path is None:
+        raise CheckpointError(
+            f"no complete checkpoint under {paths.checkpoints}",
+            hint="the run stopped before its first checkpoint; start it again without --resume",
+        )
+    path = Path(path)
+    if path.name == "final" and paths.eval_json.exists():
+        raise CheckpointError(
+            f"{paths.root} already finished (checkpoints/final and eval.json exist)",
+            hint="nothing to resume; use 'miniverl eval --run' to re-evaluate",
+        )
+    return path
+
+
+def load_training_checkpoint(path: Path, *, device: str, config_digest: str) -> LoadedCheckpoint:
+    """``load_checkpoint`` that also refuses a checkpoint written by another recipe."""
+    loaded = load_checkpoint(path, device=device)
+    if loaded.state["config_digest"] != config_digest:
+        raise CheckpointError(
+            f"checkpoint {path} was written by a different config (digest {loaded.state['config_digest'][:12]} vs {config_digest[:12]})",
+            hint="resume with exactly the recipe and overrides of the original run (see config.validated.yaml)",
+        )
+    return loaded
+
+
+def restore_logs(
+    paths: RunPaths,
+    state: dict[str, Any],
+    chosen: Path,
+    *,
+    explicit: bool,
+    events: EventLog,
+) -> None:
+    """Cut every append-only log back to its length in ``state``.
+
+    ``explicit`` (``--resume-from`` an older checkpoint): newer checkpoints and the log tails
+    are first moved aside (``checkpoints_superseded`` event) rather than deleted.
+    """
+    sizes = {getattr(paths, n): int(v) for n, v in (state.get("jsonl_sizes") or {}).items()}
+    if explicit:
+        moved = supersede_newer(paths.checkpoints, chosen, sizes)
+        if moved:
+            events.emit(
+                "checkpoints_superseded",
+                echo=f"--resume-from {chosen.name}: newer checkpoints and log tails moved to checkpoints/{moved['folder']}",
+                **moved,
+            )
+    for log, size in sizes.items():
+        truncate_log(log, size)
+
+
+def source_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The sample source's position; checkpoints before sample sources kept the offline pool
+    under ``offline_kd``."""
+    return state.get("source") or state.get("offline_kd") or {}
+
+
+__all__ = [
+    "CheckpointEntry",
+    "has_run_traces",
+    "newer_than",
+    "prepare_clean_restart",
+    "prepare_resume",
+    "prune_cycle_checkpoints",
+    "remove_stale_temporaries",
+    "restart_artifacts",
+    "save_log_tail",
+    "scan_checkpoints",
+    "select_resume_checkpoint",
+    "set_aside",
+    "supersede_newer",
+]

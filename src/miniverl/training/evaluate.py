@@ -27,10 +27,9 @@ from miniverl.models.runtime import build_runtime
 from miniverl.schemas.records import EvalRecord
 from miniverl.schemas.trajectory import Trajectory
 from miniverl.training.checkpoint import LoadedCheckpoint, load_checkpoint
-from miniverl.training.progress import ProgressReporter
+from miniverl.training.live import ProgressReporter
 from miniverl.training.resolve import HostCapabilities, resolve_device, resolve_run
-from miniverl.training.samples import summarize_rollouts
-from miniverl.training.sources import oom_splitter
+from miniverl.training.sources import oom_splitter, summarize_rollouts
 from miniverl.trajectory.io import append_trajectories
 from miniverl.utils.io import write_json
 from miniverl.utils.lazy import import_torch

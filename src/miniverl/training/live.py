@@ -1,24 +1,96 @@
-"""Live metrics while a run trains: the console line, TensorBoard and offline wandb.
+"""What a researcher watches while a run trains: progress bars, the console line,
+TensorBoard / offline wandb, and the last cycle's per-token analysis.
 
-``metrics.jsonl`` stays the record of truth; the sinks here only mirror scalars from it
-so a researcher can watch a run. Both sinks are optional extras, imported only when the
-recipe asks for them (``logging.tensorboard``, ``logging.wandb``); asking for one that is
-not installed is a :class:`ConfigError` at setup, before any compute is spent.
+``metrics.jsonl`` stays the record of truth; the sinks here only mirror scalars from it.
+Progress bars are silent when quiet or not on a terminal. Both sinks are optional extras,
+imported only when the recipe asks for them (``logging.tensorboard``, ``logging.wandb``);
+asking for one that is not installed is a :class:`ConfigError` at setup, before any compute
+is spent. wandb is started with ``mode="offline"``: it writes under ``<run>/wandb`` and never
+opens a connection.
 
-wandb is started with ``mode="offline"``: it writes under ``<run>/wandb`` and never opens
-a connection (``wandb sync`` uploads later, if the user wants).
+``token_analysis.jsonl`` holds one record per selected position of the last cycle, measured
+after its update: the token the policy emitted, the student's log-probability of it and, with
+teacher targets, the divergence the loss saw. It is rewritten every cycle, so a report can
+show which tokens the student still disagrees with the teacher on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
 from miniverl.config.models import LoggingConfig
 from miniverl.errors import ConfigError
+from miniverl.models.base import CausalLMBackend
+from miniverl.schemas.text import TokenizerLike
+from miniverl.training.sources import TrainingSample
+from miniverl.utils.io import append_jsonl
+from miniverl.utils.logging import EventLog
+
+
+class ProgressReporter:
+    """One rich ``Progress`` shared by every phase; a no-op when disabled."""
+
+    def __init__(self, console: Console | None, enabled: bool | None = None) -> None:
+        if enabled is None:
+            enabled = console is not None and console.is_terminal and not console.quiet
+        self.enabled = bool(enabled and console is not None)
+        self._progress: Progress | None = None
+        if self.enabled:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[stats]}"),
+                console=console,
+                transient=True,
+            )
+
+    @contextlib.contextmanager
+    def task(self, description: str, total: int) -> Iterator[Callable[..., None]]:
+        """Yield ``advance(n=1, stats=None)`` for a phase of ``total`` units.
+
+        ``stats`` replaces the text after the bar (e.g. loss, KL and success so far).
+        """
+        if self._progress is None:
+            yield lambda n=1, stats=None: None
+            return
+        started = not self._progress.live.is_started
+        if started:
+            self._progress.start()
+        progress = self._progress
+        task_id = progress.add_task(description, total=total, stats="")
+
+        def advance(n: int = 1, stats: str | None = None) -> None:
+            if stats is not None:
+                progress.update(task_id, stats=stats)
+            progress.advance(task_id, n)
+
+        try:
+            yield advance
+        finally:
+            self._progress.remove_task(task_id)
+            if started:
+                self._progress.stop()
+
 
 TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
@@ -163,6 +235,76 @@ def format_live_line(summary: Mapping[str, Any], held_out: Mapping[str, Any] | N
             f"held-out {held_out['solved']}/{held_out['tasks']} ({100 * held_out['success_rate']:.0f}%)"
         )
     return " | ".join(parts)
+
+
+@torch.no_grad()
+def token_analysis_records(
+    student: CausalLMBackend,
+    tokenizer: TokenizerLike,
+    samples: Sequence[TrainingSample],
+    *,
+    cycle: int,
+) -> list[dict[str, Any]]:
+    """One record per selected position of ``samples``, scored by ``student`` in eval mode.
+
+    ``target_position`` j is the token, ``prediction_position`` j - 1 the row whose logits
+    predict it (trajectory/masks.py); ``divergence`` is None without teacher targets.
+    """
+    records = []
+    student.set_train(False)
+    for sample in samples:
+        al = sample.alignment
+        if not al.num_positions:
+            continue
+        hidden = student.hidden_states_at(
+            sample.trajectory.token_ids, al.student_prediction_positions
+        )
+        logits = student.project(hidden).float()
+        log_probs = torch.log_softmax(logits, dim=-1)
+        targets = torch.tensor(al.target_token_ids, dtype=torch.long, device=logits.device)
+        student_lp = log_probs.gather(1, targets[:, None])[:, 0].tolist()
+        divergence: list[float | None] = [None] * al.num_positions
+        if sample.provider is not None:
+            divergence = sample.provider.divergence(logits, 0, al.num_positions).divergence.tolist()
+        for i, pred in enumerate(al.student_prediction_positions):
+            records.append(
+                {
+                    "trajectory_id": sample.trajectory.trajectory_id,
+                    "cycle": cycle,
+                    "measured": "after_update",
+                    "target_position": pred + 1,
+                    "prediction_position": pred,
+                    "token_id": al.target_token_ids[i],
+                    "token_text": tokenizer.decode([al.target_token_ids[i]]),
+                    "span_type": al.span_types[i],
+                    "weight": al.token_weights[i],
+                    "divergence": divergence[i],
+                    "student_log_prob": student_lp[i],
+                    "teacher_entropy": sample.teacher_entropy[i]
+                    if i < len(sample.teacher_entropy)
+                    else None,
+                    "teacher_entropy_is_lower_bound": sample.entropy_is_lower_bound
+                    if i < len(sample.teacher_entropy)
+                    else None,
+                }
+            )
+    return records
+
+
+def write_token_analysis(
+    path: Path,
+    student: CausalLMBackend,
+    tokenizer: TokenizerLike,
+    samples: Sequence[TrainingSample],
+    *,
+    cycle: int,
+    events: EventLog,
+) -> None:
+    """Replace ``path`` with this cycle's records and emit ``token_analysis_written``."""
+    records = token_analysis_records(student, tokenizer, samples, cycle=cycle)
+    path.unlink(missing_ok=True)
+    append_jsonl(path, records)
+    events.emit("token_analysis_written", cycle=cycle, positions=len(records))
 
 
 __all__ = ["LiveSinks", "cycle_scalars", "cycle_summary", "format_live_line", "step_scalars"]

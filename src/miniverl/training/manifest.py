@@ -31,6 +31,7 @@ from miniverl.schemas.text import TokenizerLike
 from miniverl.teachers.local import LocalTeacherScorer
 from miniverl.training.resolve import ResolvedRun
 from miniverl.training.run_state import RunState
+from miniverl.training.sources import mode_of
 from miniverl.utils import gpu
 from miniverl.utils.env import collect_environment
 from miniverl.utils.logging import utc_now
@@ -112,7 +113,7 @@ class LocalRoleGraph:
             note="exact verifier; reported, never optimized",
         )
         graph.bind("TargetBuilder", scorer, shape=None if scorer is None else scorer.shape)
-        graph.bind("UpdateRuntime", recipe, method="_optimize")
+        graph.bind("UpdateRuntime", recipe, method="updater.optimize")
         graph.bind("EvaluationRuntime", recipe, method="evaluate")
         graph.bind(
             "ArtifactBridge",
@@ -124,13 +125,9 @@ class LocalRoleGraph:
 
 def supervision_shape(config: RunConfig, scorer_shape: str | None) -> str:
     """What the student is trained against: oracle tokens, exact hidden states or buckets."""
-    if config.run.mode == "sft":
+    if not mode_of(config).uses_teacher:
         return "oracle_tokens"
     return "exact_hidden" if scorer_shape == "exact_hidden" else "bucketed_topk_plus_tail"
-
-
-HARD_LABEL_MODES = ("sft", "seqkd")
-"""Modes trained by cross-entropy on sampled ids (oracle or teacher), not by a divergence."""
 
 
 def objective_block(
@@ -142,7 +139,8 @@ def objective_block(
     """
     cfg = config
     supervision = supervision_shape(cfg, scorer_shape)
-    distills = cfg.run.mode not in HARD_LABEL_MODES
+    mode = mode_of(cfg)
+    distills = mode.teacher_targets
     entropy_aware = cfg.loss.divergence == "entropy_aware"
     return {
         "label": cfg.objective_label(),
@@ -166,7 +164,7 @@ def objective_block(
         "replay_passes": cfg.train.replay_passes,
         "group_size": resolved.group_size,
         "trajectory_batch_size": resolved.trajectory_batch_size,
-        "sft_warmup_cycles": cfg.train.sft_warmup_cycles if cfg.run.mode != "sft" else 0,
+        "sft_warmup_cycles": cfg.train.sft_warmup_cycles if mode.warmup else 0,
     }
 
 
@@ -218,7 +216,7 @@ def build_manifest(inputs: ManifestInputs) -> dict[str, Any]:
             "capabilities": backend.capabilities.to_dict(),
         }
     cache_note = None
-    if not inputs.cache_in_use and cfg.run.mode != "sft":
+    if not inputs.cache_in_use and mode_of(cfg).uses_teacher:
         cache_note = "cache disabled" if not cfg.cache.enabled else None
     return {
         "miniverl_version": __version__,

@@ -1,4 +1,4 @@
-"""AdamW, the learning-rate schedule, the committed update and optimizer state as tensors.
+"""AdamW, the learning-rate schedule and optimizer state as tensors.
 
 Optimizer state is stored with safetensors (tensors) + JSON (hyper-parameters), never
 with ``torch.save``: a checkpoint from someone else is inert data.
@@ -14,7 +14,6 @@ import torch
 
 from miniverl.config.models import TrainConfig
 from miniverl.errors import CheckpointError
-from miniverl.utils.logging import EventLog
 
 
 @dataclass(frozen=True)
@@ -82,49 +81,6 @@ def scheduled_lr(
     if in_warmup:
         return train.sft_lr or train.lr
     return schedule.lr_at(global_step - main_start_step)
-
-
-@dataclass(frozen=True)
-class UpdateOutcome:
-    """One commit attempt: ``committed`` is False when a non-finite gradient skipped it."""
-
-    committed: bool
-    grad_norm: float
-    lr: float
-
-
-def apply_update(
-    optimizer: torch.optim.Optimizer,
-    params: list[torch.nn.Parameter],
-    *,
-    lr: float,
-    max_grad_norm: float | None,
-    events: EventLog,
-    global_step: int,
-) -> UpdateOutcome:
-    """Clip the accumulated gradient, set ``lr``, step, and clear the gradient.
-
-    ``grad_norm`` is the total L2 norm before clipping. A NaN/inf norm means the loss
-    blew up somewhere in the group: the gradient is dropped, the weights stay as they
-    were and an ``update_skipped_nonfinite`` event names ``global_step``. The caller bumps
-    its step and parameter version only when ``committed``.
-    """
-    norm = torch.nn.utils.clip_grad_norm_(
-        params, max_grad_norm if max_grad_norm is not None else float("inf")
-    )
-    grad_norm = float(norm)
-    if not math.isfinite(grad_norm):
-        optimizer.zero_grad(set_to_none=True)
-        events.emit(
-            "update_skipped_nonfinite",
-            echo="non-finite gradient: update skipped",
-            global_optimizer_step=global_step,
-        )
-        return UpdateOutcome(False, grad_norm, lr)
-    set_lr(optimizer, lr)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return UpdateOutcome(True, grad_norm, lr)
 
 
 def build_optimizer(params: list[torch.nn.Parameter], train: TrainConfig) -> torch.optim.AdamW:

@@ -1,4 +1,5 @@
-"""Resolve once: every ``auto`` of a recipe decided in one place (docs/design.md §3.10).
+"""Resolve once: every ``auto`` of a recipe, the memory plan, out-of-memory retries and the
+compute cap (docs/design.md §3.9, §3.10).
 
 A recipe may leave the device, CPU threads, projection chunk, bucketed top-k, memory
 strategy, optimizer group and trajectory batch at ``auto``. :func:`resolve_run` turns
@@ -6,31 +7,47 @@ strategy, optimizer group and trajectory batch at ``auto``. :func:`resolve_run` 
 the teacher scorer, the manifest and ``config.resolved.yaml`` all read that object, so a
 decision is made exactly once and written down with its reason.
 
-Everything here is a pure function of its arguments. The facts of the machine
+Those decisions are pure functions of their arguments. The facts of the machine
 (CUDA present, torch's thread count, free accelerator memory) arrive as a
 :class:`HostCapabilities` value and the facts of the built models as their
 :class:`~miniverl.models.base.BackendCapabilities`, so every decision is testable
-without hardware. The only effect kept nearby is :func:`place_teacher`, which carries a
-resident plan out and may fall back to swap (the one decision that needs a real attempt).
+without hardware. :func:`place_teacher` carries a resident plan out and may fall back to
+swap (the one decision that needs a real attempt). The device is the one value resolved
+before the models exist (they are built on it), hence :func:`resolve_device` is separate.
 
-The device is the one value resolved before the models exist (they are built on it),
-hence :func:`resolve_device` is separate and :func:`resolve_run` takes the device.
+When memory still runs out, :func:`run_with_oom_retry` halves the projection chunk size and
+nothing else (the chunked loss is exactly invariant to it) and :func:`split_on_oom` halves a
+batch of independent items; both record an event per change.
+
+Compute-matched benchmark arms get a cap on one resource at ``opd``'s spend
+(``evaluation/budgets.py``). :class:`CapMeter` measures what each cycle spent (wall or CPU
+seconds, student-generated tokens from the cycle records, teacher-scored tokens from the
+trajectory log minus :data:`UNSCORED_ID_PARTS`), charges it evenly over the cycle's
+optimizer steps and says when to stop; the cap may overshoot by at most one cycle, never
+cutting one in half. The cap is duck-typed (:class:`ChargeableCap`), so this layer does not
+import the evaluation layer.
+
+Nothing here imports torch at module level: ``validate`` and ``inspect`` read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import json
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from miniverl.config.models import RunConfig
 from miniverl.errors import ConfigError, GpuMemoryError
 from miniverl.losses import DivergenceSpec
 from miniverl.models.base import BackendCapabilities, CausalLMBackend
 from miniverl.utils import gpu
+from miniverl.utils.gpu import is_oom_error
 from miniverl.utils.lazy import import_torch
+from miniverl.utils.logging import EventLog
 
 DEFAULT_TOP_K = 64
 """``loss.top_k: auto`` -> ``min(64, V)`` buckets of teacher mass plus the tail."""
@@ -239,11 +256,12 @@ def resolve_trajectory_batch_size(
 
 
 def planned_steps(config: RunConfig) -> int:
-    """Optimizer steps of the main phase (the schedule's length; warm-up not counted)."""
-    tr = config.train
-    if config.run.mode == "opd":
-        return tr.cycles * tr.steps_per_rollout_batch()
-    return tr.cycles * math.ceil(tr.rollouts_per_cycle / tr.group_size())
+    """Optimizer steps of the main phase (the schedule's length; warm-up not counted).
+
+    ``steps_per_rollout_batch`` counts replay passes, which only ``opd`` may set (the recipe
+    refuses ``train.opd_freshness: replay`` elsewhere), so one formula serves every mode.
+    """
+    return config.train.cycles * config.train.steps_per_rollout_batch()
 
 
 # ---------------------------------------------------------------- the resolved run
@@ -384,11 +402,229 @@ def place_teacher(teacher: CausalLMBackend | None, plan: MemoryPlan, device: str
     return plan
 
 
+T = TypeVar("T")
+
+OOM_KNOBS = (
+    "loss.chunk_size (smaller [chunk, V] projections)",
+    "memory.min_chunk_size (let retries go lower)",
+    "train.trajectory_batch_size (fewer trajectories per padded forward)",
+    "rollout.max_total_tokens (shorter sequences)",
+    "memory.strategy: swap (one model on the device at a time)",
+    "models.student.quantization / models.teacher.quantization: nf4 (smaller weights)",
+)
+
+
+def run_with_oom_retry(
+    fn: Callable[[int], T],
+    *,
+    chunk_size: int,
+    min_chunk_size: int,
+    retries: int,
+    events: EventLog | None = None,
+    on_retry: Callable[[], None] | None = None,
+) -> tuple[T, int]:
+    """Call ``fn(chunk_size)``; on out-of-memory halve the chunk and call again.
+
+    Returns ``(result, chunk_size_used)``. Only the chunk size changes between attempts;
+    ``on_retry`` lets the caller drop partial gradients before the next attempt. When
+    retries run out (or the chunk cannot shrink) raise :class:`GpuMemoryError` naming six
+    concrete knobs.
+    """
+    chunk = int(chunk_size)
+    attempt = 0
+    while True:
+        try:
+            return fn(chunk), chunk
+        except Exception as exc:
+            if not is_oom_error(exc):
+                raise
+            smaller = max(min_chunk_size, chunk // 2)
+            if attempt >= retries or smaller == chunk:
+                raise GpuMemoryError(
+                    f"out of accelerator memory at projection chunk size {chunk} after {attempt} retr{'y' if attempt == 1 else 'ies'}",
+                    hint="turn one of these knobs: " + "; ".join(OOM_KNOBS),
+                ) from exc
+            attempt += 1
+            if events is not None:
+                events.emit(
+                    "oom_chunk_retry",
+                    echo=f"chunk {chunk} -> {smaller}",
+                    previous_chunk_size=chunk,
+                    chunk_size=smaller,
+                    attempt=attempt,
+                )
+            if on_retry is not None:
+                on_retry()
+            _empty_cuda_cache()
+            chunk = smaller
+
+
+def _empty_cuda_cache() -> None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def split_on_oom(
+    fn: Callable[[list[Any]], list[T]],
+    items: list[Any],
+    *,
+    what: str,
+    events: EventLog | None = None,
+) -> list[T]:
+    """``fn(items)``; on out-of-memory split the batch in halves and run each, recursively.
+
+    ``fn`` must be a pure function of its batch (one result per item, in order), which is
+    what lets a split batch give the same results. Every split is recorded as an
+    ``oom_batch_split`` event; a single item that does not fit raises :class:`GpuMemoryError`.
+    """
+    try:
+        return fn(items)
+    except Exception as exc:
+        if not is_oom_error(exc):
+            raise
+        if len(items) <= 1:
+            raise GpuMemoryError(
+                f"out of accelerator memory on a single {what}",
+                hint="turn one of these knobs: " + "; ".join(OOM_KNOBS),
+            ) from exc
+    _empty_cuda_cache()
+    half = len(items) // 2
+    if events is not None:
+        events.emit(
+            "oom_batch_split",
+            echo=f"{what} batch {len(items)} -> {half} + {len(items) - half}",
+            what=what,
+            batch_size=len(items),
+            split_into=[half, len(items) - half],
+        )
+    return split_on_oom(fn, items[:half], what=what, events=events) + split_on_oom(
+        fn, items[half:], what=what, events=events
+    )
+
+
+UNSCORED_ID_PARTS = (":oracle:", ":eval-", ":seqkd:")
+"""Trajectory-id parts of trajectories the teacher never scored: SFT oracle traces,
+evaluation episodes, and seqkd's teacher samples (trained on as hard labels)."""
+
+
+class ChargeableCap(Protocol):
+    """What the meter needs of ``evaluation.budgets.BudgetCap``."""
+
+    resource: str
+    limit: float
+    spent: float
+    enforced: bool
+    stopped_at: dict[str, Any] | None
+
+    def charge(self, amount: float) -> None: ...
+
+    @property
+    def exhausted(self) -> bool: ...
+
+
+def _new_jsonl(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """Complete JSON lines appended to ``path`` since byte ``offset``, and the new offset."""
+    if not path.exists():
+        return [], offset
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        data = handle.read()
+    end = data.rfind(b"\n") + 1
+    rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    return rows, offset + end
+
+
+class CapMeter:
+    """Measures each cycle's spend of ``cap.resource`` and charges it; see the module docstring."""
+
+    def __init__(self, cap: ChargeableCap, *, metrics: Path, trajectories: Path) -> None:
+        self.cap = cap
+        self.paths = {"metrics": metrics, "trajectories": trajectories}
+        self.offsets = {k: p.stat().st_size if p.exists() else 0 for k, p in self.paths.items()}
+        self.scored: set[str] = set()
+        self.wall = time.perf_counter()
+        self.cpu = time.process_time()
+        cap.enforced = True
+
+    def _take(self, key: str) -> list[dict[str, Any]]:
+        rows, self.offsets[key] = _new_jsonl(self.paths[key], self.offsets[key])
+        return rows
+
+    def spend(self) -> float:
+        """What was spent since the last call, in the unit of ``cap.resource``."""
+        resource = self.cap.resource
+        if resource == "wall_seconds":
+            now = time.perf_counter()
+            amount, self.wall = now - self.wall, now
+            return amount
+        if resource == "cpu_seconds":
+            now = time.process_time()
+            amount, self.cpu = now - self.cpu, now
+            return amount
+        if resource == "student_generated_tokens":
+            return float(
+                sum(
+                    int((r.get("rollouts") or {}).get("generated_tokens") or 0)
+                    for r in self._take("metrics")
+                    if r.get("kind") == "cycle"
+                )
+            )
+        if resource == "teacher_scored_tokens":
+            total = 0
+            for record in self._take("trajectories"):
+                tid = str(record.get("trajectory_id"))
+                if tid in self.scored or any(part in tid for part in UNSCORED_ID_PARTS):
+                    continue
+                self.scored.add(tid)
+                total += len(record.get("token_ids") or [])
+            return float(total)
+        raise ValueError(f"no meter for resource {resource!r}")
+
+    def after_cycle(self, *, cycle: int, steps: int, global_step: int, events: EventLog) -> bool:
+        """Charge the cycle (evenly over its ``steps`` optimizer steps); True when the cap is spent."""
+        amount = self.spend()
+        if steps > 0:
+            for _ in range(steps):
+                self.cap.charge(amount / steps)
+        else:
+            self.cap.spent += amount
+        if not self.cap.exhausted:
+            return False
+        self.cap.stopped_at = {
+            "cycle": cycle,
+            "global_optimizer_step": global_step,
+            "spent": self.cap.spent,
+            "limit": self.cap.limit,
+        }
+        events.emit(
+            "compute_cap_reached",
+            echo=f"compute cap reached after cycle {cycle}: {self.cap.resource} "
+            f"{self.cap.spent:.1f} of {self.cap.limit:.1f}; training stops here",
+            resource=self.cap.resource,
+            **self.cap.stopped_at,
+        )
+        return True
+
+
+def make_cap_meter(cap: ChargeableCap | None, paths: Any) -> CapMeter | None:
+    """A meter for ``cap`` over a run's ``RunPaths``; None without a cap."""
+    if cap is None:
+        return None
+    return CapMeter(cap, metrics=paths.metrics, trajectories=paths.trajectories)
+
+
 __all__ = [
     "DEFAULT_TOP_K",
+    "UNSCORED_ID_PARTS",
+    "CapMeter",
+    "ChargeableCap",
     "HostCapabilities",
     "MemoryPlan",
     "ResolvedRun",
+    "make_cap_meter",
     "place_teacher",
     "planned_steps",
     "resolve_chunk_size",

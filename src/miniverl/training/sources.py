@@ -1,66 +1,417 @@
-"""Sample sources: where one cycle's training samples come from (docs/design.md §3).
+"""Every way one cycle's training data arrives (docs/design.md §3).
 
 The trainer's cycle is the same for every mode: tasks -> ``source.samples`` -> optimize ->
 commit. What differs between the modes is only *where the trajectories come from* and
 *whether the teacher scores them*; each way of getting data is one small class here, built
-by :func:`build_source` (the only place that reads the mode):
+by :func:`build_source`:
 
 - ``sft``: oracle traces, hard labels (:class:`OracleSource`);
 - ``kd_oracle``: oracle traces, teacher targets (:class:`OracleSource` with targets);
-- ``seqkd``: fresh teacher samples every cycle, hard labels
-  (:class:`~miniverl.training.teacher_sources.TeacherSampleSource`);
+- ``seqkd``: fresh teacher samples every cycle, hard labels (:class:`TeacherSampleSource`);
 - ``offline_kd``: one fixed pool of teacher samples, teacher targets (:class:`OfflinePoolSource`);
 - ``opd``: fresh student rollouts, teacher targets (:class:`OnPolicySource`);
 - ``gkd_mix``: per batch a fraction λ of student rollouts and the rest fresh teacher samples,
-  teacher targets (:class:`~miniverl.training.teacher_sources.MixedPrefixSource`).
+  teacher targets (:class:`MixedPrefixSource`).
 
-Two pieces compose:
-
-- a **prefix provider** chooses the trajectories (the table's middle column);
-- :class:`~miniverl.training.targets.TeacherTargets` (``training/targets.py``) turns trajectories into teacher-scored samples (select -> privileged
-  render -> align -> score -> cache write -> read back through the cache's checks). A source
-  without it trains on hard labels (the trajectory's own tokens, cross-entropy).
+Two pieces compose: a source chooses the trajectories, and :class:`TeacherTargets` turns
+trajectories into teacher-scored samples (select -> privileged render -> align -> score ->
+cache write -> read back through the cache's checks). A source without it trains on hard
+labels (the trajectory's own tokens, cross-entropy).
 
 Every collaborator is a constructor argument (runners, scorer, cache, paths, event log,
 callables for the live counters); no source sees the trainer. A source's
 :class:`Supervision` tells the optimizer what its samples mean (phase name, teacher targets
-or hard labels, replay passes, the strict on-policy check), so the optimizer never reads
-the mode either.
+or hard labels, replay passes, the strict on-policy check, :func:`check_on_policy`), so the
+optimizer never reads the mode either.
+
+Two temperatures meet in an OPD cycle and they need not agree: ``rollout.temperature`` τ_s
+decides which states the sampled trajectories visit, ``loss.temperature`` τ which
+distribution the divergence matches there. Both are recorded in the manifest and every
+metric record (:func:`temperature_fields`), and an on-policy run where they differ logs a
+``temperature_mismatch`` warning (:func:`temperature_mismatch`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task
+from miniverl.errors import OffPolicyError
+from miniverl.losses import ChunkTargetProvider, DivergenceSpec
+from miniverl.schemas.alignment import AlignmentMap
 from miniverl.schemas.trajectory import Trajectory
-from miniverl.training.onpolicy import check_on_policy
-from miniverl.training.samples import (
-    CycleSamples,
-    Supervision,
-    TrainingSample,
-    hard_label_sample,
-    summarize_rollouts,
-)
-from miniverl.training.targets import (
-    RESIDENT_ROUND_TRIP_REASON,
-    TeacherTargets,
-    cache_key,
-    make_select_and_align,
-)
-from miniverl.training.teacher_sources import (
-    MixedPrefixSource,
-    TeacherSampleSource,
-    oom_splitter,
-    teacher_rollouts,
-)
+from miniverl.selection.selectors import SelectionResult, select_positions
+from miniverl.training.resolve import split_on_oom
+from miniverl.trajectory.alignment import build_alignment_map
 from miniverl.trajectory.io import append_trajectories, read_trajectories
+from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.logging import EventLog
 from miniverl.utils.seeding import derive_seed
+
+# ====================================================================== the mode table
+
+Trajectories = Literal["oracle", "teacher_samples", "teacher_pool", "student", "mixed"]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Every fact that depends on ``run.mode``; the rest of the lab reads it from :data:`MODES`.
+
+    The cycle itself never branches on the mode: setup reads one of these once, builds the
+    source it names, and the source's :class:`Supervision` carries the rest into the cycle.
+    The combination rules a recipe must satisfy (``config/recipe.py``) sit in the config
+    layer, below this one, and are validated before any of this is read.
+    """
+
+    name: str
+    trajectories: Trajectories
+    """Where one cycle's trajectories come from: the environment's oracle, fresh teacher
+    samples, one fixed pool of teacher samples, fresh student rollouts, or a mix of the last
+    two (:func:`build_source` builds the matching source)."""
+    teacher_targets: bool
+    """The loss is a divergence from teacher targets at ``loss.temperature``; otherwise it
+    is cross-entropy on the trajectory's own tokens (hard labels, temperature 1)."""
+
+    @property
+    def samples(self) -> bool:
+        """Trajectories are sampled (by student or teacher) at ``rollout.temperature``."""
+        return self.trajectories != "oracle"
+
+    @property
+    def on_policy(self) -> bool:
+        """Some rollouts come from the student being trained: they are checked against its
+        fingerprint, and a sampling / loss temperature mismatch is warned about."""
+        return self.trajectories in ("student", "mixed")
+
+    @property
+    def uses_teacher(self) -> bool:
+        """A teacher is built (to sample or to score); pure SFT needs none."""
+        return self.samples or self.teacher_targets
+
+    @property
+    def warmup(self) -> bool:
+        """An SFT warm-up on oracle traces may precede the cycles (``sft`` is SFT throughout)."""
+        return self.uses_teacher
+
+
+MODES: dict[str, Mode] = {
+    m.name: m
+    for m in (
+        Mode("sft", "oracle", teacher_targets=False),
+        Mode("kd_oracle", "oracle", teacher_targets=True),
+        Mode("seqkd", "teacher_samples", teacher_targets=False),
+        Mode("offline_kd", "teacher_pool", teacher_targets=True),
+        Mode("opd", "student", teacher_targets=True),
+        Mode("gkd_mix", "mixed", teacher_targets=True),
+    )
+}
+"""One row per ``run.mode`` (the ``Literal`` of ``config/sections.py``'s ``RunSection``)."""
+
+
+def mode_of(config: RunConfig) -> Mode:
+    """The :class:`Mode` row of ``config.run.mode``."""
+    return MODES[config.run.mode]
+
+
+# ====================================================================== what a sample is
+
+
+@dataclass
+class TrainingSample:
+    """One trajectory ready for an update: selection, alignment and targets."""
+
+    trajectory: Trajectory
+    selection: SelectionResult
+    alignment: AlignmentMap
+    rollout_policy_version: int
+    provider: ChunkTargetProvider | None = None
+    cache_key: str | None = None
+    teacher_entropy: list[float] = field(default_factory=list)
+    rollout_fingerprint: str | None = None
+    target_fingerprint: str | None = None
+    entropy_is_lower_bound: bool = False
+
+    @property
+    def trajectory_id(self) -> str:
+        return self.trajectory.trajectory_id
+
+    @property
+    def num_positions(self) -> int:
+        return self.alignment.num_positions
+
+    @property
+    def trainable(self) -> bool:
+        """Rows with nothing selected are removed *before* the group size G is counted."""
+        return self.alignment.num_positions > 0 and self.alignment.total_weight > 0
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """What a source's samples mean to the optimizer.
+
+    ``teacher_targets=False`` is cross-entropy on the trajectory's own tokens with weight 1
+    (no divergence term); ``passes`` is how many times the cycle's rows are optimized over
+    (``opd`` replay); ``strict_on_policy`` runs :func:`check_on_policy` before every group.
+    """
+
+    phase: str
+    teacher_targets: bool
+    passes: int = 1
+    strict_on_policy: bool = False
+
+
+@dataclass
+class CycleSamples:
+    """One cycle's samples, the rollout statistics for the cycle record, and the version the
+    trajectories were sampled at (``None`` when the source sampled nothing this cycle)."""
+
+    samples: list[TrainingSample]
+    rollout_stats: dict[str, Any] = field(default_factory=dict)
+    rollout_version: int | None = None
+
+
+def hard_label_sample(traj: Trajectory) -> TrainingSample:
+    """Every model-generated token of ``traj``, weight 1: the sample of cross-entropy arms."""
+    targets = model_target_positions(traj.model_generated_mask)
+    weights = [1.0] * len(targets)
+    selection = SelectionResult(
+        traj.trajectory_id,
+        "all_model_tokens",
+        targets,
+        weights,
+        len(targets),
+        sum(traj.critical_mask),
+        traj.span_types_at(targets),
+    )
+    return TrainingSample(
+        traj, selection, build_alignment_map(traj, targets, weights), traj.policy_version
+    )
+
+
+def summarize_rollouts(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """Success rate, token counts and the exact failure taxonomy of a batch of rollouts."""
+    n = len(trajectories)
+    solved = sum(1 for t in trajectories if t.solved)
+    termination = Counter(t.termination_reason.value for t in trajectories)
+    failures = Counter(
+        t.verification.failure_category
+        for t in trajectories
+        if t.verification and t.verification.failure_category
+    )
+    generated = [t.generated_token_count for t in trajectories]
+    return {
+        "tasks": n,
+        "solved": solved,
+        "success_rate": solved / n if n else 0.0,
+        "mean_generated_tokens": sum(generated) / n if n else 0.0,
+        "generated_tokens": sum(generated),
+        "invalid_tool_calls": sum(t.invalid_tool_calls for t in trajectories),
+        "termination": dict(sorted(termination.items())),
+        "failure_categories": dict(sorted(failures.items())),
+    }
+
+
+class FingerprintedSample(Protocol):
+    """What the check reads from a ``TrainingSample``."""
+
+    rollout_policy_version: int
+    rollout_fingerprint: str | None
+    target_fingerprint: str | None
+
+    @property
+    def trajectory_id(self) -> str: ...
+
+
+def check_on_policy(
+    samples: Iterable[FingerprintedSample], current_fingerprint: str | None
+) -> None:
+    """Raise :class:`OffPolicyError` unless every sample was sampled and scored for the current weights."""
+    for sample in samples:
+        rollout = sample.rollout_fingerprint
+        if current_fingerprint is None or rollout != current_fingerprint:
+            raise OffPolicyError(
+                f"strict OPD: rollout {sample.trajectory_id!r} (policy_version "
+                f"{sample.rollout_policy_version}) was sampled by weights with policy fingerprint "
+                f"{rollout}, but the student about to be updated has fingerprint {current_fingerprint}"
+            )
+        if sample.target_fingerprint != rollout:
+            raise OffPolicyError(
+                f"strict OPD: the teacher targets of {sample.trajectory_id!r} were produced for "
+                f"policy fingerprint {sample.target_fingerprint}, but the rollout has {rollout}",
+                hint="rescore the rollout with the teacher; do not reuse targets across weights",
+            )
+
+
+# ====================================================================== temperatures
+
+
+def temperature_fields(config: RunConfig, phase: str | None = None) -> dict[str, float | None]:
+    """``sampling_temperature`` and ``loss_temperature`` for a metric record of ``phase``.
+
+    A temperature that does not apply is ``None``: SFT steps (and the warm-up, phase
+    ``sft``) train on oracle traces with cross-entropy; ``seqkd`` samples but trains with
+    cross-entropy; ``kd_oracle`` matches the teacher but samples nothing.
+    """
+    mode = MODES["sft"] if phase == "sft" else mode_of(config)
+    return {
+        "sampling_temperature": config.rollout.temperature if mode.samples else None,
+        "loss_temperature": config.loss.temperature if mode.teacher_targets else None,
+    }
+
+
+def temperature_mismatch(config: RunConfig) -> dict[str, Any] | None:
+    """The warning event's fields when an on-policy recipe samples and matches at different τ."""
+    sampling, loss = config.rollout.temperature, config.loss.temperature
+    if not mode_of(config).on_policy or sampling == loss:
+        return None
+    return {
+        "sampling_temperature": sampling,
+        "loss_temperature": loss,
+        "explanation": (
+            f"rollout.temperature {sampling:g} != loss.temperature {loss:g}: rollouts visit the states "
+            f"of softmax(z/{sampling:g}), but the loss matches softmax(z_S/{loss:g}) to softmax(z_T/{loss:g}) "
+            "there; the sampling distribution itself is not what is matched"
+        ),
+    }
+
+
+# ====================================================================== teacher targets
+
+RESIDENT_ROUND_TRIP_REASON = (
+    "teacher targets are read back from the cache even when the teacher is resident: the read "
+    "is where the policy-version, alignment-digest and fingerprint checks run, and the update "
+    "then trains on exactly the stored (storage-dtype) targets that a resume or a replay reads, "
+    "so a resumed run stays bit-identical to an uninterrupted one"
+)
+"""Why the device -> disk -> device trip of teacher targets is kept (docs/on-policy.md)."""
+
+
+SelectAndAlign = Callable[[Trajectory, int], tuple[TrainingSample, Trajectory | None]]
+
+
+def make_select_and_align(
+    config: RunConfig, privileged_render: Callable[[Trajectory], Trajectory] | None
+) -> SelectAndAlign:
+    """Selection, the privileged teacher render (if any) and the alignment of one trajectory."""
+
+    def select_and_align(
+        traj: Trajectory, version: int
+    ) -> tuple[TrainingSample, Trajectory | None]:
+        selection = select_positions(traj, config.selection, run_seed=config.run.seed)
+        teacher_view = privileged_render(traj) if privileged_render is not None else None
+        alignment = build_alignment_map(
+            traj, selection.positions, selection.weights, teacher=teacher_view
+        )
+        sample = TrainingSample(traj, selection, alignment, version)
+        sample.rollout_fingerprint = traj.metadata.get("policy_fingerprint")
+        return sample, teacher_view
+
+    return select_and_align
+
+
+def cache_key(trajectory_id: str, cycle: int) -> str:
+    """One cache entry per trajectory and cycle (a skipped cycle can repeat seeds)."""
+    return f"{trajectory_id}@c{cycle}"
+
+
+class TeacherTargets:
+    """Trajectories -> teacher-scored samples: select, render, align, score, cache, read back.
+
+    ``swap`` is entered around alignment, scoring and the cache flush (the ``swap`` memory
+    strategy moves the student off the device and the teacher on); with a resident teacher
+    it is a null context. With a cache, targets always come back through
+    ``TeacherCache.read`` (:data:`RESIDENT_ROUND_TRIP_REASON`).
+    """
+
+    def __init__(
+        self,
+        *,
+        scorer: Any,
+        cache: Any,
+        spec: DivergenceSpec,
+        select_and_align: SelectAndAlign,
+        batch_size: int,
+        events: EventLog,
+        swap: Callable[[], AbstractContextManager[None]] | None = None,
+    ) -> None:
+        self.scorer = scorer
+        self.cache = cache
+        self.spec = spec
+        self.select_and_align = select_and_align
+        self.batch_size = batch_size
+        self.events = events
+        self.swap = swap or nullcontext
+
+    def score(
+        self, trajectories: Sequence[Trajectory], *, cycle: int, version: int, expect_version: int
+    ) -> list[TrainingSample]:
+        """Samples of ``trajectories`` sampled at ``version``; the cache read expects ``expect_version``."""
+        with self.swap():
+            aligned = [self.select_and_align(traj, version) for traj in trajectories]
+            to_score = [(sample, view) for sample, view in aligned if sample.num_positions]
+            assert self.scorer is not None or not to_score
+            for start in range(0, len(to_score), self.batch_size):
+                group = to_score[start : start + self.batch_size]
+                results = split_on_oom(
+                    lambda items: self.scorer.score_batch(items),
+                    [(s.trajectory, s.alignment, view) for s, view in group],
+                    what="teacher scoring",
+                    events=self.events,
+                )
+                for (sample, _), result in zip(group, results, strict=True):
+                    sample.provider = result.provider
+                    sample.teacher_entropy = [float(x) for x in result.teacher_entropy]
+                    sample.target_fingerprint = result.policy_fingerprint
+                    sample.entropy_is_lower_bound = result.entropy_is_lower_bound
+                    if self.cache is not None and result.shape == "bucketed":
+                        sample.cache_key = cache_key(sample.trajectory.trajectory_id, cycle)
+                        self.cache.write(sample.cache_key, result, policy_version=version)
+            if self.cache is not None:
+                self.cache.flush()
+        samples = [sample for sample, _ in aligned]
+        self.reload(samples, expect_policy_version=expect_version)
+        return samples
+
+    def reload(self, samples: Sequence[TrainingSample], *, expect_policy_version: int) -> None:
+        """Re-attach providers from disk: the policy-version check happens here."""
+        if self.cache is None:
+            return
+        for sample in samples:
+            if sample.cache_key is not None:
+                cached = self.cache.read(
+                    sample.cache_key,
+                    expect_policy_version=expect_policy_version,
+                    expect_alignment_digest=sample.alignment.digest(),
+                    expect_policy_fingerprint=sample.rollout_fingerprint,
+                )
+                sample.provider = cached.provider(self.spec)
+                sample.target_fingerprint = cached.record.policy_fingerprint
+                sample.entropy_is_lower_bound = cached.entropy_is_lower_bound
+                if cached.teacher_entropy is not None:
+                    sample.teacher_entropy = [float(x) for x in cached.teacher_entropy]
+
+    def describe(self, *, teacher_resident: bool) -> dict[str, Any]:
+        """The recorded supervision path (event ``teacher_targets_path``)."""
+        cached = self.cache is not None
+        return {
+            "teacher_resident": teacher_resident,
+            "cache": cached,
+            "disk_round_trip": cached,
+            "reason": RESIDENT_ROUND_TRIP_REASON
+            if cached
+            else "no cache: targets stay where the scorer produced them",
+        }
+
+
+# ====================================================================== sources
 
 OFFLINE_POOL_CYCLE = -1
 """Cache keys of the offline_kd pool carry this cycle: it is scored once, before cycle 0."""
@@ -82,9 +433,6 @@ class SampleSource(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-# ====================================================================== sources
 
 
 class OracleSource:
@@ -377,6 +725,187 @@ class OfflinePoolSource:
         self._samples = samples
 
 
+class TeacherSampleSource:
+    """``seqkd``: sequence-level KD, cross-entropy on fresh teacher samples every cycle.
+
+    The teacher samples one rollout per task at ``rollout.temperature`` (1.0 by default)
+    and the student is trained on those token ids as hard labels; the teacher scores
+    nothing. Stateless: a cycle's samples are a function of (run seed, cycle, tasks).
+    """
+
+    supervision = Supervision(phase="seqkd", teacher_targets=False)
+
+    def __init__(
+        self,
+        *,
+        teacher_runner: Callable[[], RolloutRunner],
+        config: RunConfig,
+        version: Callable[[], int],
+        events: EventLog,
+        trajectory_log: Path,
+    ) -> None:
+        self.teacher_runner = teacher_runner
+        self.config = config
+        self.version = version
+        self.events = events
+        self.trajectory_log = trajectory_log
+        self.tasks_per_cycle = config.train.rollouts_per_cycle
+
+    def samples(self, cycle: int, tasks: Sequence[Task]) -> CycleSamples:
+        version = self.version()
+        trajectories = teacher_rollouts(
+            self.teacher_runner(),
+            tasks,
+            config=self.config,
+            cycle=cycle,
+            kind="seqkd",
+            version=version,
+            events=self.events,
+            trajectory_log=self.trajectory_log,
+        )
+        return CycleSamples(
+            [hard_label_sample(traj) for traj in trajectories], rollout_version=version
+        )
+
+    def finish_cycle(self, cycle: int) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+class MixedPrefixSource:
+    """``gkd_mix``: per batch, a fraction λ (``train.gkd_student_fraction``) of the tasks get a
+    fresh student rollout and the rest a fresh teacher sample; all are scored by the teacher.
+
+    Which tasks go to the student is a seeded permutation of the batch (run seed, cycle), so
+    a resumed run draws the same split. The student half goes through
+    :meth:`OnPolicySource.collect` and is checked on-policy (:func:`check_on_policy`) before
+    it leaves the source; the teacher half is off-policy by design, so the optimizer's
+    per-group strict check does not apply (``strict_on_policy=False``) and the recipe
+    allows one optimizer step per batch (config/recipe.py).
+    """
+
+    def __init__(
+        self,
+        *,
+        on_policy: OnPolicySource,
+        teacher_runner: Callable[[], RolloutRunner],
+        student_fraction: float,
+    ) -> None:
+        self.on_policy = on_policy
+        self.teacher_runner = teacher_runner
+        self.student_fraction = float(student_fraction)
+        self.tasks_per_cycle = on_policy.tasks_per_cycle
+        self.supervision = Supervision(phase="gkd_mix", teacher_targets=True)
+
+    def split(self, cycle: int, count: int) -> list[bool]:
+        """``is_student[i]`` for the batch's ``count`` tasks: round(λ · count) of them, seeded."""
+        n_student = round(self.student_fraction * count)
+        order = list(range(count))
+        random.Random(derive_seed(self.on_policy.config.run.seed, "gkd_mix", cycle)).shuffle(order)
+        chosen = set(order[:n_student])
+        return [i in chosen for i in range(count)]
+
+    def samples(self, cycle: int, tasks: Sequence[Task]) -> CycleSamples:
+        src = self.on_policy
+        version = src.version()
+        is_student = self.split(cycle, len(tasks))
+        student_tasks = [t for t, s in zip(tasks, is_student, strict=True) if s]
+        student = src.collect(student_tasks, cycle) if student_tasks else []
+        teacher = teacher_rollouts(
+            self.teacher_runner(),
+            [t for t, s in zip(tasks, is_student, strict=True) if not s],
+            config=src.config,
+            cycle=cycle,
+            kind="gkd-teacher",
+            version=version,
+            events=src.events,
+            trajectory_log=src.trajectory_log,
+        )
+        scored = src.targets.score(
+            [*student, *teacher], cycle=cycle, version=version, expect_version=version
+        )
+        check_on_policy([s for s in scored[: len(student)] if s.trainable], src.fingerprint())
+        by_kind = iter(scored[: len(student)]), iter(scored[len(student) :])
+        ordered = [next(by_kind[0]) if s else next(by_kind[1]) for s in is_student]
+        return CycleSamples(ordered, summarize_rollouts(student), rollout_version=version)
+
+    def finish_cycle(self, cycle: int) -> None:
+        self.on_policy.finish_cycle(cycle)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+
+# ====================================================================== helpers
+
+
+def oom_splitter(events: EventLog, what: str) -> Any:
+    """A ``rollout_batch`` splitter that halves a decode round on out-of-memory (recorded)."""
+
+    def split(decode: Any, requests: list[Any]) -> Any:
+        return split_on_oom(decode, requests, what=what, events=events)
+
+    return split
+
+
+def teacher_rollouts(
+    runner: RolloutRunner,
+    tasks: Sequence[Task],
+    *,
+    config: RunConfig,
+    cycle: int,
+    kind: str,
+    version: int,
+    events: EventLog,
+    trajectory_log: Path,
+) -> list[Trajectory]:
+    """Fresh teacher samples of ``tasks`` at ``rollout.temperature``, one per task, logged.
+
+    Seeds derive from ``(run.seed, kind, cycle, index)``, so a rerun (or a provenance test)
+    regenerates exactly these ids. Each trajectory is named ``<task>:<kind>:c<cycle>:<i>``
+    and carries ``teacher_sampled: true``; the ``rollouts_collected`` event with
+    ``teacher_sampled`` is what the budgets count as teacher-generated tokens.
+    """
+    if not tasks:
+        return []
+    requests = [
+        EpisodeRequest(
+            task,
+            derive_seed(config.run.seed, kind, cycle, i),
+            trajectory_id=f"{task.task_id}:{kind}:c{cycle}:{i}",
+            extra_metadata={"teacher_sampled": True, "cycle": cycle},
+        )
+        for i, task in enumerate(tasks)
+    ]
+    trajectories = runner.rollout_batch(
+        requests,
+        batch_size=config.rollout.batch_size or len(requests),
+        policy_version=version,
+        split=oom_splitter(events, f"{kind} teacher rollout"),
+    )
+    append_trajectories(trajectory_log, trajectories)
+    events.emit(
+        "rollouts_collected",
+        echo=f"cycle {cycle}: {len(trajectories)} fresh teacher samples ({kind})",
+        cycle=cycle,
+        teacher_sampled=True,
+        source=kind,
+        **summarize_rollouts(trajectories),
+    )
+    return trajectories
+
+
+# ====================================================================== the dispatch
+
+
 def build_source(
     mode: str,
     *,
@@ -394,16 +923,21 @@ def build_source(
     trajectory_log: Path,
     vocab_size: int | None = None,
 ) -> SampleSource:
-    """The one place that maps ``run.mode`` to a source (the module docstring's table)."""
-    if mode in ("sft", "kd_oracle"):
+    """The source of ``MODES[mode]``: its ``trajectories`` pick the class, and
+    ``teacher_targets`` whether the teacher scores them."""
+    if mode not in MODES:
+        raise ValueError(f"no sample source for run.mode {mode!r}")
+    spec = MODES[mode]
+    scored = targets if spec.teacher_targets else None
+    if spec.trajectories == "oracle":
         return OracleSource(
             runner=student_runner,
             version=version,
             trajectory_log=trajectory_log,
             tasks_per_cycle=config.train.rollouts_per_cycle,
-            targets=targets if mode == "kd_oracle" else None,
+            targets=scored,
         )
-    if mode == "seqkd":
+    if spec.trajectories == "teacher_samples":
         return TeacherSampleSource(
             teacher_runner=teacher_runner,
             config=config,
@@ -411,7 +945,7 @@ def build_source(
             events=events,
             trajectory_log=trajectory_log,
         )
-    if mode == "offline_kd":
+    if spec.trajectories == "teacher_pool":
         return OfflinePoolSource(
             teacher_runner=teacher_runner,
             targets=targets,
@@ -422,47 +956,53 @@ def build_source(
             trajectory_log=trajectory_log,
             vocab_size=vocab_size,
         )
-    if mode in ("opd", "gkd_mix"):
-        on_policy = OnPolicySource(
-            runner=student_runner,
-            student=student,
-            targets=targets,
-            config=config,
-            version=version,
-            step=step,
-            fingerprint=fingerprint,
-            events=events,
-            progress=progress,
-            trajectory_log=trajectory_log,
-        )
-        if mode == "opd":
-            return on_policy
-        return MixedPrefixSource(
-            on_policy=on_policy,
-            teacher_runner=teacher_runner,
-            student_fraction=config.train.gkd_student_fraction,
-        )
-    raise ValueError(f"no sample source for run.mode {mode!r}")
+    on_policy = OnPolicySource(
+        runner=student_runner,
+        student=student,
+        targets=targets,
+        config=config,
+        version=version,
+        step=step,
+        fingerprint=fingerprint,
+        events=events,
+        progress=progress,
+        trajectory_log=trajectory_log,
+    )
+    if spec.trajectories == "student":
+        return on_policy
+    return MixedPrefixSource(
+        on_policy=on_policy,
+        teacher_runner=teacher_runner,
+        student_fraction=config.train.gkd_student_fraction,
+    )
 
 
 __all__ = [
+    "MODES",
     "OFFLINE_POOL_CYCLE",
     "RESIDENT_ROUND_TRIP_REASON",
     "CycleSamples",
+    "FingerprintedSample",
     "MixedPrefixSource",
+    "Mode",
     "OfflinePoolSource",
     "OnPolicySource",
     "OracleSource",
     "SampleSource",
+    "SelectAndAlign",
     "Supervision",
     "TeacherSampleSource",
     "TeacherTargets",
     "TrainingSample",
     "build_source",
     "cache_key",
+    "check_on_policy",
     "hard_label_sample",
     "make_select_and_align",
+    "mode_of",
     "oom_splitter",
     "summarize_rollouts",
     "teacher_rollouts",
+    "temperature_fields",
+    "temperature_mismatch",
 ]

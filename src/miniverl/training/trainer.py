@@ -1,26 +1,38 @@
-"""``OPDTrainer``: one recipe for every mode (docs/design.md §3, §4).
+"""``OPDTrainer``: one recipe for every mode, top to bottom down to ``optimizer.step()``
+(docs/design.md §3, §4).
 
-The modes differ only in where trajectories come from and where targets come from, and
-that lives in a :class:`~miniverl.training.sources.SampleSource` chosen once at setup:
+The six modes (``run.mode``) differ only in where trajectories come from and whether the
+teacher scores them, and that lives in a :class:`~miniverl.training.sources.SampleSource`
+chosen once at setup (``training/sources.py``):
 
-- ``sft``: oracle traces, cross-entropy on their tokens (:class:`OracleSource`);
-- ``offline_kd``: one fixed set of teacher rollouts, one frozen teacher cache
-  (:class:`OfflinePoolSource`);
+- ``sft``: oracle traces, cross-entropy on their tokens;
+- ``kd_oracle``: oracle traces, teacher targets at their states;
+- ``seqkd``: fresh teacher samples every cycle, cross-entropy on them (sequence-level KD);
+- ``offline_kd``: one fixed pool of teacher rollouts, one frozen teacher cache;
 - ``opd``: fresh student rollouts every cycle, scored by the teacher at exactly those
   states; targets are read back through the cache, whose policy-version check makes
-  "on-policy" an enforced property rather than a convention (:class:`OnPolicySource`).
+  "on-policy" an enforced property rather than a convention;
+- ``gkd_mix``: per batch a fraction λ of student rollouts and the rest teacher samples,
+  all scored by the teacher.
 
-Read it top to bottom: :meth:`OPDTrainer.setup` assembles the collaborators
-(``training/assembly.py``), :meth:`OPDTrainer.train` runs the phases (toy teacher, baseline,
-warm-up, cycles, final evaluation), and :meth:`OPDTrainer.run_cycle` is the cycle of
-docs/design.md §3 in order -- tasks -> ``source.samples`` -> optimize and commit
-(``training/update.py``) -> record -- with no mode branch. The counters every collaborator
-shares live in :class:`~miniverl.training.run_state.RunState` (``trainer.state``).
+Read it in order: :meth:`OPDTrainer.setup` assembles the collaborators
+(``training/assembly.py``); :meth:`OPDTrainer.train` runs the phases (toy teacher, baseline,
+warm-up, cycles, final evaluation); :meth:`OPDTrainer.run_cycle` is the cycle of
+docs/design.md §3 -- tasks -> ``source.samples`` -> optimize -> record -- with no mode
+branch. :class:`PolicyUpdater` below it is the only code that changes the student's weights:
+one gradient per optimizer group (:class:`GroupGradients`: the chunked loss and its
+backward, with out-of-memory halving), then one commit (clip, scheduled lr,
+``optimizer.step()``). The counters every collaborator shares live in
+:class:`~miniverl.training.run_state.RunState` (``trainer.state``).
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,34 +44,76 @@ from miniverl.config.loading import load_resolved_config
 from miniverl.config.models import RunConfig
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
+from miniverl.errors import GpuMemoryError
+from miniverl.losses import (
+    chunked_selected_position_loss,
+    concat_providers,
+    normalize_trajectory_weights,
+)
 from miniverl.models.base import CausalLMBackend
+from miniverl.models.batching import build_padded_trajectory_batch, length_buckets
 from miniverl.models.factory import build_tokenizer
-from miniverl.schemas.records import CycleRecord
+from miniverl.schemas.records import CycleRecord, StepRecord
 from miniverl.selection.selectors import aggregate_selection_stats
-from miniverl.training import assembly, resume, toy_teacher
-from miniverl.training.budget import ChargeableCap, make_cap_meter
-from miniverl.training.checkpoint_retention import prune_cycle_checkpoints
-from miniverl.training.cold_start import (  # the first two re-exported: their old import path
-    COLD_START_MARKER,
-    COLD_START_STUDENT,
-    load_cold_start,
-    save_cold_start,
+from miniverl.training import assembly
+from miniverl.training.checkpoint import (
+    ResumeCounters,
+    choose_resume_checkpoint,
+    load_training_checkpoint,
+    prepare_resume,
+    prune_cycle_checkpoints,
+    restore_logs,
+    source_state,
+    write_training_checkpoint,
 )
 from miniverl.training.evaluate import eval_summary, evaluate_policy, record_evaluation
-from miniverl.training.gradients import GroupResult  # re-exported: its old import path
-from miniverl.training.live import LiveSinks, cycle_scalars, cycle_summary, format_live_line
+from miniverl.training.live import (
+    LiveSinks,
+    ProgressReporter,
+    cycle_scalars,
+    cycle_summary,
+    format_live_line,
+    step_scalars,
+    write_token_analysis,
+)
 from miniverl.training.manifest import LocalRoleGraph, ManifestInputs, build_manifest
-from miniverl.training.optim import Schedule, build_optimizer, load_optimizer_state
-from miniverl.training.progress import ProgressReporter
-from miniverl.training.recovery import prepare_resume
-from miniverl.training.resolve import ResolvedRun, resolve_device
+from miniverl.training.optim import (
+    Schedule,
+    build_optimizer,
+    load_optimizer_state,
+    scheduled_lr,
+    set_lr,
+)
+from miniverl.training.resolve import (
+    ChargeableCap,
+    ResolvedRun,
+    make_cap_meter,
+    resolve_device,
+    run_with_oom_retry,
+)
 from miniverl.training.run_state import RunState, shuffled_order
-from miniverl.training.sources import OracleSource, build_source, oom_splitter
-from miniverl.training.teacher_adapter import prepare_teacher_adapter
-from miniverl.training.temperatures import temperature_fields
-from miniverl.training.token_analysis import write_token_analysis
-from miniverl.training.update import PolicyUpdater
+from miniverl.training.sources import (
+    OracleSource,
+    Supervision,
+    TrainingSample,
+    build_source,
+    check_on_policy,
+    mode_of,
+    oom_splitter,
+    temperature_fields,
+)
+from miniverl.training.teacher_fit import (
+    COLD_START_MARKER,
+    COLD_START_STUDENT,
+    TOY_TEACHER_FILE,
+    load_cold_start,
+    load_teacher,
+    prepare_teacher_adapter,
+    prepare_toy_teacher,
+    save_cold_start,
+)
 from miniverl.training.warmup import criterion_measure, run_sft_warmup, warmup_cycles
+from miniverl.utils import gpu
 from miniverl.utils.env import collect_environment
 from miniverl.utils.io import write_json
 from miniverl.utils.logging import EventLog, MetricsLog, make_console
@@ -82,6 +136,7 @@ class OPDTrainer:
         progress: bool | None = None,
         cold_start: str | Path | None = None,
         resume_from: str | None = None,
+        budget_cap: ChargeableCap | None = None,
     ) -> None:
         self.config = config
         self.paths = RunPaths(output_dir or config.run.output_dir or Path("runs") / config.run.name)
@@ -94,7 +149,7 @@ class OPDTrainer:
         self.events = EventLog(self.paths.events, self.console)
         self.metrics = MetricsLog(self.paths.metrics)
         self.state = RunState()
-        self.budget_cap: ChargeableCap | None = None  # compute-matched benchmark arms set it
+        self.budget_cap = budget_cap  # compute-matched benchmark arms: stop when it is spent
         self.toy_teacher_report: dict[str, Any] | None = None
         self.teacher_adapter_report: dict[str, Any] | None = None
         self.live: LiveSinks | None = None
@@ -117,7 +172,7 @@ class OPDTrainer:
         self.splits = build_splits(self.environment, cfg.environment)
         self.tasks_by_id = {t.task_id: t for split in self.splits.values() for t in split}
         self.task_order = shuffled_order(len(self.splits["train"]), cfg.run.seed)
-        with_teacher = with_teacher and cfg.run.mode != "sft"
+        with_teacher = with_teacher and mode_of(cfg).uses_teacher
         self.runtime = assembly.build_run_runtime(
             cfg, self.tokenizer, device, with_teacher=with_teacher, splits=self.splits
         )
@@ -251,13 +306,13 @@ class OPDTrainer:
                 self._prepare_toy_teacher()
                 if cfg.eval.baseline:
                     self.evaluate("baseline")
-                if cfg.run.mode != "sft" and warmup_cycles(cfg.train) > 0:
+                if mode_of(cfg).warmup and warmup_cycles(cfg.train) > 0:
                     self.run_sft_warmup()
                     if cfg.eval.after_warmup:
                         self.evaluate("after_warmup")
                     self.save_checkpoint("warmup", cycle=-1)
             if not state.finished:
-                self.teacher_adapter_report = prepare_teacher_adapter(self)
+                self.teacher_adapter_report = self.prepare_teacher_adapter()
                 self._run_cycles()
                 self.evaluate("final", temperature=0.0)
                 if self.cache is not None:
@@ -286,6 +341,121 @@ class OPDTrainer:
         finally:
             self.live.close()
         return summary
+
+    # ================================================================== before the cycles
+
+    def _prepare_toy_teacher(self) -> None:
+        """Toy backend only: fit the toy teacher until it solves its tasks (training/teacher_fit.py)."""
+        if self._fitted_toy_teacher() is None:
+            return
+
+        def publish(report: dict[str, Any]) -> None:
+            self.toy_teacher_report = report
+            write_json(self.paths.manifest, self.build_manifest())
+
+        prepare_toy_teacher(
+            self.teacher,
+            config=self.config,
+            environment=self.environment,
+            splits=self.splits,
+            oracle_runner=self.runner,
+            chunk_size=self.state.chunk_size,
+            device=self.device,
+            run_dir=self.paths.root,
+            events=self.events,
+            progress=self.progress,
+            split=oom_splitter(self.events, "probe rollout"),
+            publish=publish,
+        )
+
+    def prepare_teacher_adapter(self) -> dict[str, Any] | None:
+        """HF shared backbone only: load or fit the teacher's LoRA adapter (training/teacher_fit.py)."""
+        return prepare_teacher_adapter(
+            self.teacher,
+            config=self.config,
+            tokenizer_fingerprint=self.tokenizer.fingerprint,
+            splits=self.splits,
+            environment=self.environment,
+            runner=self.runner,
+            chunk_size=self.state.chunk_size,
+            events=self.events,
+            progress=self.progress,
+        )
+
+    def _fitted_toy_teacher(self) -> CausalLMBackend | None:
+        """The fitted toy teacher (its weights travel with the run); None for hf or an oracle."""
+        models = self.config.models
+        fitted = models.backend == "toy" and models.oracle_teacher is None
+        return self.teacher if fitted else None
+
+    def run_sft_warmup(self, cycles: int | None = None) -> None:
+        """Oracle-trace cross-entropy before KD/OPD (training/warmup.py).
+
+        ``cycles`` forces a fixed count; by default the recipe decides (a fixed count, or
+        ``train.sft_warmup_until``'s criterion and cap).
+        """
+        cfg, state = self.config, self.state
+        until = cfg.train.sft_warmup_until if cycles is None else None
+        source = OracleSource(
+            runner=self.runner,
+            version=lambda: state.parameter_version,
+            trajectory_log=self.paths.trajectories,
+            tasks_per_cycle=cfg.train.rollouts_per_cycle,
+        )
+        measure = None
+        if until is not None:
+            measure = criterion_measure(
+                cfg,
+                self.splits,
+                until,
+                runner=self.runner,
+                student=self.student,
+                version=lambda: state.parameter_version,
+                split=oom_splitter(self.events, "warm-up criterion rollout"),
+            )
+        with self.updater.warmup():
+            run_sft_warmup(
+                source,
+                cycles=warmup_cycles(cfg.train) if cycles is None else cycles,
+                next_tasks=self.next_tasks,
+                optimize=self.updater.optimize,
+                events=self.events,
+                progress=self.progress,
+                until=until,
+                measure=measure,
+            )
+
+    def export_cold_start(self, directory: str | Path) -> Path:
+        """Write the student's trainable weights (and the fitted toy teacher) for benchmark arms.
+
+        Weights only (training/teacher_fit.py): no optimizer state crosses into an arm.
+        """
+        return save_cold_start(
+            Path(directory),
+            student=self.student,
+            toy_teacher=self._fitted_toy_teacher(),
+            parameter_version=self.state.parameter_version,
+            global_step=self.state.global_step,
+            config_digest=self.config.digest(),
+            evaluations=self.state.eval_results,
+            toy_teacher_report=self.toy_teacher_report,
+        )
+
+    def load_shared_cold_start(self) -> None:
+        """Load a shared cold start weights-only; the arm starts with a fresh optimizer."""
+        assert self.cold_start is not None
+        loaded = load_cold_start(
+            self.cold_start,
+            student=self.student,
+            toy_teacher=self._fitted_toy_teacher(),
+            run_dir=self.paths.root,
+            events=self.events,
+        )
+        self.state.refresh_fingerprint(self.student)
+        if loaded.toy_teacher_report is not None:
+            self.toy_teacher_report = loaded.toy_teacher_report
+
+    # ================================================================== the cycles
 
     def _run_cycles(self) -> None:
         """The main phase: cycles, held-out evaluations every ``eval.every``, checkpoints."""
@@ -379,105 +549,6 @@ class OPDTrainer:
         record["seconds"] = round(time.perf_counter() - started, 3)
         self.metrics.write(CycleRecord.build(**record).to_json())
 
-    # ================================================================== before the cycles
-
-    def _prepare_toy_teacher(self) -> None:
-        """Toy backend only: fit the toy teacher until it solves its tasks (training/toy_teacher.py)."""
-        if self._fitted_toy_teacher() is None:
-            return
-
-        def publish(report: dict[str, Any]) -> None:
-            self.toy_teacher_report = report
-            write_json(self.paths.manifest, self.build_manifest())
-
-        toy_teacher.prepare_toy_teacher(
-            self.teacher,
-            config=self.config,
-            environment=self.environment,
-            splits=self.splits,
-            oracle_runner=self.runner,
-            chunk_size=self.state.chunk_size,
-            device=self.device,
-            run_dir=self.paths.root,
-            events=self.events,
-            progress=self.progress,
-            split=oom_splitter(self.events, "probe rollout"),
-            publish=publish,
-        )
-
-    def _fitted_toy_teacher(self) -> CausalLMBackend | None:
-        """The fitted toy teacher (its weights travel with the run); None for hf or an oracle."""
-        models = self.config.models
-        fitted = models.backend == "toy" and models.oracle_teacher is None
-        return self.teacher if fitted else None
-
-    def run_sft_warmup(self, cycles: int | None = None) -> None:
-        """Oracle-trace cross-entropy before KD/OPD (training/warmup.py).
-
-        ``cycles`` forces a fixed count; by default the recipe decides (a fixed count, or
-        ``train.sft_warmup_until``'s criterion and cap).
-        """
-        cfg, state = self.config, self.state
-        until = cfg.train.sft_warmup_until if cycles is None else None
-        source = OracleSource(
-            runner=self.runner,
-            version=lambda: state.parameter_version,
-            trajectory_log=self.paths.trajectories,
-            tasks_per_cycle=cfg.train.rollouts_per_cycle,
-        )
-        measure = None
-        if until is not None:
-            measure = criterion_measure(
-                cfg,
-                self.splits,
-                until,
-                runner=self.runner,
-                student=self.student,
-                version=lambda: state.parameter_version,
-                split=oom_splitter(self.events, "warm-up criterion rollout"),
-            )
-        with self.updater.warmup():
-            run_sft_warmup(
-                source,
-                cycles=warmup_cycles(cfg.train) if cycles is None else cycles,
-                next_tasks=self.next_tasks,
-                optimize=self.updater.optimize,
-                events=self.events,
-                progress=self.progress,
-                until=until,
-                measure=measure,
-            )
-
-    def export_cold_start(self, directory: str | Path) -> Path:
-        """Write the student's trainable weights (and the fitted toy teacher) for benchmark arms.
-
-        Weights only (training/cold_start.py): no optimizer state crosses into an arm.
-        """
-        return save_cold_start(
-            Path(directory),
-            student=self.student,
-            toy_teacher=self._fitted_toy_teacher(),
-            parameter_version=self.state.parameter_version,
-            global_step=self.state.global_step,
-            config_digest=self.config.digest(),
-            evaluations=self.state.eval_results,
-            toy_teacher_report=self.toy_teacher_report,
-        )
-
-    def load_shared_cold_start(self) -> None:
-        """Load a shared cold start weights-only; the arm starts with a fresh optimizer."""
-        assert self.cold_start is not None
-        loaded = load_cold_start(
-            self.cold_start,
-            student=self.student,
-            toy_teacher=self._fitted_toy_teacher(),
-            run_dir=self.paths.root,
-            events=self.events,
-        )
-        self.state.refresh_fingerprint(self.student)
-        if loaded.toy_teacher_report is not None:
-            self.toy_teacher_report = loaded.toy_teacher_report
-
     # ================================================================== evaluation
 
     def evaluate(
@@ -533,8 +604,8 @@ class OPDTrainer:
     # ================================================================== checkpoints
 
     def save_checkpoint(self, name: str, *, cycle: int) -> Path:
-        """Trainable weights, optimizer moments and every counter needed to resume."""
-        path = resume.write_training_checkpoint(
+        """Trainable weights, optimizer moments and every counter needed to"""
+        path = write_training_checkpoint(
             self.paths.checkpoint(name),
             counters=self.state.counters(cycle),
             student=self.student,
@@ -558,27 +629,27 @@ class OPDTrainer:
         Without ``path``: ``checkpoints/<resume_from>`` when given, else the latest
         checkpoint, which must verify (:func:`choose_resume_checkpoint`).
         """
-        path = resume.choose_resume_checkpoint(self.paths, self.resume_from, path)
-        loaded = resume.load_training_checkpoint(
+        path = choose_resume_checkpoint(self.paths, self.resume_from, path)
+        loaded = load_training_checkpoint(
             path, device=self.student.device, config_digest=self.config.digest()
         )
         saved = loaded.state
         if (fitted := self._fitted_toy_teacher()) is not None:  # verified against its hash
             self.toy_teacher_report = report = saved.get("toy_teacher") or {}
-            weights = self.paths.root / toy_teacher.TOY_TEACHER_FILE
-            toy_teacher.load_teacher(fitted, weights, report.get("weights_sha256"))
+            weights = self.paths.root / TOY_TEACHER_FILE
+            load_teacher(fitted, weights, report.get("weights_sha256"))
         self.student.load_trainable_state_dict(loaded.trainable)
         load_optimizer_state(self.optimizer, loaded.optimizer, saved["optimizer"])
         state = self.state
         state.refresh_fingerprint(self.student)
-        state.restore(resume.ResumeCounters.from_state(saved))
-        resume.restore_logs(
+        state.restore(ResumeCounters.from_state(saved))
+        restore_logs(
             self.paths, saved, path, explicit=self.resume_from is not None, events=self.events
         )
         restore_rng_state(saved["rng"])
         # Killed after the final checkpoint: only eval.json and the manifest remain to write.
         state.finished = path.name == "final"
-        self.source.load_state_dict(resume.source_state(saved))
+        self.source.load_state_dict(source_state(saved))
         self.events.emit(
             "checkpoint_loaded", name=path.name, global_optimizer_step=state.global_step
         )
@@ -590,10 +661,352 @@ class OPDTrainer:
         )
 
 
+class PolicyUpdater:
+    """Turns supervised samples into committed updates of ``student``; shares ``state``."""
+
+    def __init__(
+        self,
+        *,
+        config: RunConfig,
+        student: CausalLMBackend,
+        optimizer: torch.optim.Optimizer,
+        schedule: Schedule,
+        state: RunState,
+        pad_token_id: int,
+        device: str,
+        events: EventLog,
+        metrics: MetricsLog,
+    ) -> None:
+        self.config = config
+        self.student = student
+        self.optimizer = optimizer
+        self.schedule = schedule
+        self.state = state
+        self.device = device
+        self.events = events
+        self.metrics = metrics
+        self.live: LiveSinks | None = None
+        self.gradients = GroupGradients(
+            student=student,
+            optimizer=optimizer,
+            pad_token_id=pad_token_id,
+            nll_weight=config.loss.sampled_token_nll_weight,
+            min_chunk_size=config.memory.min_chunk_size,
+            oom_retries=config.memory.oom_retries,
+            events=events,
+        )
+
+    @contextmanager
+    def warmup(self) -> Iterator[None]:
+        """The SFT warm-up's updates: warm-up learning rate; the main schedule starts after it."""
+        self.state.in_warmup = True
+        try:
+            yield
+        finally:
+            self.state.in_warmup = False
+        self.state.main_start_step = self.state.global_step
+
+    def optimize(
+        self, samples: Sequence[TrainingSample], supervision: Supervision, *, cycle: int
+    ) -> list[dict[str, Any]]:
+        """``supervision.passes`` passes over the trainable rows; one step record per group."""
+        rows = [s for s in samples if s.trainable]
+        group = self.config.train.group_size()
+        records = []
+        self.student.set_train(True)
+        for _ in range(supervision.passes):
+            for start in range(0, len(rows), group):
+                members = rows[start : start + group]
+                if supervision.strict_on_policy:
+                    self.state.refresh_fingerprint(self.student)
+                    check_on_policy(members, self.state.policy_fingerprint)
+                records.append(self._step(members, supervision, cycle, step=len(records)))
+        self.student.set_train(False)
+        return records
+
+    def _step(
+        self, members: Sequence[TrainingSample], supervision: Supervision, cycle: int, *, step: int
+    ) -> dict[str, Any]:
+        state = self.state
+        t0 = time.perf_counter()
+        gpu.reset_peak(self.device if self.device.startswith("cuda") else None)
+        result, state.chunk_size, state.trajectory_batch_size = self.gradients.fitting_memory(
+            members,
+            chunk_size=state.chunk_size,
+            batch_rows=state.trajectory_batch_size,
+            teacher_targets=supervision.teacher_targets,
+        )
+        update = self.commit()
+        record = self._record(members, supervision, cycle, step, result, update, t0)
+        self.metrics.write(record)
+        if self.live is not None:
+            self.live.scalars(state.global_step, step_scalars(record))
+        return record
+
+    def commit(self) -> UpdateOutcome:
+        """Clip, set the scheduled lr, step; a committed update is a new policy version."""
+        state = self.state
+        lr = scheduled_lr(
+            self.schedule,
+            self.config.train,
+            global_step=state.global_step,
+            main_start_step=state.main_start_step,
+            in_warmup=state.in_warmup,
+        )
+        update = apply_update(
+            self.optimizer,
+            self.student.trainable_parameters(),
+            lr=lr,
+            max_grad_norm=self.config.train.max_grad_norm,
+            events=self.events,
+            global_step=state.global_step,
+        )
+        if update.committed:
+            state.global_step += 1
+            state.parameter_version += 1
+            state.refresh_fingerprint(self.student)
+        return update
+
+    def _record(
+        self,
+        members: Sequence[TrainingSample],
+        supervision: Supervision,
+        cycle: int,
+        step: int,
+        result: GroupResult,
+        update: UpdateOutcome,
+        started: float,
+    ) -> dict[str, Any]:
+        state = self.state
+        seconds = time.perf_counter() - started
+        return StepRecord.build(
+            phase=supervision.phase,
+            cycle=cycle,
+            step=step,
+            global_optimizer_step=state.global_step,
+            parameter_version=state.parameter_version,
+            policy_version=state.parameter_version,
+            rollout_policy_version=members[0].rollout_policy_version,
+            policy_fingerprint=state.policy_fingerprint,
+            rollout_policy_fingerprint=members[0].rollout_fingerprint,
+            committed=update.committed,
+            grad_norm=update.grad_norm,
+            lr=update.lr,
+            trajectories_in_step=len(members),
+            **result.step_fields(),
+            **temperature_fields(self.config, supervision.phase),
+            seconds=round(seconds, 4),
+            train_selected_tokens_per_second=round(result.positions / seconds, 2)
+            if seconds > 0
+            else None,
+            projection_chunk_size=state.chunk_size,
+            gpu=gpu.snapshot(self.device),
+        ).to_json()
+
+
+@dataclass
+class GroupResult:
+    """Sums over one group's micro-batches; the step record divides them by ``positions``.
+
+    ``loss``, ``divergence_loss`` and ``sampled_token_nll`` are already the group mean (each
+    micro-batch was scaled by rows / G). ``entropy_sum`` and ``high_entropy_sum`` are
+    position-weighted over the ``entropy_positions`` that had teacher targets.
+    """
+
+    loss: float = 0.0
+    divergence_loss: float = 0.0
+    sampled_token_nll: float = 0.0
+    positions: int = 0
+    entropy_sum: float = 0.0
+    entropy_positions: int = 0
+    entropy_lower_bound: bool = False
+    high_entropy_sum: float = 0.0
+    loss_by_span_type: dict[str, float] = field(default_factory=dict)
+
+    def step_fields(self) -> dict[str, Any]:
+        """The loss fields of a ``StepRecord``; entropy means are None without teacher targets."""
+        entropy = self.entropy_positions
+        return {
+            "loss": self.loss,
+            "divergence_loss": self.divergence_loss,
+            "sampled_token_nll": self.sampled_token_nll,
+            "selected_positions": self.positions,
+            "teacher_entropy_mean": self.entropy_sum / entropy if entropy else None,
+            "teacher_entropy_is_lower_bound": self.entropy_lower_bound if entropy else None,
+            "high_entropy_fraction": self.high_entropy_sum / entropy if entropy else None,
+            "loss_by_span_type": self.loss_by_span_type,
+        }
+
+
+@dataclass(frozen=True)
+class GroupGradients:
+    """What computing a group's gradient needs, passed in rather than read off a trainer.
+
+    ``optimizer`` owns the ``.grad`` buffers this fills (it is zeroed before each attempt);
+    ``nll_weight`` is ``loss.sampled_token_nll_weight``, the cross-entropy weight next to
+    teacher targets (without teacher targets the loss is plain cross-entropy, weight 1).
+    """
+
+    student: CausalLMBackend
+    optimizer: torch.optim.Optimizer
+    pad_token_id: int
+    nll_weight: float
+    min_chunk_size: int
+    oom_retries: int
+    events: EventLog
+
+    def compute(
+        self,
+        group: Sequence[TrainingSample],
+        *,
+        chunk_size: int,
+        batch_rows: int,
+        teacher_targets: bool,
+    ) -> GroupResult:
+        """Accumulate the gradient of the group loss; ``chunk_size`` rows per projection."""
+        self.optimizer.zero_grad(set_to_none=True)
+        ce_weight = self.nll_weight if teacher_targets else 1.0
+        out = GroupResult()
+        for bucket in length_buckets([s.trajectory.length for s in group], int(batch_rows)):
+            rows = [group[i] for i in bucket]
+            batch = build_padded_trajectory_batch(
+                token_ids=[r.trajectory.token_ids for r in rows],
+                selected_positions=[r.alignment.student_prediction_positions for r in rows],
+                pad_token_id=self.pad_token_id,
+                device=self.student.device,
+            )
+            hidden = self.student.hidden_states_at_batch(batch, with_grad=True)
+            weights = torch.cat(
+                normalize_trajectory_weights([r.alignment.token_weights for r in rows])
+            ).to(hidden.device)
+            provider = concat_providers([r.provider for r in rows]) if teacher_targets else None
+            targets = torch.tensor(
+                [t for r in rows for t in r.alignment.target_token_ids],
+                dtype=torch.long,
+                device=hidden.device,
+            )
+            res = chunked_selected_position_loss(
+                hidden_states=hidden,
+                lm_head=self.student.project,
+                weights=weights,
+                weight_normalizer=float(len(rows)),
+                provider=provider,
+                target_token_ids=targets,
+                ce_weight=ce_weight,
+                chunk_size=chunk_size,
+                backward=True,
+                loss_scale=len(rows) / len(group),
+                span_types=[t for r in rows for t in r.alignment.span_types],
+            )
+            out.loss += res.loss
+            out.divergence_loss += res.divergence_loss
+            out.sampled_token_nll += res.sampled_token_nll
+            out.positions += res.num_positions
+            if res.teacher_entropy_mean is not None:
+                out.entropy_sum += res.teacher_entropy_mean * res.num_positions
+                out.high_entropy_sum += (res.high_entropy_fraction or 0.0) * res.num_positions
+                out.entropy_positions += res.num_positions
+                out.entropy_lower_bound |= res.teacher_entropy_is_lower_bound
+            for key, value in res.loss_by_span_type.items():
+                out.loss_by_span_type[key] = out.loss_by_span_type.get(key, 0.0) + value
+        return out
+
+    def fitting_memory(
+        self,
+        group: Sequence[TrainingSample],
+        *,
+        chunk_size: int,
+        batch_rows: int,
+        teacher_targets: bool,
+    ) -> tuple[GroupResult, int, int]:
+        """``compute`` that survives out-of-memory: ``(result, chunk_used, batch_rows_used)``.
+
+        The OOM retry halves the loss chunk; once it cannot, the trajectory batch is halved
+        and the chunk starts again from ``chunk_size``. Every change is an event; the caller
+        keeps both returned sizes for the rest of the run.
+        """
+        while True:
+            try:
+                result, chunk = run_with_oom_retry(
+                    lambda chunk, rows=batch_rows: self.compute(
+                        group,
+                        chunk_size=chunk,
+                        batch_rows=rows,
+                        teacher_targets=teacher_targets,
+                    ),
+                    chunk_size=chunk_size,
+                    min_chunk_size=self.min_chunk_size,
+                    retries=self.oom_retries,
+                    events=self.events,
+                    on_retry=lambda: self.optimizer.zero_grad(set_to_none=True),
+                )
+                return result, chunk, batch_rows
+            except GpuMemoryError:
+                if batch_rows <= 1:
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                smaller = batch_rows // 2
+                self.events.emit(
+                    "oom_batch_split",
+                    echo=f"trajectory batch {batch_rows} -> {smaller}",
+                    what="trajectory batch",
+                    batch_size=batch_rows,
+                    split_into=[smaller, batch_rows - smaller],
+                )
+                batch_rows = smaller
+
+
+# ====================================================================== the step
+
+
+@dataclass(frozen=True)
+class UpdateOutcome:
+    """One commit attempt: ``committed`` is False when a non-finite gradient skipped it."""
+
+    committed: bool
+    grad_norm: float
+    lr: float
+
+
+def apply_update(
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    *,
+    lr: float,
+    max_grad_norm: float | None,
+    events: EventLog,
+    global_step: int,
+) -> UpdateOutcome:
+    """Clip the accumulated gradient, set ``lr``, step, and clear the gradient.
+
+    ``grad_norm`` is the total L2 norm before clipping. A NaN/inf norm means the loss
+    blew up somewhere in the group: the gradient is dropped, the weights stay as they
+    were and an ``update_skipped_nonfinite`` event names ``global_step``. The caller bumps
+    its step and parameter version only when ``committed``.
+    """
+    norm = torch.nn.utils.clip_grad_norm_(
+        params, max_grad_norm if max_grad_norm is not None else float("inf")
+    )
+    grad_norm = float(norm)
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        events.emit(
+            "update_skipped_nonfinite",
+            echo="non-finite gradient: update skipped",
+            global_optimizer_step=global_step,
+        )
+        return UpdateOutcome(False, grad_norm, lr)
+    set_lr(optimizer, lr)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return UpdateOutcome(True, grad_norm, lr)
+
+
 __all__ = [
     "COLD_START_MARKER",
     "COLD_START_STUDENT",
     "GroupResult",
     "OPDTrainer",
+    "PolicyUpdater",
     "load_resolved_config",
 ]

@@ -27,9 +27,8 @@ from miniverl.config.models import RunConfig
 from miniverl.config.sections import TrainConfig, WarmupUntilConfig
 from miniverl.environments.base import Task
 from miniverl.errors import ConfigError
-from miniverl.training.progress import ProgressReporter
-from miniverl.training.samples import Supervision, TrainingSample
-from miniverl.training.sources import OracleSource
+from miniverl.training.live import ProgressReporter
+from miniverl.training.sources import OracleSource, Supervision, TrainingSample
 from miniverl.utils.logging import EventLog
 from miniverl.utils.seeding import derive_seed
 
@@ -39,7 +38,7 @@ VALIDATION_SPLIT = "eval"
 
 class Optimize(Protocol):
     """``optimize(samples, supervision, cycle=c)`` -> one step record per optimizer step
-    (``PolicyUpdater.optimize``, training/update.py)."""
+    (``PolicyUpdater.optimize``, training/trainer.py)."""
 
     def __call__(
         self, samples: Sequence[TrainingSample], supervision: Supervision, *, cycle: int
@@ -166,9 +165,7 @@ def run_sft_warmup(
                 "steps": len(records),
                 "loss": records[-1]["loss"] if records else None,
             }
-            checked = until is not None and (
-                (k + 1) % until.check_every == 0 or k + 1 == cycles
-            )
+            checked = until is not None and ((k + 1) % until.check_every == 0 or k + 1 == cycles)
             if checked:
                 assert measure is not None
                 fields["validation_success"] = value = measure()
