@@ -82,10 +82,9 @@ def test_a_benchmark_headline_shows_the_contrasts_with_their_intervals(tmp_path:
 
 def _chain_eval_trajectories(path: Path) -> None:
     """Eval trajectories of calc_chain tasks with k = 1 and k = 2 (oracle: all solved)."""
+    from miniverl.config.models import RolloutConfig
     from miniverl.environments.calc_chain import make_task
     from miniverl.environments.registry import make_environment
-
-    from miniverl.config.models import RolloutConfig
 
     env = make_environment("calc_chain")
     runner = make_runner(environment=env, config=RolloutConfig(max_turns=9, max_total_tokens=2048))

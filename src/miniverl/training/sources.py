@@ -67,7 +67,7 @@ class Mode:
 
     The cycle itself never branches on the mode: setup reads one of these once, builds the
     source it names, and the source's :class:`Supervision` carries the rest into the cycle.
-    The combination rules a recipe must satisfy (``config/recipe.py``) sit in the config
+    The combination rules a recipe must satisfy (``config/models.py``) sit in the config
     layer, below this one, and are validated before any of this is read.
     """
 
@@ -786,7 +786,7 @@ class MixedPrefixSource:
     :meth:`OnPolicySource.collect` and is checked on-policy (:func:`check_on_policy`) before
     it leaves the source; the teacher half is off-policy by design, so the optimizer's
     per-group strict check does not apply (``strict_on_policy=False``) and the recipe
-    allows one optimizer step per batch (config/recipe.py).
+    allows one optimizer step per batch (config/models.py).
     """
 
     def __init__(
