@@ -265,6 +265,7 @@ class CheckpointState(RunRecord):
     main_start_step: int | None = None
     eval_results: dict[str, Any] | None = None
     jsonl_sizes: dict[str, int] | None = None
+    jsonl_digests: dict[str, str] | None = None
     source: dict[str, Any] | None = None
     offline_kd: dict[str, Any] | None = None
     toy_teacher: dict[str, Any] | None = None

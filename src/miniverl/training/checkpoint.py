@@ -44,6 +44,7 @@ differs from the one passed now is refused rather than wiped.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import re
@@ -632,6 +633,59 @@ def log_sizes(paths: RunPaths) -> dict[str, int]:
     return sizes
 
 
+def prefix_sha256(path: Path, size: int) -> str:
+    """Hex SHA-256 of the first ``size`` bytes of ``path`` (the empty digest for a missing
+    file of recorded size 0)."""
+    digest = hashlib.sha256()
+    if size:
+        with open(path, "rb") as handle:
+            left = size
+            while left and (block := handle.read(min(left, 1 << 20))):
+                digest.update(block)
+                left -= len(block)
+    return digest.hexdigest()
+
+
+def log_digests(paths: RunPaths, sizes: dict[str, int]) -> dict[str, str]:
+    """SHA-256 of each append-only log's prefix of ``sizes[name]`` bytes, keyed by log name.
+
+    A checkpoint records it beside ``jsonl_sizes`` so a resume can tell a log that was
+    cut short or edited since the checkpoint from one that only grew (:func:`verify_logs`).
+    """
+    return {name: prefix_sha256(getattr(paths, name), size) for name, size in sizes.items()}
+
+
+def verify_logs(paths: RunPaths, state: dict[str, Any], where: Path) -> None:
+    """Refuse to resume onto a log that no longer holds what the checkpoint vouched for.
+
+    Each log must be at least its recorded length (a shorter one was truncated inside the
+    checkpointed records, and appending would tear a line) and, where the checkpoint has a
+    digest, its recorded prefix must hash to it (an edit inside it would resume with exit 0
+    and break ``report`` later). Runs before anything on disk changes.
+    """
+    sizes = state.get("jsonl_sizes") or {}
+    digests = state.get("jsonl_digests") or {}
+    for name, recorded in sizes.items():
+        path = getattr(paths, name)
+        size = path.stat().st_size if path.exists() else 0
+        hint = (
+            f"{path.name} was cut short or edited after {where.name} was written; restore it "
+            "from a copy of the run, or start the run again without --resume"
+        )
+        if size < int(recorded):
+            raise CheckpointError(
+                f"{path}: {size} bytes, shorter than the {recorded} bytes that checkpoint "
+                f"{where.name} recorded (field 'jsonl_sizes.{name}')",
+                hint=hint,
+            )
+        if name in digests and prefix_sha256(path, int(recorded)) != digests[name]:
+            raise CheckpointError(
+                f"{path}: its first {recorded} bytes do not match the SHA-256 that checkpoint "
+                f"{where.name} recorded (field 'jsonl_digests.{name}')",
+                hint=hint,
+            )
+
+
 def truncate_log(path: Path, size: int) -> None:
     """Cut an append-only log back to the length recorded at the checkpoint."""
     if path.exists() and path.stat().st_size > size:
@@ -669,7 +723,8 @@ def write_training_checkpoint(
         "rng": capture_rng_state(),
         "optimizer": optimizer_meta,
         "eval_results": counters.eval_results,
-        "jsonl_sizes": log_sizes(paths),
+        "jsonl_sizes": (sizes := log_sizes(paths)),
+        "jsonl_digests": log_digests(paths, sizes),
         "source": source.state_dict(),
         "toy_teacher": toy_teacher,
         "miniverl_version": __version__,
@@ -752,6 +807,7 @@ def source_state(state: dict[str, Any]) -> dict[str, Any]:
 __all__ = [
     "CheckpointEntry",
     "has_run_traces",
+    "log_digests",
     "newer_than",
     "prepare_clean_restart",
     "prepare_resume",
@@ -763,4 +819,5 @@ __all__ = [
     "select_resume_checkpoint",
     "set_aside",
     "supersede_newer",
+    "verify_logs",
 ]

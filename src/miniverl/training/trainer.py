@@ -53,7 +53,7 @@ from miniverl.losses import (
 from miniverl.models.base import CausalLMBackend
 from miniverl.models.batching import build_padded_trajectory_batch, length_buckets
 from miniverl.models.factory import build_tokenizer
-from miniverl.schemas.records import CycleRecord, StepRecord
+from miniverl.schemas.records import CycleRecord, StepRecord, check_state_cycle
 from miniverl.selection.selectors import aggregate_selection_stats
 from miniverl.training import assembly
 from miniverl.training.checkpoint import (
@@ -64,6 +64,7 @@ from miniverl.training.checkpoint import (
     prune_cycle_checkpoints,
     restore_logs,
     source_state,
+    verify_logs,
     write_training_checkpoint,
 )
 from miniverl.training.evaluate import eval_summary, evaluate_policy, record_evaluation
@@ -634,6 +635,8 @@ class OPDTrainer:
             path, device=self.student.device, config_digest=self.config.digest()
         )
         saved = loaded.state
+        check_state_cycle(saved, str(path / "state.json"), cycles=self.config.train.cycles)
+        verify_logs(self.paths, saved, path)
         if (fitted := self._fitted_toy_teacher()) is not None:  # verified against its hash
             self.toy_teacher_report = report = saved.get("toy_teacher") or {}
             weights = self.paths.root / TOY_TEACHER_FILE
