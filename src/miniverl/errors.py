@@ -99,7 +99,7 @@ class CheckpointError(MiniverlError):
 
 
 class GpuMemoryError(MiniverlError):
-    """Out of accelerator memory after every permitted retry."""
+    """Out of memory (GPU, or CPU under a memory cap) after every permitted retry or split."""
 
     default_hint = "lower loss.chunk_size, train.trajectory_batch_size or rollout.max_total_tokens"
 

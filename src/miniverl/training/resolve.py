@@ -441,7 +441,7 @@ def run_with_oom_retry(
             smaller = max(min_chunk_size, chunk // 2)
             if attempt >= retries or smaller == chunk:
                 raise GpuMemoryError(
-                    f"out of accelerator memory at projection chunk size {chunk} after {attempt} retr{'y' if attempt == 1 else 'ies'}",
+                    f"out of memory at projection chunk size {chunk} after {attempt} retr{'y' if attempt == 1 else 'ies'}",
                     hint="turn one of these knobs: " + "; ".join(OOM_KNOBS),
                 ) from exc
             attempt += 1
@@ -487,7 +487,7 @@ def split_on_oom(
             raise
         if len(items) <= 1:
             raise GpuMemoryError(
-                f"out of accelerator memory on a single {what}",
+                f"out of memory on a single {what}",
                 hint="turn one of these knobs: " + "; ".join(OOM_KNOBS),
             ) from exc
     _empty_cuda_cache()

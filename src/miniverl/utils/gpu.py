@@ -57,11 +57,16 @@ def reset_peak(device: str | None = None) -> None:
 
 
 def is_oom_error(exc: BaseException) -> bool:
-    """True for a CUDA (or MPS) out-of-memory error from torch."""
+    """True for an allocation failure from torch: CUDA / MPS out of memory, or the CPU
+    allocator refusing (``DefaultCPUAllocator: can't allocate memory``), so a CPU run under
+    a memory cap splits its batch or fails with the same typed error a GPU run does."""
     torch = _torch_if_loaded()
     if torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    if not isinstance(exc, RuntimeError):
+        return False
+    message = str(exc).lower()
+    return "out of memory" in message or "can't allocate memory" in message
 
 
 def describe_gpu() -> dict[str, Any]:
