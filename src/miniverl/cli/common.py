@@ -52,6 +52,10 @@ Overrides = Annotated[
     ),
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or event echo.")]
+Verbose = Annotated[
+    bool,
+    typer.Option("--verbose", "-v", help="Also echo one line per cycle (rollouts, loss, KL)."),
+]
 
 
 def split_list(raw: str, option: str) -> list[str]:

@@ -28,7 +28,15 @@ from typer.core import TyperGroup
 
 from miniverl import __version__
 from miniverl.cli.cache_cmd import cache_app
-from miniverl.cli.common import Overrides, Quiet, console, fail, handles_errors, split_list
+from miniverl.cli.common import (
+    Overrides,
+    Quiet,
+    Verbose,
+    console,
+    fail,
+    handles_errors,
+    split_list,
+)
 from miniverl.cli.export_model_cmd import export_model_command
 from miniverl.cli.export_verl_cmd import export_verl
 from miniverl.cli.lr_grid_cmd import lr_grid_command
@@ -536,8 +544,10 @@ def train(
     ] = None,
     no_report: NoReport = False,
     quiet: Quiet = False,
+    verbose: Verbose = False,
 ) -> None:
-    """Train from a recipe: sft, offline_kd or opd, as run.mode says."""
+    """Train from a recipe in the objective its run.mode names (sft, offline_kd, opd, seqkd,
+    kd_oracle or gkd_mix)."""
     import_torch("miniverl train")
     import shlex
 
@@ -563,6 +573,7 @@ def train(
         resume=resume,
         resume_from=resume_from,
         quiet=quiet,
+        verbose=verbose,
     )
     with run_lock(trainer.paths.root):
         if not resume:
@@ -587,6 +598,7 @@ def demo(
     ] = None,
     no_report: NoReport = False,
     quiet: Quiet = False,
+    verbose: Verbose = False,
     overwrite: Annotated[
         bool,
         typer.Option("--overwrite", help="Replace an earlier demo run in the output directory."),
@@ -611,7 +623,11 @@ def demo(
             clear_for_overwrite(run_dir)  # under the lock: no other writer is inside
         config = demo_config(fast=fast)
         trainer = OPDTrainer(
-            config, output_dir=run_dir, submitted_recipe=demo_recipe_bytes(), quiet=quiet
+            config,
+            output_dir=run_dir,
+            submitted_recipe=demo_recipe_bytes(),
+            quiet=quiet,
+            verbose=verbose,
         )
         summary = _run_trainer(trainer, no_report=no_report)
     _print_outcome(summary, trainer.paths.root, smoke_test=fast)

@@ -276,9 +276,11 @@ def temperature_mismatch(config: RunConfig) -> dict[str, Any] | None:
         "sampling_temperature": sampling,
         "loss_temperature": loss,
         "explanation": (
-            f"rollout.temperature {sampling:g} != loss.temperature {loss:g}: rollouts visit the states "
-            f"of softmax(z/{sampling:g}), but the loss matches softmax(z_S/{loss:g}) to softmax(z_T/{loss:g}) "
-            "there; the sampling distribution itself is not what is matched"
+            f"the student samples its rollouts at rollout.temperature {sampling:g} and the loss "
+            f"matches teacher and student at loss.temperature {loss:g}: a valid objective (sharper "
+            "rollouts, full-temperature targets), not a fault, and nothing to fix unless you want "
+            f"the loss to match the very distribution it samples from; then set "
+            f"loss.temperature={sampling:g} (docs/on-policy.md)"
         ),
     }
 

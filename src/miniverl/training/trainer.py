@@ -135,6 +135,7 @@ class OPDTrainer:
         resume: bool = False,
         quiet: bool = False,
         progress: bool | None = None,
+        verbose: bool = False,
         cold_start: str | Path | None = None,
         resume_from: str | None = None,
         budget_cap: ChargeableCap | None = None,
@@ -147,7 +148,7 @@ class OPDTrainer:
         self.cold_start = Path(cold_start) if cold_start is not None else None
         self.console = make_console(quiet)
         self.progress = ProgressReporter(self.console, progress)
-        self.events = EventLog(self.paths.events, self.console)
+        self.events = EventLog(self.paths.events, self.console, verbose=verbose)
         self.metrics = MetricsLog(self.paths.metrics)
         self.state = RunState()
         self.budget_cap = budget_cap  # compute-matched benchmark arms: stop when it is spent

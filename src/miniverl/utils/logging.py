@@ -19,15 +19,24 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+PER_CYCLE_EVENTS = frozenset({"rollouts_collected", "cycle_end"})
+"""Events written once per cycle: echoed only by a verbose run (``--verbose``); otherwise the
+progress bar carries their loss, KL and rollouts solved, so a 400-cycle demo prints a bar, not
+800 lines. They are written to ``events.jsonl`` either way."""
+
+
 class EventLog:
     """Appends one JSON object per lifecycle event (docs/design.md §5.3) and echoes it.
 
     ``console`` may be ``None`` for quiet runs; events are written either way.
     """
 
-    def __init__(self, path: str | Path | None, console: Console | None = None) -> None:
+    def __init__(
+        self, path: str | Path | None, console: Console | None = None, *, verbose: bool = True
+    ) -> None:
         self.path = Path(path) if path is not None else None
         self.console = console
+        self.verbose = verbose
         self.events: list[dict[str, Any]] = []
 
     def emit(self, event: str, *, echo: str | None = None, **fields: Any) -> dict[str, Any]:
@@ -40,7 +49,7 @@ class EventLog:
         self.events.append(record)
         if self.path is not None:
             append_jsonl(self.path, [record])
-        if self.console is not None and echo:
+        if self.console is not None and echo and (self.verbose or event not in PER_CYCLE_EVENTS):
             self.console.print(f"[bold cyan]{event}[/] {echo}")
         return record
 

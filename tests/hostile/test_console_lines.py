@@ -1,0 +1,57 @@
+"""What a run prints: no per-cycle lines unless ``--verbose``, and the result table last.
+
+A 400-cycle demo used to print ~800 ``rollouts_collected`` / ``cycle_end`` lines before its
+result table; those events are now echoed only with ``--verbose`` (they are written to
+``events.jsonl`` either way), and the default recipe's temperature note says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from miniverl.cli.main import app
+
+PER_CYCLE = ("rollouts_collected", "cycle_end")
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_per_cycle_lines_only_with_verbose(
+    tmp_path: Path, tiny_recipe: Path, verbose: bool
+) -> None:
+    out = tmp_path / "run"
+    args = ["train", str(tiny_recipe), "--output", str(out), "--no-report", "train.cycles=2"]
+    result = CliRunner().invoke(app, [*args, *(["--verbose"] if verbose else [])])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    echoed = [line for line in lines if line.split(" ")[0] in PER_CYCLE]
+    assert len(echoed) == (4 if verbose else 0), result.output
+    events = [json.loads(line)["event"] for line in (out / "events.jsonl").read_text().splitlines()]
+    assert events.count("cycle_end") == 2 and events.count("rollouts_collected") == 2
+    table_top = max(i for i, line in enumerate(lines) if "┏" in line)
+    assert not any(
+        line.split(" ")[0] in {"eval", "run_end", *PER_CYCLE} for line in lines[table_top:]
+    )
+
+
+def test_the_temperature_note_says_what_to_do(tmp_path: Path, tiny_recipe: Path) -> None:
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(tiny_recipe),
+            "--output",
+            str(out),
+            "--no-report",
+            "run.mode=opd",
+            "rollout.temperature=0.5",
+            "loss.temperature=1.0",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "not a fault" in text and "set loss.temperature=0.5" in text, result.output
