@@ -2,30 +2,11 @@
 
 from __future__ import annotations
 
-import miniverl.agent.protocol as protocol
-import miniverl.agent.transcript as transcript
-import miniverl.models.tiny_hf as tiny_hf
 import miniverl.schemas.text as text
 from miniverl.environments.calc_chain import CalcChainEnvironment
 from miniverl.environments.calculator import CalculatorEnvironment
 from miniverl.environments.shop import ShopEnvironment
 from miniverl.models.tokenizers import ToyTokenizer
-
-
-def test_old_import_paths_are_the_same_objects() -> None:
-    for name in ("TokenizerLike", "IM_START", "IM_END", "ASSISTANT_HEADER", "CHATML", "ChatFormat"):
-        assert getattr(transcript, name) is getattr(text, name), name
-    for name in ("chat_format_of", "chat_format_from_template", "render_message"):
-        assert getattr(transcript, name) is getattr(text, name), name
-    for name in (
-        "TOOL_CALL_OPEN",
-        "TOOL_CALL_CLOSE",
-        "FINAL_OPEN",
-        "FINAL_CLOSE",
-        "PROTOCOL_TOKENS",
-    ):
-        assert getattr(protocol, name) is getattr(text, name), name
-    assert tiny_hf.CHAT_MARKERS is text.CHAT_MARKERS and tiny_hf.PROTOCOL_TAGS is text.TOOL_TAGS
 
 
 def test_the_vocabulary_values() -> None:
