@@ -108,6 +108,70 @@ def test_report_renders_offline_without_console_errors(demo_fast_run: Path, tmp_
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+VIEWPORT = (1280, 800)
+
+_PROBE = """<script>
+const box = (selector) => {
+  const node = document.querySelector(selector);
+  if (!node) return null;
+  const r = node.getBoundingClientRect();
+  return {top: r.top, bottom: r.bottom};
+};
+document.body.setAttribute("data-probe", JSON.stringify({
+  viewport: [window.innerWidth, window.innerHeight],
+  scroll: window.scrollY,
+  headline: box("#headline"),
+  banner: box("#smoke-test"),
+  table: box("#headline table"),
+  chart: box("#headline svg"),
+  first_section: document.querySelector("main section").id,
+}));
+</script>
+"""
+"""Measures the laid-out page. The report itself carries no script, so the probe goes into
+a copy of it; both are laid out at the same viewport."""
+
+
+def test_the_headline_is_in_the_first_viewport(demo_fast_run: Path, tmp_path: Path) -> None:
+    """At 1280x800 the first screen shows the smoke-test banner, the headline heading, its
+    success table and its chart; the screenshot of that screen is kept in tmp_path."""
+    import html as html_lib
+    import json
+
+    target = tmp_path / "run"
+    shutil.copytree(
+        demo_fast_run,
+        target,
+        ignore=shutil.ignore_patterns("checkpoints", "teacher-cache", "report.html", "summary.md"),
+    )
+    report, _ = write_report(target)
+    size = f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}"
+    screenshot = tmp_path / "first-screen.png"
+    shot = _chromium(report, tmp_path / "profile-shot", f"--screenshot={screenshot}", size)
+    assert shot.returncode == 0, shot.stderr[-2000:]
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    probe_page = tmp_path / "probe.html"
+    probe_page.write_text(
+        report.read_text(encoding="utf-8").replace("</body>", _PROBE + "</body>"),
+        encoding="utf-8",
+    )
+    dom = _chromium(probe_page, tmp_path / "profile-probe", "--dump-dom", size)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = re.search(r'data-probe="([^"]*)"', dom.stdout)
+    assert found is not None, dom.stdout[:2000]
+    probe = json.loads(html_lib.unescape(found.group(1)))
+    height = probe["viewport"][1]
+    assert probe["viewport"][0] == VIEWPORT[0] and 0 < height <= VIEWPORT[1], probe
+    assert probe["scroll"] == 0 and probe["first_section"] == "headline", probe
+    for part in ("headline", "banner", "table"):
+        assert probe[part] is not None, (part, probe)
+        assert 0 <= probe[part]["top"] < height, (part, probe)
+    assert probe["banner"]["top"] < probe["headline"]["top"] + 60, probe  # the banner leads
+    assert probe["table"]["bottom"] <= height, probe  # every stage's rate is on screen
+    assert probe["chart"] is not None and probe["chart"]["top"] < height, probe
+
+
 def test_the_console_check_catches_a_script_error(tmp_path: Path) -> None:
     page = tmp_path / "bad.html"
     page.write_text(
