@@ -179,7 +179,8 @@ def test_sampling_and_loss_temperatures_are_recorded_and_a_mismatch_is_explained
     events = [json.loads(line) for line in opd_run.paths.events.read_text().splitlines()]
     warning = [e for e in events if e["event"] == "temperature_mismatch"]
     assert len(warning) == 1 and warning[0]["level"] == "warning"
-    assert "softmax(z/0.5)" in warning[0]["explanation"]
-    assert "matches softmax(z_S/1) to softmax(z_T/1)" in warning[0]["explanation"]
+    assert "samples its rollouts at rollout.temperature 0.5" in warning[0]["explanation"]
+    assert "at loss.temperature 1:" in warning[0]["explanation"]
+    assert "set loss.temperature=0.5" in warning[0]["explanation"]
     assert temperature_mismatch(tiny_config("rollout.temperature=1.0")) is None
     assert temperature_mismatch(tiny_config("run.mode=offline_kd")) is None
