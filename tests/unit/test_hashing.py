@@ -97,3 +97,16 @@ def test_no_module_outside_utils_hashing_builds_sha256_of_json_or_files() -> Non
         if "hashlib.sha256(json.dumps" in text or "sha256(_canonical(" in text:
             offenders.append(str(path.relative_to(src)))
     assert offenders == []
+
+
+def test_sha256_file_limit_hashes_exactly_the_prefix(tmp_path) -> None:
+    import hashlib
+
+    from miniverl.utils.hashing import sha256_file
+
+    data = bytes(range(256)) * 40
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(data)
+    for limit in (1, 7, 256, 5000, len(data), len(data) + 9):
+        expected = hashlib.sha256(data[:limit]).hexdigest()
+        assert sha256_file(path, limit=limit, block_size=64) == expected, limit

@@ -633,17 +633,9 @@ def log_sizes(paths: RunPaths) -> dict[str, int]:
     return sizes
 
 
-def prefix_sha256(path: Path, size: int) -> str:
-    """Hex SHA-256 of the first ``size`` bytes of ``path`` (the empty digest for a missing
-    file of recorded size 0)."""
-    digest = hashlib.sha256()
-    if size:
-        with open(path, "rb") as handle:
-            left = size
-            while left and (block := handle.read(min(left, 1 << 20))):
-                digest.update(block)
-                left -= len(block)
-    return digest.hexdigest()
+def _prefix_sha256(path: Path, size: int) -> str:
+    """SHA-256 of a log's first ``size`` bytes; a log not written yet has recorded size 0."""
+    return sha256_file(path, limit=size) if size else hashlib.sha256().hexdigest()
 
 
 def log_digests(paths: RunPaths, sizes: dict[str, int]) -> dict[str, str]:
@@ -652,7 +644,7 @@ def log_digests(paths: RunPaths, sizes: dict[str, int]) -> dict[str, str]:
     A checkpoint records it beside ``jsonl_sizes`` so a resume can tell a log that was
     cut short or edited since the checkpoint from one that only grew (:func:`verify_logs`).
     """
-    return {name: prefix_sha256(getattr(paths, name), size) for name, size in sizes.items()}
+    return {name: _prefix_sha256(getattr(paths, name), size) for name, size in sizes.items()}
 
 
 def verify_logs(paths: RunPaths, state: dict[str, Any], where: Path) -> None:
@@ -678,7 +670,7 @@ def verify_logs(paths: RunPaths, state: dict[str, Any], where: Path) -> None:
                 f"{where.name} recorded (field 'jsonl_sizes.{name}')",
                 hint=hint,
             )
-        if name in digests and prefix_sha256(path, int(recorded)) != digests[name]:
+        if name in digests and _prefix_sha256(path, int(recorded)) != digests[name]:
             raise CheckpointError(
                 f"{path}: its first {recorded} bytes do not match the SHA-256 that checkpoint "
                 f"{where.name} recorded (field 'jsonl_digests.{name}')",

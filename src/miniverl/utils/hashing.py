@@ -65,16 +65,21 @@ def sha256_file(
     *,
     block_size: int = HASH_BLOCK,
     progress: Callable[[int], None] | None = None,
+    limit: int | None = None,
 ) -> str:
     """Hex SHA-256 of a file, streamed ``block_size`` bytes at a time.
 
     ``progress`` is called with the bytes hashed so far after every block (for long
-    verifications of multi-GiB weights).
+    verifications of multi-GiB weights). ``limit`` hashes only the first ``limit`` bytes
+    (the prefix of an append-only log that a checkpoint vouches for).
     """
     digest = hashlib.sha256()
     done = 0
     with open(path, "rb") as handle:
-        while block := handle.read(block_size):
+        while limit is None or done < limit:
+            want = block_size if limit is None else min(block_size, limit - done)
+            if not (block := handle.read(want)):
+                break
             digest.update(block)
             done += len(block)
             if progress is not None:
