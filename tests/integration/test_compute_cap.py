@@ -16,9 +16,10 @@ def _records(path: Path) -> list[dict]:
 
 
 def test_the_trainer_stops_after_the_cycle_that_spends_the_cap(tmp_path: Path) -> None:
-    trainer = OPDTrainer(tiny_config("train.cycles=3"), output_dir=tmp_path / "run", quiet=True)
     cap = BudgetCap(resource="student_generated_tokens", limit=1.0)
-    trainer.budget_cap = cap
+    trainer = OPDTrainer(
+        tiny_config("train.cycles=3"), output_dir=tmp_path / "run", quiet=True, budget_cap=cap
+    )
     trainer.train()
     cycles = [r for r in _records(trainer.paths.metrics) if r.get("kind") == "cycle"]
     assert [c["cycle"] for c in cycles] == [0], "stopped after the first cycle"
@@ -39,8 +40,10 @@ def test_the_trainer_stops_after_the_cycle_that_spends_the_cap(tmp_path: Path) -
 
 
 def test_an_unspent_cap_changes_nothing(tmp_path: Path) -> None:
-    trainer = OPDTrainer(tiny_config("train.cycles=2"), output_dir=tmp_path / "run", quiet=True)
-    trainer.budget_cap = cap = BudgetCap(resource="wall_seconds", limit=1e9)
+    cap = BudgetCap(resource="wall_seconds", limit=1e9)
+    trainer = OPDTrainer(
+        tiny_config("train.cycles=2"), output_dir=tmp_path / "run", quiet=True, budget_cap=cap
+    )
     trainer.train()
     cycles = [r for r in _records(trainer.paths.metrics) if r.get("kind") == "cycle"]
     assert len(cycles) == 2 and cap.enforced and not cap.exhausted and cap.stopped_at is None

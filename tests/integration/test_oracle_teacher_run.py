@@ -12,7 +12,8 @@ import pytest
 from helpers import capture_trained_samples, tiny_config
 from miniverl.agent.protocol import format_final, format_tool_call
 from miniverl.environments.oracle_state import next_oracle_action
-from miniverl.evaluation.teacher_gate import trainer_teacher_gate
+from miniverl.evaluation.cell_runner import gate_subject
+from miniverl.evaluation.teacher_gate import run_teacher_gate
 from miniverl.training import checkpoint
 from miniverl.training.trainer import OPDTrainer
 
@@ -75,5 +76,5 @@ def test_opd_with_the_oracle_teacher_is_supervised_by_the_oracle_at_student_stat
             off_path += action.steps_done < len(before)
     assert turn_starts >= 8 and off_path >= 2, (turn_starts, off_path)
 
-    gate = trainer_teacher_gate(trainer)
+    gate = run_teacher_gate(gate_subject(trainer))
     assert gate.value == 1.0 and gate.actions >= 2

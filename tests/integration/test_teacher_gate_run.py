@@ -9,10 +9,11 @@ import pytest
 
 from helpers import tiny_config
 from miniverl.errors import TeacherGateError
+from miniverl.evaluation.cell_runner import gate_subject
 from miniverl.evaluation.teacher_gate import (
     TEACHER_GATE_FILE,
     require_teacher_gate,
-    trainer_teacher_gate,
+    run_teacher_gate,
 )
 from miniverl.training import teacher_fit
 from miniverl.training.trainer import OPDTrainer
@@ -30,7 +31,7 @@ def test_the_gate_of_a_run_is_stored_and_refuses_a_weak_teacher(
     )
     trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True)
     trainer.setup()
-    result = trainer_teacher_gate(trainer)
+    result = run_teacher_gate(gate_subject(trainer))
     assert result.episodes == 2 and result.actions >= 2
     stored = json.loads((tmp_path / "run" / TEACHER_GATE_FILE).read_text())
     assert stored["value"] == result.value and stored["threshold"] == 0.99

@@ -100,3 +100,37 @@ def test_cycle_spans_at_most_three_files(
         assert all(
             Path(stack[0]).resolve() == (TRAINING / "trainer.py").resolve() for stack in seen
         )
+
+
+TRAINER_OWNERS = {"cli/main.py", "evaluation/cell_runner.py"}
+"""The modules that build and run an ``OPDTrainer``; every other function gets explicit state."""
+
+
+def _functions_taking_the_trainer(path: Path) -> list[str]:
+    """Functions of ``path`` with a parameter named ``trainer`` or annotated ``OPDTrainer``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            for arg in args:
+                note = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+                if arg.arg == "trainer" or "OPDTrainer" in note:
+                    found.append(f"{node.name}({arg.arg})")
+    return found
+
+
+def test_no_collaborator_receives_the_trainer() -> None:
+    package = SRC_DIR / "miniverl"
+    offenders = {
+        rel: names
+        for path in sorted(package.rglob("*.py"))
+        if (rel := path.relative_to(package).as_posix()) not in TRAINER_OWNERS
+        and (names := _functions_taking_the_trainer(path))
+    }
+    assert offenders == {}, "pass the state a collaborator needs, not the trainer"
+
+
+def test_the_trainer_scan_sees_a_trainer_parameter(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("def a(trainer): ...\ndef b(x: 'OPDTrainer'): ...\ndef c(state): ...\n")
+    assert _functions_taking_the_trainer(source) == ["a(trainer)", "b(x)"]

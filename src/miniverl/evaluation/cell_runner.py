@@ -50,7 +50,11 @@ from miniverl.evaluation.endpoints import (
     score_exposure,
     summarize_episodes,
 )
-from miniverl.evaluation.teacher_gate import TEACHER_GATE_FILE, cold_start_teacher_gate
+from miniverl.evaluation.teacher_gate import (
+    TEACHER_GATE_FILE,
+    GateSubject,
+    cold_start_teacher_gate,
+)
 from miniverl.utils.hashing import sha256_file
 from miniverl.utils.io import read_json
 from miniverl.utils.runs import RunPaths
@@ -185,6 +189,20 @@ def chain_endpoints(trajectories: list[Any], tasks: Mapping[str, Any]) -> dict[s
     return summarize_episodes([analyze_trajectory(t, task.data) for t, task in pairs])
 
 
+def gate_subject(trainer: Any) -> GateSubject:
+    """The gate's inputs from a set-up ``OPDTrainer``: its teacher, student, environment,
+    ``eval`` split, config, run directory and event log."""
+    return GateSubject(
+        teacher=trainer.teacher,
+        student=trainer.student,
+        environment=trainer.environment,
+        eval_tasks=trainer.splits["eval"],
+        config=trainer.config,
+        directory=trainer.paths.root,
+        events=trainer.events,
+    )
+
+
 def _task_index(trainer: Any) -> dict[str, Any]:
     return {t.task_id: t for split in trainer.splits.values() for t in split}
 
@@ -211,7 +229,7 @@ def make_trainer_cell_runner(
         trainer.train()
         trainer.export_cold_start(cold_dir)
         wall, cpu = watch.read()
-        gate = cold_start_teacher_gate(trainer)
+        gate = cold_start_teacher_gate(gate_subject(trainer))
         if not gate.get("skipped"):
             shutil.copyfile(run_dir / TEACHER_GATE_FILE, cold_dir / TEACHER_GATE_FILE)
         marker = read_json(cold_dir / COLD_START_MARKER)

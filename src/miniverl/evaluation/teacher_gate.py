@@ -340,7 +340,7 @@ def gate_of_weight_files(
     ``adapter.safetensors`` of a full-weight student, a cold start's ``student.safetensors``).
     With ``models.oracle_teacher`` the teacher has no weights: ``teacher_file`` is None.
     ``tasks`` defaults to ``eval.teacher_gate_tasks``; seeds and temperature are the
-    benchmark's (:func:`trainer_teacher_gate`).
+    benchmark's (:func:`run_teacher_gate`).
     """
     import torch
     from safetensors import SafetensorError
@@ -387,60 +387,79 @@ def gate_of_weight_files(
     )
 
 
-def trainer_teacher_gate(trainer: Any, *, record: bool = True) -> TeacherGateResult:
-    """The gate of a set-up trainer (e.g. the benchmark's cold-start run, after ``train()``).
+@dataclass(frozen=True)
+class GateSubject:
+    """What the gate of a set-up run reads: the models, the environment, the validation tasks.
 
-    The student is the trainer's current student (the cold start), the teacher its teacher,
-    the tasks the first ``eval.teacher_gate_tasks`` of the ``eval`` split. With ``record`` the
-    result goes to ``<run dir>/teacher-gate.json`` and the run's event log.
+    The harness that owns a trainer fills it from the trainer's fields
+    (``evaluation/cell_runner.py::gate_subject``), so the gate reads only what it scores; ``directory`` and ``events``
+    say where the result is recorded.
     """
-    cfg = trainer.config
-    if trainer.teacher is None:
+
+    teacher: Any
+    student: Any
+    environment: ToolEnvironment
+    eval_tasks: Sequence[Task]
+    config: Any
+    directory: Path
+    events: Any = None
+
+
+def run_teacher_gate(subject: GateSubject, *, record: bool = True) -> TeacherGateResult:
+    """The gate of a set-up run (e.g. the benchmark's cold start, after ``train()``).
+
+    The student is the run's current student (the cold start), the teacher its teacher, the
+    tasks the first ``eval.teacher_gate_tasks`` of the ``eval`` split. With ``record`` the
+    result goes to ``<directory>/teacher-gate.json`` and the run's event log.
+    """
+    cfg = subject.config
+    if subject.teacher is None:
         raise TeacherGateError(
             "the teacher gate needs a teacher, and this run has none",
             hint="the gate applies to distillation runs (run.mode other than sft)",
         )
     result = _configured_gate(
-        trainer.teacher, trainer.student, trainer.environment, trainer.splits["eval"], cfg
+        subject.teacher, subject.student, subject.environment, subject.eval_tasks, cfg
     )
     if record:
         record_teacher_gate(
-            result, cfg.eval.teacher_gate_threshold, trainer.paths.root, trainer.events
+            result, cfg.eval.teacher_gate_threshold, subject.directory, subject.events
         )
     return result
 
 
-def cold_start_teacher_gate(trainer: Any) -> dict[str, Any]:
+def cold_start_teacher_gate(subject: GateSubject) -> dict[str, Any]:
     """The gate of a finished cold start, as the benchmark records it (``teacher_gate``).
 
     ``{value, threshold, passed, actions, off_path_accuracy, oracle_state_accuracy}`` after
-    :func:`trainer_teacher_gate` (recorded in the run directory and its event log), or
+    :func:`run_teacher_gate` (recorded in the run directory and its event log), or
     ``{skipped: true, reason, threshold, passed: None, value: None}`` where no gate can be
     computed: a backend other than toy, no teacher, or an environment without an oracle to
     say what the correct next action is. A skipped gate never refuses a benchmark; the
     stop-or-go check reports it as not measured, with the reason.
     """
-    cfg = trainer.config
+    cfg = subject.config
     threshold = float(cfg.eval.teacher_gate_threshold)
     reason = None
-    tasks = trainer.splits["eval"][: cfg.eval.teacher_gate_tasks]
+    tasks = list(subject.eval_tasks)[: cfg.eval.teacher_gate_tasks]
     if cfg.models.backend != "toy":
         reason = (
             f"the gate is computed for the toy backend only (models.backend: {cfg.models.backend})"
         )
-    elif trainer.teacher is None:
+    elif subject.teacher is None:
         reason = "the cold start has no teacher"
     elif not tasks:
         reason = "the eval split holds no tasks"
     else:
         try:
-            oracle_tool_results(trainer.environment, tasks[0])
+            oracle_tool_results(subject.environment, tasks[0])
         except (NotImplementedError, ToolEnvironmentError) as err:
             reason = f"environment {cfg.environment.name!r} has no oracle state ({err})"
     if reason is not None:
-        trainer.events.emit(
-            "teacher_gate", echo=f"teacher gate skipped: {reason}", skipped=True, reason=reason
-        )
+        if subject.events is not None:
+            subject.events.emit(
+                "teacher_gate", echo=f"teacher gate skipped: {reason}", skipped=True, reason=reason
+            )
         return {
             "skipped": True,
             "reason": reason,
@@ -448,7 +467,7 @@ def cold_start_teacher_gate(trainer: Any) -> dict[str, Any]:
             "threshold": threshold,
             "passed": None,
         }
-    result = trainer_teacher_gate(trainer)
+    result = run_teacher_gate(subject)
     return {
         "value": result.value,
         "threshold": threshold,
@@ -488,6 +507,7 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "TEACHER_GATE_FILE",
     "GateState",
+    "GateSubject",
     "TeacherGateResult",
     "cold_start_teacher_gate",
     "evaluate_teacher_gate",
@@ -497,7 +517,7 @@ __all__ = [
     "record_teacher_gate",
     "refuse_failed_gates",
     "require_teacher_gate",
+    "run_teacher_gate",
     "score_teacher_gate",
     "teacher_reproduces",
-    "trainer_teacher_gate",
 ]
