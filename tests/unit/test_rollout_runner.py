@@ -406,6 +406,31 @@ def test_oracle_rollout_is_rendered_once_per_task_and_returned_as_a_private_copy
     assert runner.oracle_rollout(other).spans[1].text != again.spans[1].text
 
 
+def test_the_system_prompt_is_tokenized_once_per_runner() -> None:
+    env = calculator()
+    tok = toy_tokenizer()
+    encoded: list[str] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> object:
+            return getattr(tok, name)
+
+        def encode(self, text: str) -> list[int]:
+            encoded.append(text)
+            return tok.encode(text)
+
+    counting = Counting()
+    runner = RolloutRunner(make_runner().backend, env, RolloutConfig(), tokenizer=counting)  # type: ignore[arg-type]
+    tasks = calculator_tasks(3, difficulty="hard")
+    expected = [make_runner(environment=env).corrective_rollout(t, "malformed") for t in tasks]
+    for _ in range(2):
+        got = [runner.corrective_rollout(t, "malformed") for t in tasks]
+        assert [g.token_ids for g in got] == [e.token_ids for e in expected]
+    system = [t for t in encoded if env.system_prompt() in t]
+    assert len(system) == 1
+    assert sum(1 for t in encoded if tasks[0].prompt in t) == 1
+
+
 # -- docs/design.md §9: the runnable example -----------------------------------------------------------
 
 DESIGN_EXAMPLE = """

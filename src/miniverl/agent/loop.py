@@ -25,7 +25,7 @@ from miniverl.agent.protocol import (
     parse_assistant_text,
     stop_sequences,
 )
-from miniverl.agent.transcript import TranscriptBuilder
+from miniverl.agent.transcript import SegmentIds, TranscriptBuilder
 from miniverl.config.sections import RolloutConfig
 from miniverl.environments.base import (
     Task,
@@ -96,13 +96,24 @@ class RolloutRunner:
         )
         self._oracle_traces: dict[str, Trajectory] = {}
         self._oracle_inputs: tuple[Any, ...] | None = None
+        self._segment_ids = SegmentIds(self.tokenizer)
 
     # -- building blocks ------------------------------------------------------------
+
+    def _shared_segment_ids(self) -> SegmentIds:
+        """This runner's segment-id cache, started afresh when ``tokenizer`` was replaced."""
+        if self._segment_ids.tokenizer is not self.tokenizer:
+            self._segment_ids = SegmentIds(self.tokenizer)
+        return self._segment_ids
 
     def _new_builder(
         self, task: Task, *, trajectory_id: str, policy_version: int
     ) -> TranscriptBuilder:
-        """A transcript holding the system and user context (user carries the assistant header)."""
+        """A transcript holding the system and user context (user carries the assistant header).
+
+        Every transcript of this runner shares one :class:`SegmentIds`, so the system
+        prompt and each task's user turn are tokenized once per runner, not once per episode.
+        """
         builder = TranscriptBuilder(
             self.tokenizer,
             trajectory_id=trajectory_id,
@@ -111,6 +122,7 @@ class RolloutRunner:
             model_id=self.model_id,
             model_revision=self.model_revision,
             policy_version=policy_version,
+            segment_ids=self._shared_segment_ids(),
         )
         builder.add_context(
             SpanType.SYSTEM,
@@ -464,6 +476,7 @@ class RolloutRunner:
             model_id=trajectory.model_id,
             model_revision=trajectory.model_revision,
             policy_version=trajectory.policy_version,
+            segment_ids=self._shared_segment_ids(),
         )
         builder.add_context(
             SpanType.SYSTEM,
