@@ -369,6 +369,68 @@ def test_oracle_rollout(difficulty: str, calls: int) -> None:
         assert traj.turns[-1].is_final
 
 
+def test_oracle_rollout_is_rendered_once_per_task_and_returned_as_a_private_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = calculator()
+    tasks = calculator_tasks(3, difficulty="hard")
+    fresh = [make_runner(environment=env).oracle_rollout(t) for t in tasks]
+    runner = make_runner(environment=env)
+    rendered: list[str] = []
+    render = runner._render_oracle
+    monkeypatch.setattr(
+        runner, "_render_oracle", lambda task: rendered.append(task.task_id) or render(task)
+    )
+    for cycle in range(3):
+        for task, expected in zip(tasks, fresh, strict=True):
+            traj = runner.oracle_rollout(
+                task, trajectory_id=f"{task.task_id}:oracle:c{cycle}", policy_version=cycle
+            )
+            assert traj.trajectory_id == f"{task.task_id}:oracle:c{cycle}"
+            assert traj.policy_version == cycle
+            assert traj.model_dump(exclude={"trajectory_id", "policy_version"}) == (
+                expected.model_dump(exclude={"trajectory_id", "policy_version"})
+            )
+            traj.token_ids.append(0)
+            traj.spans[0].metadata["edited"] = True
+            traj.metadata["edited"] = True
+            traj.turns.clear()
+    assert rendered == [t.task_id for t in tasks]
+    again = runner.oracle_rollout(tasks[0])
+    assert again.trajectory_id == f"{tasks[0].task_id}:oracle" and again.policy_version == 0
+    assert again == fresh[0]
+    runner.environment = calculator()
+    runner.oracle_rollout(tasks[0])
+    assert rendered == [t.task_id for t in tasks] + [tasks[0].task_id]
+    other = Task(**{**tasks[0].__dict__, "prompt": tasks[0].prompt + " "})
+    assert runner.oracle_rollout(other).spans[1].text != again.spans[1].text
+
+
+def test_the_system_prompt_is_tokenized_once_per_runner() -> None:
+    env = calculator()
+    tok = toy_tokenizer()
+    encoded: list[str] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> object:
+            return getattr(tok, name)
+
+        def encode(self, text: str) -> list[int]:
+            encoded.append(text)
+            return tok.encode(text)
+
+    counting = Counting()
+    runner = RolloutRunner(make_runner().backend, env, RolloutConfig(), tokenizer=counting)  # type: ignore[arg-type]
+    tasks = calculator_tasks(3, difficulty="hard")
+    expected = [make_runner(environment=env).corrective_rollout(t, "malformed") for t in tasks]
+    for _ in range(2):
+        got = [runner.corrective_rollout(t, "malformed") for t in tasks]
+        assert [g.token_ids for g in got] == [e.token_ids for e in expected]
+    system = [t for t in encoded if env.system_prompt() in t]
+    assert len(system) == 1
+    assert sum(1 for t in encoded if tasks[0].prompt in t) == 1
+
+
 # -- docs/design.md §9: the runnable example -----------------------------------------------------------
 
 DESIGN_EXAMPLE = """

@@ -124,6 +124,11 @@ def test_oracle_source_yields_the_oracle_token_ids(tmp_path: Path) -> None:
         assert sample.rollout_policy_version == 4
     logged = read_trajectories(tmp_path / "t.jsonl")
     assert [t.trajectory_id for t in logged] == [s.trajectory_id for s in batch.samples]
+    again = source.samples(-1, tasks)
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    assert ['"same_as": ' in line for line in lines] == [False] * 3 + [True] * 3
+    logged = read_trajectories(tmp_path / "t.jsonl")
+    assert logged[3:] == [s.trajectory for s in again.samples]
 
 
 # ------------------------------------------------------------------ on-policy
@@ -316,6 +321,9 @@ def test_kd_oracle_scores_the_oracle_token_ids(tmp_path: Path) -> None:
     ]
     assert scorer.scored == [s.trajectory_id for s in batch.samples]
     assert all(s.teacher_entropy and ":kd-oracle:c0" in s.trajectory_id for s in batch.samples)
+    source.samples(1, tasks)
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and all('"token_ids": [' in line for line in lines)  # budgets count them
 
 
 def _teacher_sampled(tmp_path: Path, teacher: Policy) -> S.TeacherSampleSource:

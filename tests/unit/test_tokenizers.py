@@ -138,3 +138,64 @@ def test_compute_fingerprint_covers_ids_specials_and_vocab() -> None:
     assert any("<tool_call>" in p for p in PROBE_CORPUS) and any(
         not p.isascii() for p in PROBE_CORPUS
     )
+
+
+def _reference_encode(tok: ToyTokenizer, text: str) -> list[int]:
+    """The greedy longest match written out position by position (the regex's reference)."""
+    lookup = tok._text_to_id
+    longest = max(len(p) for p in lookup)
+    ids: list[int] = []
+    i, n = 0, len(text)
+    while i < n:
+        for length in range(min(longest, n - i), 0, -1):
+            token_id = lookup.get(text[i : i + length])
+            if token_id is not None:
+                ids.append(token_id)
+                i += length
+                break
+        else:
+            ids.extend(tok._byte_to_id[b] for b in text[i].encode("utf-8"))
+            i += 1
+    return ids
+
+
+_PIECES = sorted(TOK._text_to_id)
+_FRAGMENTS = st.sampled_from(_PIECES) | st.sampled_from(_PIECES).flatmap(
+    lambda p: st.integers(0, len(p)).map(lambda k: p[:k] if k % 2 else p[k:])
+)
+"""Whole pieces and their prefixes / suffixes: where a longer piece almost matches."""
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_FRAGMENTS | st.text(max_size=3), max_size=40).map("".join))
+def test_encode_equals_the_position_by_position_longest_match(text: str) -> None:
+    assert TOK.encode(text) == _reference_encode(TOK, text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_encode_equals_the_longest_match_on_any_text(text: str) -> None:
+    assert TOK.encode(text) == _reference_encode(TOK, text)
+
+
+def test_encode_on_adversarial_strings_and_the_documented_fingerprint() -> None:
+    cases = [
+        "",
+        "<|im_start",
+        "<|im_start|",
+        "<|im_start|>|>",
+        "</tool_call",
+        "<</tool_call>>",
+        "<tool_resul<tool_result>",
+        "calculatorcalculato",
+        "expressionexpressio\n\n\t\t    ",
+        "é\u0000\u001f\u007f\U0001f600<final>",
+        "\r\n\x0b\x0c",
+        "".join(_PIECES),
+        "".join(reversed(_PIECES)),
+    ]
+    for text in cases:
+        assert TOK.encode(text) == _reference_encode(TOK, text), text
+    assert TOK.fingerprint == (
+        "c33777a2eedc9cf5866f210604586d6bc96ff22cb162ad2580396d9bf8effd86"
+    )  # as in docs/trajectory-schema.md

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import toy_tokenizer
-from miniverl.agent.transcript import TranscriptBuilder
+from miniverl.agent.transcript import SegmentIds, TranscriptBuilder
 from miniverl.schemas.text import ASSISTANT_HEADER, IM_END, TokenizerLike, render_message
 from miniverl.schemas.trajectory import SpanType, TerminationReason, Turn
 
@@ -133,3 +133,86 @@ def test_build_without_turns_keeps_none() -> None:
     b = _builder()
     b.add(SpanType.SYSTEM, segment_key="s", text="x", turn_id=4)
     assert b.build(termination_reason=TerminationReason.MAX_TURNS).turns == []
+
+
+class _CountingTokenizer:
+    """The toy tokenizer, recording every text it is asked to encode."""
+
+    def __init__(self) -> None:
+        self.inner = toy_tokenizer()
+        self.encoded: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def encode(self, text: str) -> list[int]:
+        self.encoded.append(text)
+        return self.inner.encode(text)
+
+
+def _contexts(builder: TranscriptBuilder, prompt: str) -> TranscriptBuilder:
+    builder.add_context(
+        SpanType.SYSTEM, "system", "Be exact.", segment_key="sys", open_next_assistant=False
+    )
+    builder.add_context(SpanType.USER, "user", prompt, segment_key="user")
+    builder.add_model(
+        SpanType.ASSISTANT_FINAL,
+        builder.tokenizer.encode("<final>2</final>"),
+        segment_key="m",
+        turn_id=0,
+    )
+    builder.add_context(SpanType.TOOL_RESULT, "user", "ok", segment_key="obs", turn_id=0)
+    return builder
+
+
+def test_segment_ids_encode_each_segment_text_once_with_the_uncached_ids() -> None:
+    tok = _CountingTokenizer()
+    shared = SegmentIds(tok)
+    user_text = render_message("user", "Compute 2 + 2") + ASSISTANT_HEADER
+    expected_encodes = [3, [user_text], []]
+    for prompt, expected in zip(
+        ["Compute 1 + 1", "Compute 2 + 2", "Compute 1 + 1"], expected_encodes, strict=True
+    ):
+        reference = _contexts(_builder(), prompt)
+        tok.encoded.clear()
+        cached = _contexts(
+            TranscriptBuilder(
+                tok,
+                trajectory_id="t",
+                task_id="task",
+                environment="e",
+                model_id="m",
+                segment_ids=shared,
+            ),
+            prompt,
+        )
+        assert cached.token_ids == reference.token_ids
+        assert [s.text for s in cached.spans] == [s.text for s in reference.spans]
+        assert [(s.start, s.end) for s in cached.spans] == [
+            (s.start, s.end) for s in reference.spans
+        ]
+        context_encodes = [t for t in tok.encoded if t != "<final>2</final>"]
+        if isinstance(expected, int):
+            assert len(context_encodes) == expected
+        else:
+            assert context_encodes == expected
+    ids = shared.encode("Be exact.")
+    ids.append(-1)
+    assert shared.encode("Be exact.") == toy_tokenizer().encode("Be exact.")
+
+
+def test_segment_ids_forget_the_least_recently_used_text() -> None:
+    tok = _CountingTokenizer()
+    shared = SegmentIds(tok, max_entries=2)
+    for text in ["a", "b", "a", "c", "a", "b"]:
+        assert shared.encode(text) == toy_tokenizer().encode(text)
+    assert tok.encoded == ["a", "b", "c", "b"]
+    with pytest.raises(ValueError, match="another tokenizer"):
+        TranscriptBuilder(
+            toy_tokenizer(),
+            trajectory_id="t",
+            task_id="x",
+            environment="e",
+            model_id="m",
+            segment_ids=shared,
+        )

@@ -25,7 +25,7 @@ from miniverl.agent.protocol import (
     parse_assistant_text,
     stop_sequences,
 )
-from miniverl.agent.transcript import TranscriptBuilder
+from miniverl.agent.transcript import SegmentIds, TranscriptBuilder
 from miniverl.config.sections import RolloutConfig
 from miniverl.environments.base import (
     Task,
@@ -49,6 +49,9 @@ if TYPE_CHECKING:
     from miniverl.models.base import CausalLMBackend, GenerationResult
 
 PRIVILEGED_SEGMENT_KEY = "priv"
+
+ORACLE_CACHE_SIZE = 4096
+"""Oracle traces one runner keeps (a few KB each); past it the oldest is rebuilt on demand."""
 
 BatchSplitter = Callable[
     [Callable[[list[Any]], list["GenerationResult"]], list[Any]], list["GenerationResult"]
@@ -91,13 +94,26 @@ class RolloutRunner:
         self.model_revision = (
             model_revision if model_revision is not None else getattr(caps, "revision", None)
         )
+        self._oracle_traces: dict[str, Trajectory] = {}
+        self._oracle_inputs: tuple[Any, ...] | None = None
+        self._segment_ids = SegmentIds(self.tokenizer)
 
     # -- building blocks ------------------------------------------------------------
+
+    def _shared_segment_ids(self) -> SegmentIds:
+        """This runner's segment-id cache, started afresh when ``tokenizer`` was replaced."""
+        if self._segment_ids.tokenizer is not self.tokenizer:
+            self._segment_ids = SegmentIds(self.tokenizer)
+        return self._segment_ids
 
     def _new_builder(
         self, task: Task, *, trajectory_id: str, policy_version: int
     ) -> TranscriptBuilder:
-        """A transcript holding the system and user context (user carries the assistant header)."""
+        """A transcript holding the system and user context (user carries the assistant header).
+
+        Every transcript of this runner shares one :class:`SegmentIds`, so the system
+        prompt and each task's user turn are tokenized once per runner, not once per episode.
+        """
         builder = TranscriptBuilder(
             self.tokenizer,
             trajectory_id=trajectory_id,
@@ -106,6 +122,7 @@ class RolloutRunner:
             model_id=self.model_id,
             model_revision=self.model_revision,
             policy_version=policy_version,
+            segment_ids=self._shared_segment_ids(),
         )
         builder.add_context(
             SpanType.SYSTEM,
@@ -279,12 +296,39 @@ class RolloutRunner:
 
         The oracle's "generated" ids are the tokenization of its canonical text; they are
         the targets of SFT and the training data of the toy teacher.
+
+        The trace is a pure function of the task, the environment, the tokenizer and the
+        model id / revision, and an SFT run asks for the same task every few cycles, so it
+        is rendered once per task and kept (:data:`ORACLE_CACHE_SIZE`); replacing any of
+        those four attributes of the runner empties the cache. Each call returns a deep
+        copy carrying its own ``trajectory_id`` and ``policy_version``, so a caller that
+        edits its trajectory never changes another's. A cached call does not reset or step
+        the environment.
         """
-        builder = self._new_builder(
-            task,
-            trajectory_id=trajectory_id or f"{task.task_id}:oracle",
-            policy_version=policy_version,
+        inputs = (self.environment, self.tokenizer, self.model_id, self.model_revision)
+        if self._oracle_inputs is None or any(
+            a is not b for a, b in zip(inputs, self._oracle_inputs, strict=True)
+        ):
+            self._oracle_traces.clear()
+            self._oracle_inputs = inputs
+        key = repr(task)
+        trace = self._oracle_traces.get(key)
+        if trace is None:
+            trace = self._render_oracle(task)
+            if len(self._oracle_traces) >= ORACLE_CACHE_SIZE:
+                del self._oracle_traces[next(iter(self._oracle_traces))]
+            self._oracle_traces[key] = trace
+        return trace.model_copy(
+            deep=True,
+            update={
+                "trajectory_id": trajectory_id or f"{task.task_id}:oracle",
+                "policy_version": policy_version,
+            },
         )
+
+    def _render_oracle(self, task: Task) -> Trajectory:
+        """One oracle trace, named ``<task>:oracle`` at policy version 0."""
+        builder = self._new_builder(task, trajectory_id=f"{task.task_id}:oracle", policy_version=0)
         self.environment.reset(task)
         oracle = self.environment.oracle_solution(task)
         generated = 0
@@ -432,6 +476,7 @@ class RolloutRunner:
             model_id=trajectory.model_id,
             model_revision=trajectory.model_revision,
             policy_version=trajectory.policy_version,
+            segment_ids=self._shared_segment_ids(),
         )
         builder.add_context(
             SpanType.SYSTEM,

@@ -6,6 +6,7 @@ The text contract it builds on (``TokenizerLike``, the chat framing, the tool ta
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,39 @@ from miniverl.schemas.trajectory import (
 )
 from miniverl.trajectory.masks import build_masks
 
-__all__ = ["TranscriptBuilder"]
+__all__ = ["SegmentIds", "TranscriptBuilder"]
+
+SEGMENT_CACHE_SIZE = 4096
+"""Distinct segment texts one :class:`SegmentIds` keeps, least recently used evicted first."""
+
+
+class SegmentIds:
+    """The ids of segment texts, each text encoded once per tokenizer and reused.
+
+    A transcript tokenizes every segment on its own, so a segment's ids are
+    ``tokenizer.encode(text)`` of that segment's whole text (framing included) whatever
+    precedes it; the same text therefore always has the same ids, and the system prompt,
+    a task's user turn and a repeated tool result need encoding only once per run.
+    Nothing shorter than a whole segment is cached: a header's ids on their own need not
+    be the ids it gets inside its segment, where the tokenizer may merge across it.
+    """
+
+    def __init__(self, tokenizer: TokenizerLike, max_entries: int = SEGMENT_CACHE_SIZE) -> None:
+        self.tokenizer = tokenizer
+        self.max_entries = max_entries
+        self._ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    def encode(self, text: str) -> list[int]:
+        """``tokenizer.encode(text)``, from the cache when this text was seen before."""
+        ids = self._ids.get(text)
+        if ids is None:
+            ids = tuple(self.tokenizer.encode(text))
+            self._ids[text] = ids
+            if len(self._ids) > self.max_entries:
+                self._ids.popitem(last=False)
+        else:
+            self._ids.move_to_end(text)
+        return list(ids)
 
 
 class TranscriptBuilder:
@@ -35,7 +68,8 @@ class TranscriptBuilder:
     assistant suffix (``<|im_end|>\\n`` in ChatML) that closes the preceding assistant
     turn, and ``open_next_assistant`` appends the assistant header of the next turn
     (``<|im_start|>assistant\\n``), so the first token of every model span is genuinely
-    the first sampled token. The framing is the tokenizer's
+    the first sampled token. ``segment_ids`` (a :class:`SegmentIds` of the same tokenizer)
+    lets many transcripts share the ids of segment texts they repeat. The framing is the tokenizer's
     :class:`~miniverl.schemas.text.ChatFormat` (its model's chat template where it has one,
     see :func:`~miniverl.schemas.text.chat_format_of`).
     """
@@ -50,8 +84,12 @@ class TranscriptBuilder:
         model_id: str,
         model_revision: str | None = None,
         policy_version: int = 0,
+        segment_ids: SegmentIds | None = None,
     ) -> None:
+        if segment_ids is not None and segment_ids.tokenizer is not tokenizer:
+            raise ValueError("segment_ids caches another tokenizer's ids")
         self.tokenizer = tokenizer
+        self.segment_ids = segment_ids
         self.chat_format = chat_format_of(tokenizer)
         self.trajectory_id = trajectory_id
         self.task_id = task_id
@@ -87,7 +125,12 @@ class TranscriptBuilder:
         """
         if text is None and token_ids is None:
             raise ValueError("pass text or token_ids")
-        ids = list(token_ids) if token_ids is not None else self.tokenizer.encode(text or "")
+        if token_ids is not None:
+            ids = list(token_ids)
+        elif self.segment_ids is not None:
+            ids = self.segment_ids.encode(text or "")
+        else:
+            ids = self.tokenizer.encode(text or "")
         if not ids:
             return None
         if text is None:

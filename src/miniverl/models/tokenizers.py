@@ -18,6 +18,7 @@ loaded.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,7 +164,10 @@ class ToyTokenizer:
         }
         self._id_to_piece: list[str] = pieces + [f"<0x{b:02X}>" for b in _FALLBACK_BYTES]
         self._id_to_byte: dict[int, int] = {i: b for b, i in self._byte_to_id.items()}
-        self._max_piece_chars = max(len(p) for p in pieces)
+        longest_first = sorted(pieces, key=len, reverse=True)
+        self._pieces = re.compile(
+            "|".join(re.escape(p) for p in longest_first) + "|.", flags=re.DOTALL
+        )
         self._fingerprint: str | None = None
 
     @property
@@ -205,20 +209,21 @@ class ToyTokenizer:
         return self._id_to_piece[token_id]
 
     def encode(self, text: str) -> list[int]:
-        """Greedy longest match over the vocabulary; unmatched characters become UTF-8 bytes."""
+        """Greedy longest match over the vocabulary; unmatched characters become UTF-8 bytes.
+
+        One pass of ``self._pieces``: its alternation lists every piece longest first, and two
+        distinct pieces of one length cannot both start at a position, so the first
+        alternative that matches is the longest piece there, which is the greedy longest
+        match; the closing ``.`` takes one character no piece starts with.
+        """
         ids: list[int] = []
-        i, n = 0, len(text)
-        lookup = self._text_to_id
-        while i < n:
-            for length in range(min(self._max_piece_chars, n - i), 0, -1):
-                token_id = lookup.get(text[i : i + length])
-                if token_id is not None:
-                    ids.append(token_id)
-                    i += length
-                    break
+        lookup, to_byte = self._text_to_id, self._byte_to_id
+        for piece in self._pieces.findall(text):
+            token_id = lookup.get(piece)
+            if token_id is None:
+                ids.extend(to_byte[b] for b in piece.encode("utf-8"))
             else:
-                ids.extend(self._byte_to_id[b] for b in text[i].encode("utf-8"))
-                i += 1
+                ids.append(token_id)
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:

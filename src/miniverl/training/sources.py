@@ -51,7 +51,7 @@ from miniverl.schemas.trajectory import Trajectory
 from miniverl.selection.selectors import SelectionResult, select_positions
 from miniverl.training.resolve import split_on_oom
 from miniverl.trajectory.alignment import build_alignment_map
-from miniverl.trajectory.io import append_trajectories, read_trajectories
+from miniverl.trajectory.io import SharedTraces, append_trajectories, read_trajectories
 from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.logging import EventLog
 from miniverl.utils.seeding import derive_seed
@@ -440,7 +440,10 @@ class SampleSource(Protocol):
 class OracleSource:
     """``sft``, the SFT warm-up and ``kd_oracle``: the environment's oracle traces.
 
-    Without ``targets`` the samples are hard labels (cross-entropy on the oracle's tokens).
+    Without ``targets`` the samples are hard labels (cross-entropy on the oracle's tokens),
+    and the log stores each distinct oracle trace once (:class:`SharedTraces`: later draws of
+    a task are reference lines). With ``targets`` every line is written in full, since
+    budgets count each scored trajectory's tokens from its own line.
     With ``targets`` (``kd_oracle``) the teacher scores the oracle's states and the student
     matches its distribution there (forward KL at ``loss.temperature``); those trajectories
     are named ``<task>:kd-oracle:c<cycle>`` so budgets count them as teacher-scored.
@@ -460,6 +463,7 @@ class OracleSource:
         self.trajectory_log = trajectory_log
         self.tasks_per_cycle = tasks_per_cycle
         self.targets = targets
+        self.shared = SharedTraces(trajectory_log) if targets is None else None
         self.supervision = (
             Supervision(phase="sft", teacher_targets=False)
             if targets is None
@@ -475,7 +479,7 @@ class OracleSource:
             )
             for t in tasks
         ]
-        append_trajectories(self.trajectory_log, trajectories)
+        append_trajectories(self.trajectory_log, trajectories, shared=self.shared)
         if self.targets is None:
             return CycleSamples([hard_label_sample(traj) for traj in trajectories])
         scored = self.targets.score(
