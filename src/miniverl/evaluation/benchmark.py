@@ -373,12 +373,51 @@ def print_benchmark(result: Mapping[str, Any], console: Console) -> None:
     )
 
 
+def _interval_text(interval: Sequence[float] | None) -> str:
+    return f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else "-"
+
+
+def contrast_table(contrasts: Sequence[Mapping[str, Any]]) -> Table:
+    """One row per contrast and endpoint: estimate, t-interval, p, Holm-adjusted p (primary
+    family only), two-level bootstrap interval and t-based MDE, all in pp."""
+    from miniverl.evaluation.stats import p_text
+
+    table = Table(title="contrasts (arm - reference, pp)")
+    for column in (
+        "contrast",
+        "endpoint",
+        "primary",
+        "Δ",
+        "95% t-interval",
+        "p",
+        "Holm p",
+        "bootstrap 95%",
+        "MDE",
+    ):
+        table.add_column(column, justify="left" if column == "contrast" else "right")
+    for c in contrasts:
+        mean = c.get("mean_difference")
+        table.add_row(
+            f"{c['arm']} - {c['reference']}",
+            str(c["endpoint"]),
+            "yes" if c.get("primary") else "",
+            f"{100 * mean:+.1f}" if mean is not None else "-",
+            _interval_text(c.get("interval")),
+            p_text(c["p_value"]) if c.get("p_value") is not None else "-",
+            p_text(c["p_holm"]) if c.get("p_holm") is not None else "-",
+            _interval_text(c.get("bootstrap_interval")),
+            f"{100 * c['mde']:.1f}" if c.get("mde") is not None else "-",
+        )
+    return table
+
+
 def print_contrasts(result: Mapping[str, Any], console: Console) -> None:
     """Pre-registered primary contrasts first, each with its interval, MDE and plain verdict; then stop-or-go."""
     contrasts = result.get("contrasts") or []
     if contrasts:
         if result.get("statistics_note"):
             console.print(result["statistics_note"])
+        console.print(contrast_table(contrasts))
         for primary in (True, False):
             chosen = [c for c in contrasts if bool(c.get("primary")) is primary]
             if chosen:
@@ -435,6 +474,7 @@ def print_contrasts(result: Mapping[str, Any], console: Console) -> None:
 
 __all__ = [
     "REFUSES_TO_CLAIM",
+    "contrast_table",
     "plan_digest",
     "print_benchmark",
     "print_contrasts",
