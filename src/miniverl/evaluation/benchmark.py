@@ -120,6 +120,7 @@ def run_benchmark(
     resamples: int = DEFAULT_RESAMPLES,
     run_cell: Any = None,
     learning_rates: Mapping[str, Any] | None = None,
+    protocol: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run every (seed, arm seed, arm) cell from one shared cold start per seed; write benchmark.json and a report.
 
@@ -131,7 +132,10 @@ def run_benchmark(
     recipe already has (``--lr-from`` selecting the recipe's own ``train.lr``) reuses it, and
     any real change reruns it; ``run_cell`` replaces the trainer (tests).
     ``learning_rates`` (where the arms' ``train.lr`` came from, e.g. the shared grid of
-    ``evaluation/lr_grid.py``) is recorded verbatim in benchmark.json.
+    ``evaluation/lr_grid.py``) is recorded verbatim in benchmark.json. ``protocol`` is the
+    pre-registered protocol file (``evaluation/protocol.py``): frozen into ``output_dir``
+    before any cell runs; with ``eval.split=test`` no cell runs without one (stored cells
+    are still recomputed).
     """
     from miniverl.evaluation.budgets import BUDGET_FIELDS, MATCHABLE, REFERENCE_ARM
     from miniverl.evaluation.cells import COLD_START, CellStore, plan_cells, run_cells
@@ -173,6 +177,22 @@ def run_benchmark(
         raise RunDirectoryError(
             f"{root} already holds a benchmark", hint="choose another --output directory"
         )
+
+    from miniverl.evaluation.contrasts import contrast_pairs
+    from miniverl.evaluation.protocol import (
+        freeze_protocol,
+        primary_endpoints,
+        refuse_unprotocolled_cell,
+    )
+
+    on_test = base.eval.split == "test"
+    frozen = freeze_protocol(
+        root,
+        protocol,
+        seeds=seeds,
+        arms=list(chosen),
+        primary_pairs=[(a, b) for a, b, primary in contrast_pairs(list(chosen)) if primary],
+    )
 
     plans: dict[int, tuple[RunConfig, dict[str, RunConfig]]] = {}
     held: dict[str, Any] = {}
@@ -217,6 +237,8 @@ def run_benchmark(
         return None
 
     def wrapped(cell: Any, done: Mapping[Any, Any]) -> Mapping[str, Any]:
+        if on_test and frozen is None:
+            refuse_unprotocolled_cell(cell.name)
         if not cell.is_cold_start:
             refuse_failed_gates([done[type(cell)(cell.seed, 0, COLD_START)]])
         payload = dict(run_cell(cell, done))
@@ -245,8 +267,9 @@ def run_benchmark(
     from miniverl.evaluation.contrasts import all_contrasts, statistics_note, stop_or_go
 
     names = list(chosen)
+    family = {} if frozen is None else {"primary_endpoints": primary_endpoints(frozen["content"])}
     contrasts = all_contrasts(
-        rows, names, resamples=resamples, bootstrap_seed=DEFAULT_BOOTSTRAP_SEED
+        rows, names, resamples=resamples, bootstrap_seed=DEFAULT_BOOTSTRAP_SEED, **family
     )
     result: dict[str, Any] = {
         "schema": "miniverl.benchmark/2",
@@ -286,6 +309,22 @@ def run_benchmark(
             for name in names
         },
         "contrasts": contrasts,
+        "protocol": {
+            "required": on_test,
+            "frozen": frozen,
+            "note": (
+                f"protocol {frozen['file']} frozen at {frozen['frozen_at']} (sha256 {frozen['sha256']}), "
+                f"stored as {frozen['stored_as']}"
+            )
+            if frozen is not None
+            else "no protocol file was frozen for this directory"
+            + (
+                ": every test-split cell was recomputed from cells stored before protocols were frozen, "
+                "so these results are not pre-registered"
+                if on_test
+                else ""
+            ),
+        },
         "statistics_note": statistics_note(len(seeds), arm_seeds),
         "stop_or_go": stop_or_go(cold_starts, rows, names),
         "significance": {
@@ -367,6 +406,8 @@ def print_benchmark(result: Mapping[str, Any], console: Console) -> None:
     if lr_note:
         console.print(lr_note, markup=False)
     console.print(result["significance"]["note"])
+    if (result.get("protocol") or {}).get("note"):
+        console.print(result["protocol"]["note"], markup=False)
     print_contrasts(result, console)
     console.print(
         f"wall clock {result['wall_seconds']:.1f} s (including {len(result['cold_starts'])} shared cold start(s))"
