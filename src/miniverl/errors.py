@@ -121,6 +121,15 @@ class TeacherGateError(MiniverlError):
     default_hint = "fit the teacher longer or on more noise-injected traces (models.toy_fit)"
 
 
+class ProtocolError(MiniverlError):
+    """A test-split benchmark has no frozen protocol file, or the file changed after freezing."""
+
+    default_hint = (
+        "write the protocol (endpoints, thresholds, seeds, arms, lr grid, primary contrasts) "
+        "before touching the test split and pass it with --protocol FILE (docs/benchmark.md)"
+    )
+
+
 class BackendError(MiniverlError):
     """A model backend could not be built or used as asked (missing extra, no CUDA, ...)."""
 
@@ -161,6 +170,7 @@ __all__ = [
     "MiniverlError",
     "ModelSourceError",
     "OffPolicyError",
+    "ProtocolError",
     "RunDirectoryError",
     "RunStorageError",
     "SchemaValidationError",

@@ -16,6 +16,8 @@ recipe.
 from __future__ import annotations
 
 import math
+import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ from miniverl.config.models import RunConfig
 from miniverl.evaluation.benchmark import run_benchmark
 from miniverl.evaluation.contrasts import PRIMARY_CONTRASTS
 from miniverl.evaluation.lr_grid import benchmark_arms_from_grid, lr_text, run_lr_grid
+from miniverl.evaluation.stats import minimum_detectable_effect, seeds_needed
+from miniverl.evaluation.stats import p_text as stats_p_text
 from miniverl.utils.hashing import sha256_file
 from miniverl.utils.io import read_json
 
@@ -33,6 +37,9 @@ ROOT = Path(__file__).resolve().parents[2]
 STORED = ROOT / "results" / "calc_chain_oracle"
 PILOT, GRID, SELECTED = STORED / "pilot", STORED / "lr-grid", STORED / "selected-rates"
 PILOT_OVERRIDES = ["eval.split=test", "eval.every=50", "eval.max_tasks=1200"]
+DELTA = 0.10
+"""The pre-registered smallest effect worth detecting (docs/benchmark.md, Power procedure)."""
+Z_975, Z_80 = 1.959963984540054, 0.8416212335729143
 
 
 def _refuse_to_train(cell: Any, done: Any) -> dict[str, Any]:
@@ -43,30 +50,316 @@ def _pp(value: float) -> float:
     return round(100 * value, 1)
 
 
-def _assert_contrast(
-    got: dict[str, Any],
-    arms: tuple[str, str],
-    mean: float,
-    interval: list[float],
-    per_seed: list[float],
-    sd: float,
-    mde: float,
-) -> None:
-    """One contrast row of benchmark.json against the figures quoted, in pp; ``arms`` = (reference, arm)."""
+def _assert_contrast(got: dict[str, Any], arms: tuple[str, str], figures: tuple[Any, ...]) -> None:
+    """One contrast row of benchmark.json against its pinned figures; ``arms`` = (reference, arm).
+
+    ``figures``: mean, 95% t-interval over the seed means, 95% two-level bootstrap, per-seed
+    differences, sd of the seed differences and t-based MDE (all in pp, one decimal), the
+    two-sided p and the Holm-adjusted p (three decimals; None outside the primary family).
+    """
+    mean, interval, bootstrap, per_seed, sd, mde, p, p_holm = figures
     endpoint = got["endpoint"]
     assert (got["reference"], got["arm"]) == arms, endpoint
+    assert got["interval_method"] == "t" and got["df"] == len(per_seed) - 1, endpoint
     assert _pp(got["mean_difference"]) == mean, endpoint
     assert [_pp(v) for v in got["interval"]] == interval, endpoint
+    assert [_pp(v) for v in got["bootstrap_interval"]] == bootstrap, endpoint
     assert [_pp(v) for v in got["seed_differences"]] == per_seed, endpoint
     assert (_pp(got["sd_seed_differences"]), _pp(got["mde"])) == (sd, mde), endpoint
+    assert round(got["p_value"], 3) == p, endpoint
+    assert (None if got["p_holm"] is None else round(got["p_holm"], 3)) == p_holm, endpoint
 
 
-def test_the_pilot_contrasts_in_the_readme_are_recomputed_from_its_stored_cells(
-    tmp_path: Path,
-) -> None:
-    work = tmp_path / "pilot"
+EXPECTED: dict[str, dict[tuple[str, str, str], tuple[Any, ...]]] = {
+    # Every contrast row each stored command writes, as (reference, arm, endpoint): figures
+    # (:func:`_assert_contrast`). docs/benchmark.md and README quote them through the marked
+    # regions that test_every_figure_the_docs_quote_is_recomputed_from_the_stored_cells renders.
+    "pilot": {
+        ("offline_kd", "opd", "k=3"): (
+            -7.8,
+            [-16.6, 1.1],
+            [-13.8, -2.2],
+            [-14.8, -0.8, -5.2, -2.0, -16.0],
+            7.2,
+            11.9,
+            0.073,
+            0.146,
+        ),
+        ("offline_kd", "opd", "k=5"): (
+            0.0,
+            [0.0, 0.0],
+            [0.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0, 0.0],
+            0.0,
+            0.0,
+            1.0,
+            1.0,
+        ),
+        ("offline_kd", "opd", "all"): (
+            -23.6,
+            [-33.5, -13.7],
+            [-30.0, -17.4],
+            [-16.5, -14.2, -33.2, -28.1, -25.9],
+            8.0,
+            13.3,
+            0.003,
+            None,
+        ),
+    },
+    "full-arm-set": {
+        ("offline_kd", "opd", "k=3"): (
+            -7.0,
+            [-14.6, 0.7],
+            [-12.2, -2.4],
+            [-15.5, -1.5, -3.2, -3.0, -11.5],
+            6.2,
+            10.3,
+            0.066,
+            0.218,
+        ),
+        ("offline_kd", "opd", "k=5"): (
+            0.0,
+            [0.0, 0.0],
+            [0.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0, 0.0],
+            0.0,
+            0.0,
+            1.0,
+            1.0,
+        ),
+        ("offline_kd", "opd", "all"): (
+            -22.4,
+            [-32.9, -11.8],
+            [-29.2, -15.7],
+            [-15.9, -13.3, -32.2, -30.2, -20.2],
+            8.5,
+            14.1,
+            0.004,
+            None,
+        ),
+        ("offline_kd_reverse_kl", "opd_reverse_kl", "k=3"): (
+            -5.6,
+            [-11.4, 0.2],
+            [-10.0, -2.3],
+            [-13.2, -1.2, -6.0, -2.8, -4.8],
+            4.6,
+            7.7,
+            0.054,
+            0.218,
+        ),
+        ("offline_kd_reverse_kl", "opd_reverse_kl", "k=5"): (
+            -0.1,
+            [-0.2, 0.1],
+            [-0.2, 0.0],
+            [-0.2, 0.0, 0.0, 0.0, 0.0],
+            0.1,
+            0.2,
+            0.374,
+            0.748,
+        ),
+        ("offline_kd_reverse_kl", "opd_reverse_kl", "all"): (
+            -2.2,
+            [-3.1, -1.4],
+            [-3.0, -1.6],
+            [-3.1, -2.3, -1.5, -2.7, -1.7],
+            0.7,
+            1.1,
+            0.002,
+            None,
+        ),
+        ("offline_kd", "offline_kd_reverse_kl", "k=3"): (
+            1.8,
+            [-4.1, 7.8],
+            [-1.7, 6.3],
+            [-2.8, -0.2, 2.8, -0.2, 9.8],
+            4.8,
+            8.0,
+            0.44,
+            None,
+        ),
+        ("offline_kd", "offline_kd_reverse_kl", "k=5"): (
+            0.1,
+            [-0.1, 0.2],
+            [0.0, 0.2],
+            [0.2, 0.0, 0.0, 0.0, 0.0],
+            0.1,
+            0.2,
+            0.374,
+            None,
+        ),
+        ("offline_kd", "offline_kd_reverse_kl", "all"): (
+            1.9,
+            [-3.4, 7.2],
+            [-1.1, 5.6],
+            [0.9, 2.0, 1.0, -3.0, 8.7],
+            4.2,
+            7.0,
+            0.372,
+            None,
+        ),
+        ("offline_kd", "sft_oracle", "k=3"): (
+            1.7,
+            [-2.7, 6.2],
+            [-1.0, 5.3],
+            [-0.8, -0.5, 1.5, 0.5, 8.0],
+            3.6,
+            6.0,
+            0.339,
+            None,
+        ),
+        ("offline_kd", "sft_oracle", "k=5"): (
+            0.1,
+            [-0.1, 0.2],
+            [0.0, 0.2],
+            [0.2, 0.0, 0.0, 0.0, 0.0],
+            0.1,
+            0.2,
+            0.374,
+            None,
+        ),
+        ("offline_kd", "sft_oracle", "all"): (
+            1.5,
+            [-2.8, 5.7],
+            [-1.1, 4.3],
+            [0.7, 1.9, 1.2, -3.0, 6.6],
+            3.4,
+            5.7,
+            0.386,
+            None,
+        ),
+        ("offline_kd", "seqkd", "k=3"): (
+            2.1,
+            [-3.4, 7.6],
+            [-1.2, 6.4],
+            [0.5, -1.0, 2.8, -1.2, 9.5],
+            4.4,
+            7.4,
+            0.349,
+            None,
+        ),
+        ("offline_kd", "seqkd", "k=5"): (
+            0.1,
+            [-0.1, 0.2],
+            [0.0, 0.2],
+            [0.0, 0.2, 0.0, 0.0, 0.0],
+            0.1,
+            0.2,
+            0.374,
+            None,
+        ),
+        ("offline_kd", "seqkd", "all"): (
+            1.4,
+            [-3.3, 6.1],
+            [-1.6, 4.5],
+            [1.3, 2.0, 0.6, -3.7, 6.9],
+            3.8,
+            6.3,
+            0.448,
+            None,
+        ),
+        ("offline_kd", "kd_oracle", "k=3"): (
+            0.3,
+            [-2.8, 3.4],
+            [-2.0, 2.9],
+            [-1.8, -0.8, 1.2, -1.5, 4.2],
+            2.5,
+            4.2,
+            0.802,
+            None,
+        ),
+        ("offline_kd", "kd_oracle", "k=5"): (
+            0.0,
+            [0.0, 0.0],
+            [0.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0, 0.0],
+            0.0,
+            0.0,
+            1.0,
+            None,
+        ),
+        ("offline_kd", "kd_oracle", "all"): (
+            0.8,
+            [-2.7, 4.3],
+            [-1.5, 3.1],
+            [0.4, 1.5, 0.9, -3.2, 4.7],
+            2.8,
+            4.7,
+            0.546,
+            None,
+        ),
+        ("offline_kd", "gkd_mix", "k=3"): (
+            -3.0,
+            [-8.4, 2.4],
+            [-7.1, 0.3],
+            [-10.2, -1.2, -2.2, -2.8, 1.5],
+            4.4,
+            7.3,
+            0.2,
+            None,
+        ),
+        ("offline_kd", "gkd_mix", "k=5"): (
+            0.1,
+            [-0.1, 0.3],
+            [0.0, 0.3],
+            [0.0, 0.0, 0.0, 0.2, 0.2],
+            0.1,
+            0.2,
+            0.178,
+            None,
+        ),
+        ("offline_kd", "gkd_mix", "all"): (
+            -2.1,
+            [-5.7, 1.4],
+            [-4.6, -0.0],
+            [-0.9, -0.7, -3.0, -6.7, 0.7],
+            2.9,
+            4.8,
+            0.173,
+            None,
+        ),
+    },
+    "reverse-kl-arm-seed-0": {
+        ("offline_kd_reverse_kl", "opd_reverse_kl", "k=3"): (
+            -6.1,
+            [-12.5, 0.3],
+            [-10.8, -2.2],
+            [-14.0, -1.0, -6.0, -2.0, -7.5],
+            5.2,
+            8.6,
+            0.058,
+            0.116,
+        ),
+        ("offline_kd_reverse_kl", "opd_reverse_kl", "k=5"): (
+            0.0,
+            [0.0, 0.0],
+            [0.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0, 0.0],
+            0.0,
+            0.0,
+            1.0,
+            1.0,
+        ),
+        ("offline_kd_reverse_kl", "opd_reverse_kl", "all"): (
+            -2.2,
+            [-3.4, -1.1],
+            [-3.2, -1.5],
+            [-3.8, -1.8, -1.8, -1.6, -2.3],
+            0.9,
+            1.5,
+            0.006,
+            None,
+        ),
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def recomputed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """benchmark.json of every stored command, rewritten from a copy of its stored cells."""
+    out: dict[str, dict[str, Any]] = {}
+    work = tmp_path_factory.mktemp("pilot") / "pilot"
     shutil.copytree(PILOT, work)
-    result = run_benchmark(
+    out["pilot"] = run_benchmark(
         ROOT / "recipes" / "toy_calc_chain_oracle.yaml",
         arms=["offline_kd", "opd"],
         seeds=[1, 2, 3, 4, 5],
@@ -75,23 +368,42 @@ def test_the_pilot_contrasts_in_the_readme_are_recomputed_from_its_stored_cells(
         arm_seeds=2,
         run_cell=_refuse_to_train,
     )
-    contrasts = {c["endpoint"]: c for c in result["contrasts"]}
-    pair = ("offline_kd", "opd")
-    _assert_contrast(
-        contrasts["k=3"], pair, -7.8, [-13.8, -2.2], [-14.8, -0.8, -5.2, -2.0, -16.0], 7.2, 9.0
-    )
-    k5 = contrasts["k=5"]
-    assert (_pp(k5["mean_difference"]), k5["interval"]) == (0.0, [0.0, 0.0])
-    every = contrasts["all"]
-    assert _pp(every["mean_difference"]) == -23.6
-    assert [_pp(v) for v in every["interval"]] == [-30.0, -17.4]
-    assert (_pp(every["sd_seed_differences"]), _pp(every["mde"])) == (8.0, 10.0)
+    base = RunConfig.from_yaml(ROOT / "recipes" / "toy_calc_chain_oracle.yaml", PILOT_OVERRIDES)
+    for command, (arms, arm_seeds, _checks, _status) in AT_SELECTED_RATES.items():
+        work = tmp_path_factory.mktemp(command) / "selected"
+        shutil.copytree(SELECTED, work)
+        definitions, learning_rates = benchmark_arms_from_grid(arms, GRID, base)
+        out[command] = run_benchmark(
+            ROOT / "recipes" / "toy_calc_chain_oracle.yaml",
+            arms=arms,
+            seeds=[1, 2, 3, 4, 5],
+            output_dir=work,
+            overrides=PILOT_OVERRIDES,
+            arm_definitions=definitions,
+            arm_seeds=arm_seeds,
+            learning_rates=learning_rates,
+            run_cell=_refuse_to_train,
+        )
+    return out
+
+
+def test_the_pilot_contrasts_are_recomputed_from_its_stored_cells(
+    recomputed: dict[str, dict[str, Any]],
+) -> None:
+    result = recomputed["pilot"]
+    got = {(c["reference"], c["arm"], c["endpoint"]): c for c in result["contrasts"]}
+    assert set(got) == set(EXPECTED["pilot"])
+    for key, figures in EXPECTED["pilot"].items():
+        _assert_contrast(got[key], key[:2], figures)
     gates = result["teacher_gate"]
     assert [gates[str(s)]["value"] for s in range(1, 6)] == [1.0] * 5
     assert [gates[str(s)]["actions"] for s in range(1, 6)] == [182, 178, 182, 185, 181]
     checks = {c["check"]: c for c in result["stop_or_go"]["checks"]}
     assert checks["student_errors_at_start"]["value"] == 0.95
     assert checks["oracle_sft_not_at_ceiling"]["status"] == "not_measured"
+    assert (
+        result["protocol"]["frozen"] is None and "not pre-registered" in result["protocol"]["note"]
+    )
 
 
 SELECTED_RATES = {
@@ -111,78 +423,11 @@ GATE_AND_ERRORS = {
     "teacher_gate_passed": ("go", [1.0] * 5),
     "student_errors_at_start": ("go", 0.95),
 }
-FULL_ARM_SET_CONTRASTS = {
-    ("offline_kd", "opd", "k=3"): (-7.0, [-12.2, -2.4], [-15.5, -1.5, -3.2, -3.0, -11.5], 6.2, 7.7),
-    ("offline_kd", "opd", "k=5"): (0.0, [0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0], 0.0, 0.0),
-    ("offline_kd", "opd", "all"): (
-        -22.4,
-        [-29.2, -15.7],
-        [-15.9, -13.3, -32.2, -30.2, -20.2],
-        8.5,
-        10.6,
-    ),
-    ("offline_kd_reverse_kl", "opd_reverse_kl", "k=3"): (
-        -5.6,
-        [-10.0, -2.3],
-        [-13.2, -1.2, -6.0, -2.8, -4.8],
-        4.6,
-        5.8,
-    ),
-    ("offline_kd_reverse_kl", "opd_reverse_kl", "k=5"): (
-        -0.1,
-        [-0.2, 0.0],
-        [-0.2, 0.0, 0.0, 0.0, 0.0],
-        0.1,
-        0.1,
-    ),
-    ("offline_kd_reverse_kl", "opd_reverse_kl", "all"): (
-        -2.2,
-        [-3.0, -1.6],
-        [-3.1, -2.3, -1.5, -2.7, -1.7],
-        0.7,
-        0.9,
-    ),
-    ("offline_kd", "offline_kd_reverse_kl", "k=3"): (
-        1.8,
-        [-1.7, 6.3],
-        [-2.8, -0.2, 2.8, -0.2, 9.8],
-        4.8,
-        6.0,
-    ),
-    ("offline_kd", "offline_kd_reverse_kl", "k=5"): (
-        0.1,
-        [0.0, 0.2],
-        [0.2, 0.0, 0.0, 0.0, 0.0],
-        0.1,
-        0.1,
-    ),
-    ("offline_kd", "offline_kd_reverse_kl", "all"): (
-        1.9,
-        [-1.1, 5.6],
-        [0.9, 2.0, 1.0, -3.0, 8.7],
-        4.2,
-        5.3,
-    ),
-    ("offline_kd", "sft_oracle", "k=3"): (1.7, [-1.0, 5.3], [-0.8, -0.5, 1.5, 0.5, 8.0], 3.6, 4.5),
-    ("offline_kd", "sft_oracle", "k=5"): (0.1, [0.0, 0.2], [0.2, 0.0, 0.0, 0.0, 0.0], 0.1, 0.1),
-    ("offline_kd", "sft_oracle", "all"): (1.5, [-1.1, 4.3], [0.7, 1.9, 1.2, -3.0, 6.6], 3.4, 4.3),
-    ("offline_kd", "seqkd", "k=3"): (2.1, [-1.2, 6.4], [0.5, -1.0, 2.8, -1.2, 9.5], 4.4, 5.6),
-    ("offline_kd", "seqkd", "k=5"): (0.1, [0.0, 0.2], [0.0, 0.2, 0.0, 0.0, 0.0], 0.1, 0.1),
-    ("offline_kd", "seqkd", "all"): (1.4, [-1.6, 4.5], [1.3, 2.0, 0.6, -3.7, 6.9], 3.8, 4.8),
-    ("offline_kd", "kd_oracle", "k=3"): (0.3, [-2.0, 2.9], [-1.8, -0.8, 1.2, -1.5, 4.2], 2.5, 3.1),
-    ("offline_kd", "kd_oracle", "k=5"): (0.0, [0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0], 0.0, 0.0),
-    ("offline_kd", "kd_oracle", "all"): (0.8, [-1.5, 3.1], [0.4, 1.5, 0.9, -3.2, 4.7], 2.8, 3.5),
-    ("offline_kd", "gkd_mix", "k=3"): (-3.0, [-7.1, 0.3], [-10.2, -1.2, -2.2, -2.8, 1.5], 4.4, 5.5),
-    ("offline_kd", "gkd_mix", "k=5"): (0.1, [0.0, 0.3], [0.0, 0.0, 0.0, 0.2, 0.2], 0.1, 0.2),
-    ("offline_kd", "gkd_mix", "all"): (-2.1, [-4.6, -0.0], [-0.9, -0.7, -3.0, -6.7, 0.7], 2.9, 3.6),
-}
 ORACLE_SFT_CHECK = ("go", 0.088)
 
 AT_SELECTED_RATES = {
-    # One benchmark command each: arms, arm seeds, then every contrast row it writes as
-    # (reference, arm, endpoint): mean, interval, per-seed differences, sd of the seed
-    # differences and MDE, all in pp (docs/benchmark.md, "Result with the oracle teacher"), then the
-    # stop-or-go checks as (status, value) and the overall status.
+    # One benchmark command each: arms, arm seeds, the stop-or-go checks as (status, value)
+    # and the overall status; the contrasts are EXPECTED[command].
     "full-arm-set": (
         [
             "offline_kd",
@@ -195,7 +440,6 @@ AT_SELECTED_RATES = {
             "gkd_mix",
         ],
         2,
-        FULL_ARM_SET_CONTRASTS,
         {**GATE_AND_ERRORS, "oracle_sft_not_at_ceiling": ORACLE_SFT_CHECK},
         "go",
     ),
@@ -203,29 +447,6 @@ AT_SELECTED_RATES = {
     "reverse-kl-arm-seed-0": (
         ["offline_kd_reverse_kl", "opd_reverse_kl"],
         1,
-        {
-            ("offline_kd_reverse_kl", "opd_reverse_kl", "k=3"): (
-                -6.1,
-                [-10.8, -2.2],
-                [-14.0, -1.0, -6.0, -2.0, -7.5],
-                5.2,
-                6.5,
-            ),
-            ("offline_kd_reverse_kl", "opd_reverse_kl", "k=5"): (
-                0.0,
-                [0.0, 0.0],
-                [0.0] * 5,
-                0.0,
-                0.0,
-            ),
-            ("offline_kd_reverse_kl", "opd_reverse_kl", "all"): (
-                -2.2,
-                [-3.2, -1.5],
-                [-3.8, -1.8, -1.8, -1.6, -2.3],
-                0.9,
-                1.2,
-            ),
-        },
         {**GATE_AND_ERRORS, "oracle_sft_not_at_ceiling": ("not_measured", None)},
         "incomplete",
     ),
@@ -234,37 +455,25 @@ AT_SELECTED_RATES = {
 
 @pytest.mark.parametrize("command", list(AT_SELECTED_RATES))
 def test_the_protocol_at_the_selected_rates_is_recomputed_from_its_stored_cells(
-    tmp_path: Path, command: str
+    recomputed: dict[str, dict[str, Any]], command: str
 ) -> None:
     """Every contrast and stop-or-go check at the grid's selected rates, from the stored cells.
 
     ``opd``'s cells are the pilot's (same validated config at its selected 0.001), reused.
     """
-    arms, arm_seeds, expected, checks, status = AT_SELECTED_RATES[command]
-    work = tmp_path / "selected"
-    shutil.copytree(SELECTED, work)
-    base = RunConfig.from_yaml(ROOT / "recipes" / "toy_calc_chain_oracle.yaml", PILOT_OVERRIDES)
-    definitions, learning_rates = benchmark_arms_from_grid(arms, GRID, base)
-    result = run_benchmark(
-        ROOT / "recipes" / "toy_calc_chain_oracle.yaml",
-        arms=arms,
-        seeds=[1, 2, 3, 4, 5],
-        output_dir=work,
-        overrides=PILOT_OVERRIDES,
-        arm_definitions=definitions,
-        arm_seeds=arm_seeds,
-        learning_rates=learning_rates,
-        run_cell=_refuse_to_train,
-    )
+    arms, _arm_seeds, checks, status = AT_SELECTED_RATES[command]
+    result = recomputed[command]
     assert result["cells"]["discarded"] == []
     for arm in arms:
         assert result["arms"][arm]["overrides"][-1] == f"train.lr={SELECTED_RATES[arm]}"
     got = {(c["reference"], c["arm"], c["endpoint"]): c for c in result["contrasts"]}
-    assert set(got) == set(expected)
-    for (reference, arm, endpoint), figures in expected.items():
-        _assert_contrast(got[(reference, arm, endpoint)], (reference, arm), *figures)
+    assert set(got) == set(EXPECTED[command])
+    for key, figures in EXPECTED[command].items():
+        _assert_contrast(got[key], key[:2], figures)
     primary = [(c["arm"], c["reference"]) in PRIMARY_CONTRASTS for c in result["contrasts"]]
     assert [c["primary"] for c in result["contrasts"]] == primary == sorted(primary, reverse=True)
+    family = [c for c in result["contrasts"] if c["holm_family"]]
+    assert {c["endpoint"] for c in family} == {"k=3", "k=5"} and all(c["primary"] for c in family)
     recorded = {c["check"]: (c["status"], c["value"]) for c in result["stop_or_go"]["checks"]}
     assert recorded == checks
     assert result["stop_or_go"]["status"] == status
@@ -457,3 +666,183 @@ def test_the_quoted_grid_table_is_the_stored_lr_grid() -> None:
         assert [row["lr"] for row in rows] == [0.0003, 0.001, 0.003], arm
         for row, quoted in zip(rows, GRID_TABLE[arm], strict=True):
             assert _matches_quote(row["mean"], quoted, 3), (arm, row)
+
+
+# ---------------------------------------------------------------------- the quoted figures
+#
+# README and docs/benchmark.md quote the calc_chain_oracle figures only inside regions marked
+# ``<!-- stored-results:NAME -->`` ... ``<!-- /stored-results:NAME -->``; each region's text is
+# rendered here from the recomputed benchmark.json and the stored lr_grid.json, and must match
+# byte for byte (rewrite them with MINIVERL_REGEN_DOCS=1 and review the diff). Outside the
+# regions the results sections quote no decimal figure (:data:`FREE_FIGURES` aside).
+
+README = ROOT / "README.md"
+BENCHMARK_DOC = ROOT / "docs" / "benchmark.md"
+_REGION = re.compile(
+    r"(<!-- stored-results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /stored-results:(?P=name) -->)",
+    re.S,
+)
+RESULT_SECTIONS = {
+    README: [("## Results: calc_chain with the oracle teacher", "## Tests")],
+    BENCHMARK_DOC: [
+        ("## Power procedure", "## The teacher gate, and the refusal"),
+        ("## Result with the oracle teacher", "### Where the forward-KL collapse comes from"),
+        ("### Limits", None),
+    ],
+}
+FREE_FIGURES = {"0.001", "0.0003", "0.003", "0.05"}
+"""Decimals the results prose may name outside a region: ε, the grid's learning rates, α."""
+PRIMARY_ARMS = ("offline_kd", "opd", "offline_kd_reverse_kl", "opd_reverse_kl")
+
+
+def _num(value: float) -> str:
+    """pp with one decimal, a typographic minus, and no sign on zero."""
+    x = round(100 * value, 1)
+    return "0.0" if x == 0 else f"{x:+.1f}".replace("-", "−")
+
+
+def _interval(pair: list[float]) -> str:
+    return f"[{_num(pair[0])}, {_num(pair[1])}]"
+
+
+def _p(value: float | None) -> str:
+    return "–" if value is None else stats_p_text(value)
+
+
+def _contrast_row(c: dict[str, Any]) -> str:
+    label = f"`{c['arm']}` − `{c['reference']}`"
+    return (
+        f"| {label} | {c['endpoint'].replace('=', ' = ')} | {_num(c['mean_difference'])} | "
+        f"{_interval(c['interval'])} | {_p(c['p_value'])} | {_p(c['p_holm'])} | "
+        f"{_interval(c['bootstrap_interval'])} | "
+        f"{', '.join(_num(v) for v in c['seed_differences'])} | "
+        f"{_num(c['sd_seed_differences'])} | {_num(c['mde'])} |"
+    )
+
+
+def _by_k(rows: list[dict[str, Any]], arm: str, k: str) -> float:
+    cells = [r for r in rows if r["arm"] == arm]
+    return sum(r["endpoints"]["success_by_k"][k] for r in cells) / len(cells)
+
+
+def _final(result: dict[str, Any], arm: str) -> str:
+    final = result["aggregates"][arm]["final_success"]
+    return f"{100 * final['mean']:.1f}% ± {100 * final['std']:.1f}"
+
+
+def render_regions(recomputed: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Region name -> its Markdown, from the recomputed results and the stored grid."""
+    full = recomputed["full-arm-set"]
+    contrasts = full["contrasts"]
+    by_key = {(c["arm"], c["reference"], c["endpoint"]): c for c in contrasts}
+    family = sum(1 for c in contrasts if c["p_holm"] is not None)
+    head = (
+        "| contrast | endpoint | mean | 95% t-interval, 5 seed means | p | "
+        f"Holm-adjusted p ({family} primary tests) | 95% two-level bootstrap | per seed (1..5) | "
+        "σ_diff | MDE (t) |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    regions = {
+        "primary-contrasts": head
+        + "\n".join(_contrast_row(c) for c in contrasts if c["primary"])
+        + "\n",
+        "secondary-contrasts": head.replace(f"Holm-adjusted p ({family} primary tests)", "Holm p")
+        + "\n".join(_contrast_row(c) for c in contrasts if not c["primary"])
+        + "\n",
+    }
+    rates = full["learning_rates"]["selected"]
+    lines = [
+        "| arm (selected rate) | all k | k = 1 | k = 2 | k = 3 |",
+        "|---|---|---|---|---|",
+    ]
+    for arm in full["arm_order"]:
+        lines.append(
+            f"| `{arm}` ({lr_text(rates[arm])}) | {_final(full, arm)} | "
+            + " | ".join(f"{_by_k(full['rows'], arm, k):.3f}" for k in ("1", "2", "3"))
+            + " |"
+        )
+    regions["arms"] = "\n".join(lines) + "\n"
+    lines = [
+        "| arm (selected `train.lr`) | final success, all k (mean ± SD over 5 seeds) | success at k = 3 (mean over 10 cells) |",
+        "|---|---|---|",
+    ]
+    for arm in PRIMARY_ARMS:
+        lines.append(
+            f"| `{arm}` ({lr_text(rates[arm])}) | {_final(full, arm)} | "
+            f"{_by_k(full['rows'], arm, '3'):.3f} |"
+        )
+    regions["readme-arms"] = "\n".join(lines) + "\n"
+    lines = [
+        "| primary contrast, greedy test success | k = 3 mean | 95% t-interval over the 5 seed means, p | "
+        f"Holm-adjusted p ({family} primary tests) | 95% two-level bootstrap | all k, mean [t-interval] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, reference in PRIMARY_CONTRASTS:
+        k3, every = by_key[(arm, reference, "k=3")], by_key[(arm, reference, "all")]
+        lines.append(
+            f"| `{arm}` − `{reference}` | {_num(k3['mean_difference'])} pp | "
+            f"{_interval(k3['interval'])}, p = {_p(k3['p_value'])} | {_p(k3['p_holm'])} | "
+            f"{_interval(k3['bootstrap_interval'])} | "
+            f"{_num(every['mean_difference'])} pp {_interval(every['interval'])} |"
+        )
+    regions["readme-primary"] = "\n".join(lines) + "\n"
+    grid = read_json(GRID / "lr_grid.json")
+    lines = [
+        "| arm | " + " | ".join(f"lr {lr_text(r)}" for r in grid["grid"]) + " | selected |",
+        "|---|" + "---|" * (len(grid["grid"]) + 1),
+    ]
+    for arm in grid["arms"]:
+        cells = []
+        for row in grid["table"][arm]:
+            text = f"{row['mean']:.3f}"
+            cells.append(f"**{text}**" if row["lr"] == grid["selected"][arm] else text)
+        lines.append(f"| `{arm}` | " + " | ".join(cells) + f" | {lr_text(grid['selected'][arm])} |")
+    regions["grid"] = "\n".join(lines) + "\n"
+    pilot_k3 = next(c for c in recomputed["pilot"]["contrasts"] if c["endpoint"] == "k=3")
+    sd = pilot_k3["sd_seed_differences"]
+    normal = math.ceil(((Z_975 + Z_80) * sd / DELTA) ** 2 - 1e-9)
+    regions["power"] = (
+        f"In the stored pilot (`results/calc_chain_oracle/pilot`) σ_diff at k = 3 is {_num(sd)} pp; at\n"
+        f"δ = {round(100 * DELTA)} pp `stats.seeds_needed` gives {seeds_needed(sd, DELTA)} seeds with the t-based MDE. The normal\n"
+        f"approximation gives {normal}, the number of seeds the stored protocol ran, so at its 5 seeds the\n"
+        f"t-based MDE at k = 3 is {_num(minimum_detectable_effect(sd, 5))} pp, above the δ it was planned for.\n"
+    )
+    return regions
+
+
+def _outside_regions(text: str) -> str:
+    return _REGION.sub("", text)
+
+
+def _section(text: str, start: str, end: str | None) -> str:
+    begin = text.index(start)
+    stop = text.index(end, begin) if end is not None else len(text)
+    return text[begin:stop]
+
+
+def test_every_figure_the_docs_quote_is_recomputed_from_the_stored_cells(
+    recomputed: dict[str, dict[str, Any]],
+) -> None:
+    regions = render_regions(recomputed)
+    seen: set[str] = set()
+    regen = os.environ.get("MINIVERL_REGEN_DOCS") == "1"
+    for doc in (README, BENCHMARK_DOC):
+        text = doc.read_text(encoding="utf-8")
+        for match in _REGION.finditer(text):
+            assert match["name"] in regions, f"{doc.name}: unknown region {match['name']}"
+            seen.add(match["name"])
+            if not regen:
+                assert match["body"] == regions[match["name"]], f"{doc.name}: {match['name']}"
+        if regen:
+            text = _REGION.sub(lambda m: m[1] + regions[m["name"]] + m[4], text)
+            doc.write_text(text, encoding="utf-8")
+        for start, end in RESULT_SECTIONS[doc]:
+            prose = [
+                line
+                for line in _outside_regions(_section(text, start, end)).splitlines()
+                if not line.startswith("    ")
+            ]
+            figures = {
+                f for line in prose for f in re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", line)
+            }
+            assert figures <= FREE_FIGURES, (doc.name, start, sorted(figures - FREE_FIGURES))
+    assert seen == set(regions)

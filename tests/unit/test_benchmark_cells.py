@@ -31,7 +31,13 @@ from miniverl.evaluation.contrasts import (
     stop_or_go,
     teacher_gate_check,
 )
-from miniverl.evaluation.stats import percentile_interval, two_level_bootstrap
+from miniverl.evaluation.stats import (
+    holm_adjusted,
+    percentile_interval,
+    t_interval,
+    t_test_p,
+    two_level_bootstrap,
+)
 from miniverl.utils.failpoints import FAILPOINT_EXIT_CODE
 from miniverl.utils.runs import RunPaths
 
@@ -249,7 +255,7 @@ def three_seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
 
 
-def test_contrast_is_the_two_level_bootstrap_of_the_arm_seed_averaged_table(
+def test_contrast_is_the_t_interval_and_two_level_bootstrap_of_the_arm_seed_averaged_table(
     three_seeds: dict[str, Any],
 ) -> None:
     primary = [c for c in three_seeds["contrasts"] if c["primary"]]
@@ -261,9 +267,18 @@ def test_contrast_is_the_two_level_bootstrap_of_the_arm_seed_averaged_table(
     expected = percentile_interval(
         two_level_bootstrap(table, resamples=20_000, seed=k3["bootstrap_seed"])
     )
-    assert k3["interval"] == pytest.approx(list(expected))
+    assert k3["bootstrap_interval"] == pytest.approx(list(expected))
+    assert k3["interval"] == pytest.approx(list(t_interval(k3["seed_differences"])))
+    assert k3["p_value"] == pytest.approx(t_test_p(k3["seed_differences"]))
+    family = [c for c in three_seeds["contrasts"] if c["holm_family"]]
+    assert {(c["arm"], c["endpoint"]) for c in family} == {("opd", "k=3"), ("opd", "k=5")}
+    tested = [c for c in family if c["p_value"] is not None]
+    assert tested and [c["p_holm"] for c in tested] == pytest.approx(
+        holm_adjusted([c["p_value"] for c in tested])
+    )
+    assert all(c["p_holm"] is None for c in three_seeds["contrasts"] if not c["holm_family"])
     exact = _exact_two_level(table)
-    low, high = k3["interval"]
+    low, high = k3["bootstrap_interval"]
     assert _exact_quantile(exact, 0.015) - 1e-9 <= low <= _exact_quantile(exact, 0.035) + 1e-9
     assert _exact_quantile(exact, 0.965) - 1e-9 <= high <= _exact_quantile(exact, 0.985) + 1e-9
     assert k3["mde"] is not None and "cannot be told apart" in k3["verdict"]

@@ -1,4 +1,5 @@
-"""evaluation/stats.py against brute force: exact two-level resampling, binomial tables, MDE."""
+"""evaluation/stats.py against brute force and float64 references: exact two-level resampling,
+binomial tables, Student t (closed forms and table values), Holm, the t-based MDE."""
 
 from __future__ import annotations
 
@@ -19,15 +20,42 @@ from miniverl.evaluation import stats
 from miniverl.evaluation.stats import (
     TaskResampler,
     compare_arms,
+    holm_adjusted,
     minimum_detectable_effect,
     paired_differences,
     percentile_interval,
     seeds_needed,
+    t_cdf,
+    t_interval,
+    t_quantile,
+    t_test_p,
     two_level_bootstrap,
 )
 
-Z_975 = 1.959963984540054
-Z_80 = 0.8416212335729143
+T_TABLE = {
+    # (q, df): the q quantile of Student's t, from printed tables (Fisher & Yates) to 9 digits.
+    (0.975, 1): 12.706204736,
+    (0.975, 2): 4.302652730,
+    (0.975, 3): 3.182446305,
+    (0.975, 4): 2.776445105,
+    (0.975, 9): 2.262157163,
+    (0.975, 30): 2.042272456,
+    (0.995, 7): 3.499483297,
+    (0.95, 10): 1.812461123,
+}
+
+
+def _t_cdf_closed_form(t: float, df: int) -> float:
+    """Student's t CDF in closed form for df = 1..4 (float64)."""
+    if df == 1:
+        return 0.5 + math.atan(t) / math.pi
+    if df == 2:
+        return 0.5 + t / (2.0 * math.sqrt(2.0 + t * t))
+    if df == 3:
+        u = t / math.sqrt(3.0)
+        return 0.5 + (u / (1.0 + u * u) + math.atan(u)) / math.pi
+    x = t * t / (4.0 + t * t)
+    return 0.5 + 0.5 * math.copysign(math.sqrt(x) * (1.5 - 0.5 * x), t)
 
 
 def _exact_two_level(table: list[list[float]]) -> dict[float, float]:
@@ -161,33 +189,91 @@ def test_large_seed_resample_has_the_multinomial_moments() -> None:
 # -- minimum detectable effect -------------------------------------------------------------------
 
 
-def test_mde_is_the_stated_formula() -> None:
-    for sd, n in [(0.1, 16), (0.35, 5), (0.02, 40)]:
-        assert minimum_detectable_effect(sd, n) == pytest.approx(
-            (Z_975 + Z_80) * sd / math.sqrt(n), rel=1e-12
+@pytest.mark.parametrize("df", [1, 2, 3, 4])
+def test_t_cdf_matches_the_closed_forms(df: int) -> None:
+    for t in (-40.0, -6.5, -2.0, -0.3, 0.0, 0.01, 0.7, 1.5, 3.0, 12.0, 300.0):
+        assert t_cdf(t, df) == pytest.approx(_t_cdf_closed_form(t, df), abs=1e-13), t
+
+
+@pytest.mark.parametrize(("q", "df"), list(T_TABLE))
+def test_t_quantile_matches_table_values(q: float, df: int) -> None:
+    assert t_quantile(q, df) == pytest.approx(T_TABLE[(q, df)], abs=1e-6)
+    assert t_quantile(1.0 - q, df) == -t_quantile(q, df)
+
+
+def test_t_quantile_inverts_the_closed_forms() -> None:
+    for q in (0.51, 0.6, 0.8, 0.9, 0.975, 0.999):
+        assert t_quantile(q, 1) == pytest.approx(math.tan(math.pi * (q - 0.5)), rel=1e-12)
+        assert t_quantile(q, 2) == pytest.approx(
+            (2 * q - 1) / math.sqrt(2 * q * (1 - q)), rel=1e-12
         )
-    assert minimum_detectable_effect(0.1, 16, alpha=0.01, power=0.9) == pytest.approx(
-        (2.5758293035489004 + 1.2815515655446004) * 0.1 / 4, rel=1e-12
+        for df in (3, 4):
+            assert _t_cdf_closed_form(t_quantile(q, df), df) == pytest.approx(q, abs=1e-13)
+    assert t_quantile(0.975, 10**8) == pytest.approx(1.959963984540054, abs=1e-6)
+    with pytest.raises(ValueError, match="0 < q < 1"):
+        t_quantile(1.0, 4)
+
+
+def test_t_interval_and_p_value_are_computed_by_hand() -> None:
+    values = [1 / 3, -1 / 3, 2 / 3]
+    mean, sd = 2 / 9, statistics.stdev(values)
+    half = T_TABLE[(0.975, 2)] * sd / math.sqrt(3)
+    assert t_interval(values) == pytest.approx((mean - half, mean + half), abs=1e-8)
+    t = mean / (sd / math.sqrt(3))
+    assert t_test_p(values) == pytest.approx(1.0 - t / math.sqrt(2.0 + t * t), abs=1e-13)
+    assert t_test_p([-0.1, 0.1, 0.0, 0.3]) == pytest.approx(
+        2 * (1 - t_cdf(0.075 / (statistics.stdev([-0.1, 0.1, 0.0, 0.3]) / 2), 3)), abs=1e-13
+    )
+    assert t_test_p([0.0, 0.0, 0.0]) == 1.0 and t_test_p([0.2, 0.2, 0.2]) == 0.0
+
+
+def test_holm_matches_the_textbook_example() -> None:
+    """Four hypotheses, family-wise alpha 0.05 (Holm 1979; e.g. Wikipedia's worked example):
+    sorted p 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 with the running maximum."""
+    adjusted = holm_adjusted([0.01, 0.04, 0.03, 0.005])
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02], abs=1e-15)
+    assert [p <= 0.05 for p in adjusted] == [True, False, False, True]
+    assert holm_adjusted([0.2, 0.6]) == pytest.approx([0.4, 0.6])
+    assert holm_adjusted([0.5, 0.9, 0.8]) == [1.0, 1.0, 1.0]
+    assert holm_adjusted([]) == []
+
+
+def test_mde_is_the_stated_t_formula() -> None:
+    """(t_{.975, n-1} + t_{.8, n-1}) sd / sqrt(n); t_{.8, 4} from the df = 4 closed form."""
+    t80_4 = t_quantile(0.8, 4)
+    assert _t_cdf_closed_form(t80_4, 4) == pytest.approx(0.8, abs=1e-13)
+    assert minimum_detectable_effect(0.35, 5) == pytest.approx(
+        (T_TABLE[(0.975, 4)] + t80_4) * 0.35 / math.sqrt(5), abs=1e-8
+    )
+    assert minimum_detectable_effect(0.1, 11, alpha=0.1, power=0.9) == pytest.approx(
+        (T_TABLE[(0.95, 10)] + t_quantile(0.9, 10)) * 0.1 / math.sqrt(11), abs=1e-9
     )
     for n in (2, 5, 17, 190):
         assert seeds_needed(0.3, minimum_detectable_effect(0.3, n)) == n
-    assert seeds_needed(0.45, 0.10) == math.ceil(((Z_975 + Z_80) * 0.45 / 0.10) ** 2) == 159
+    assert seeds_needed(0.45, 0.10) == 161
+    assert minimum_detectable_effect(0.45, 161) <= 0.10 < minimum_detectable_effect(0.45, 160)
     with pytest.raises(ValueError, match="effect must be positive"):
         seeds_needed(0.1, 0.0)
     with pytest.raises(ValueError, match="strictly between 0 and 1"):
         minimum_detectable_effect(0.1, 4, power=1.0)
+    with pytest.raises(ValueError, match="n >= 2"):
+        minimum_detectable_effect(0.1, 1)
 
 
-def test_an_effect_of_one_mde_is_detected_with_the_stated_power() -> None:
-    rng = random.Random(2)
-    sd, n = 0.2, 8
+@pytest.mark.parametrize(("n", "seed"), [(5, 3), (8, 2)])
+def test_an_effect_of_one_mde_is_detected_by_the_t_test_with_the_stated_power(
+    n: int, seed: int
+) -> None:
+    rng = random.Random(seed)
+    sd = 0.2
     effect = minimum_detectable_effect(sd, n)
+    critical = t_quantile(0.975, n - 1)
     trials = 4000
-    detected = sum(
-        abs(statistics.fmean(rng.gauss(effect, sd) for _ in range(n))) / (sd / math.sqrt(n)) > Z_975
-        for _ in range(trials)
-    )
-    assert detected / trials == pytest.approx(0.8, abs=0.025)
+    detected = 0
+    for _ in range(trials):
+        xs = [rng.gauss(effect, sd) for _ in range(n)]
+        detected += abs(statistics.fmean(xs)) / (statistics.stdev(xs) / math.sqrt(n)) > critical
+    assert detected / trials == pytest.approx(0.8, abs=0.03)
 
 
 # -- contrasts and verdicts ------------------------------------------------------------------------
@@ -211,26 +297,46 @@ def test_contrast_pairs_tasks_and_reports_values_computed_by_hand() -> None:
     assert result.seed_differences == pytest.approx([1 / 3, -1 / 3, 2 / 3])
     assert result.mean_difference == pytest.approx(2 / 9)
     assert result.sd_seed_differences == pytest.approx(statistics.stdev([1 / 3, -1 / 3, 2 / 3]))
-    assert result.mde == pytest.approx((Z_975 + Z_80) * result.sd_seed_differences / math.sqrt(3))
-    replicates = two_level_bootstrap(list(paired_differences(arm, ref).values()), resamples=2000)
-    assert result.interval == percentile_interval(replicates)
-    assert result.notes == [] and json.loads(json.dumps(result.to_dict()))["interval"] == list(
-        result.interval
+    assert result.mde == pytest.approx(
+        (T_TABLE[(0.975, 2)] + t_quantile(0.8, 2)) * result.sd_seed_differences / math.sqrt(3),
+        abs=1e-8,
     )
+    half = T_TABLE[(0.975, 2)] * result.sd_seed_differences / math.sqrt(3)
+    assert result.interval == pytest.approx((2 / 9 - half, 2 / 9 + half), abs=1e-8)
+    assert (result.interval_method, result.df) == ("t", 2)
+    assert result.p_value == pytest.approx(t_test_p([1 / 3, -1 / 3, 2 / 3]), abs=1e-15)
+    replicates = two_level_bootstrap(list(paired_differences(arm, ref).values()), resamples=2000)
+    assert result.bootstrap_interval == percentile_interval(replicates)
+    data = json.loads(json.dumps(result.to_dict()))
+    assert result.notes == [] and data["interval"] == list(result.interval)
+    assert data["bootstrap_interval"] == list(result.bootstrap_interval)
 
 
 def test_verdict_when_the_arms_differ() -> None:
     result = compare_arms("opd", "offline_kd", _outcomes(1, 0.9), _outcomes(2, 0.2), resamples=2000)
     assert result.distinguishable and result.interval[0] > 0
     lo, hi = result.interval
+    blo, bhi = result.bootstrap_interval
     assert result.verdict == (
-        f"opd vs offline_kd: opd is better by {100 * result.mean_difference:+.1f} pp (95% interval "
-        f"[{100 * lo:+.1f} pp, {100 * hi:+.1f} pp], two-level bootstrap over 5 seeds and their tasks); "
+        f"opd vs offline_kd: opd is better by {100 * result.mean_difference:+.1f} pp (95% t-interval "
+        f"[{100 * lo:+.1f} pp, {100 * hi:+.1f} pp] over 5 seed means, p = < 0.001; two-level bootstrap "
+        f"[{100 * blo:+.1f} pp, {100 * bhi:+.1f} pp]); "
         f"with 5 seeds and the observed sd of the seed differences ({100 * result.sd_seed_differences:.1f} pp) "
-        f"only a difference of at least {100 * result.mde:.1f} pp would be detected with 80% power (two-sided alpha 0.05)."
+        f"only a difference of at least {100 * result.mde:.1f} pp would be detected with 80% power (two-sided alpha 0.05, t with 4 df)."
     )
     worse = compare_arms("offline_kd", "opd", _outcomes(2, 0.2), _outcomes(1, 0.9), resamples=2000)
     assert worse.distinguishable and "offline_kd is worse by" in worse.verdict
+
+
+def test_the_headline_is_the_t_interval_even_where_the_bootstrap_excludes_0() -> None:
+    """Five seeds, each a clear negative but scattered: the bootstrap of five atoms excludes 0,
+    the t-interval does not, and the verdict follows the t-interval."""
+    arm = {s: [0.0] * 100 for s in range(5)}
+    ref = {s: [1.0] * n + [0.0] * (100 - n) for s, n in enumerate([16, 1, 3, 3, 12])}
+    result = compare_arms("opd", "offline_kd", arm, ref, resamples=2000)
+    assert result.bootstrap_interval[1] < 0 < result.interval[1]
+    assert not result.distinguishable and "(the t-interval includes 0)" in result.verdict
+    assert 0.05 < result.p_value < 0.1
 
 
 def test_verdict_when_the_arms_cannot_be_told_apart() -> None:
@@ -239,7 +345,7 @@ def test_verdict_when_the_arms_cannot_be_told_apart() -> None:
     assert not result.distinguishable and lo < 0 < hi
     assert result.verdict.startswith(
         f"opd vs offline_kd: the arms cannot be told apart: {100 * result.mean_difference:+.1f} pp, "
-        f"95% interval [{100 * lo:+.1f} pp, {100 * hi:+.1f} pp] includes 0; with 5 seeds"
+        f"95% t-interval [{100 * lo:+.1f} pp, {100 * hi:+.1f} pp] over 5 seed means, p = {result.p_value:.3f}"
     )
     assert f"at least {100 * result.mde:.1f} pp would be detected with 80% power" in result.verdict
 
@@ -248,6 +354,7 @@ def test_verdict_when_the_arms_cannot_be_told_apart() -> None:
 def test_no_interval_below_three_seeds_and_it_says_so(n: int) -> None:
     result = compare_arms("opd", "offline_kd", _outcomes(1, 0.9, n), _outcomes(2, 0.1, n))
     assert result.interval is None and result.resamples is None and not result.distinguishable
+    assert result.p_value is None and result.bootstrap_interval is None
     plural = "s" * (n != 1)
     assert result.verdict.startswith(
         f"opd vs offline_kd: {100 * result.mean_difference:+.1f} pp over {n} seed{plural}; "
@@ -273,7 +380,7 @@ def test_an_interval_over_seeds_with_fewer_than_three_tasks_says_so() -> None:
     )
     assert result.interval is not None
     assert result.notes == [
-        "seed(s) 1, 2 have fewer than 3 tasks: the task level of the interval rests on fewer than 3 values"
+        "seed(s) 1, 2 have fewer than 3 tasks: the task level of the bootstrap interval rests on fewer than 3 values"
     ]
 
 

@@ -140,14 +140,9 @@ def journal_records(data: bytes, base: str, path: Path) -> Iterator[tuple[int, d
             return
         line_number += 1
         try:
-            line = json.loads(
-                data[offset:end].decode("utf-8"), object_pairs_hook=no_duplicate_keys
-            )
+            line = json.loads(data[offset:end].decode("utf-8"), object_pairs_hook=no_duplicate_keys)
             record = line["record"]
-            intact = (
-                isinstance(record, dict)
-                and sha256_text(_canonical(record)) == line["sha256"]
-            )
+            intact = isinstance(record, dict) and sha256_text(_canonical(record)) == line["sha256"]
         except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError):
             intact = False
         if not intact:
@@ -263,7 +258,6 @@ def read_span(handle: Any, info: TensorInfo) -> bytes:
             f"tensor {info.name!r} is truncated: read {len(data)} of {info.nbytes} bytes"
         )
     return data
-
 
 
 def missing_cache_error(directory: Path | str) -> CacheIntegrityError:

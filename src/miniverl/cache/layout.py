@@ -122,7 +122,6 @@ def expected_layout(
     return {name: full[name] for name in record.tensors if name in full}
 
 
-
 __all__ = [
     "CACHE_DTYPE_CODES",
     "INDEX_NAME",

@@ -85,8 +85,6 @@ class ValidationReport:
         return line
 
 
-
-
 def validate(directory: str | Path, index: CacheIndex | None = None) -> ValidationReport:
     """Recompute every shard's file SHA-256 and every entry's tensor SHA-256.
 

@@ -37,7 +37,6 @@ class CacheableTargets(Protocol):
     def cache_tensors(self) -> dict[str, torch.Tensor]: ...
 
 
-
 @dataclass(frozen=True)
 class CachedTargets:
     """One entry read back: its record, the cache provenance and verified CPU tensors.
@@ -172,9 +171,7 @@ def to_storage(
         raise ValueError(f"entry {key!r}: topk_indices must lie in [0, {prov.vocab_size})")
     log_dtype = getattr(torch, prov.dtype)
     wanted = {
-        "topk_indices": torch.int32
-        if index_dtype_code(prov.vocab_size) == "I32"
-        else torch.int64,
+        "topk_indices": torch.int32 if index_dtype_code(prov.vocab_size) == "I32" else torch.int64,
         "topk_log_probs": log_dtype,
         "tail_log_prob": log_dtype,
         "teacher_entropy": torch.float32,

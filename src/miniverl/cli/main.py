@@ -721,6 +721,13 @@ def benchmark(
             help="lr_grid.json (or its directory) from `miniverl lr-grid`: run each arm at the learning rate selected for it on the validation split.",
         ),
     ] = None,
+    protocol: Annotated[
+        Path | None,
+        typer.Option(
+            "--protocol",
+            help="Pre-registered protocol (YAML/JSON: endpoints, primary_contrasts, seeds, arms, thresholds, lr_grid); frozen by SHA-256 into the output directory before any cell runs. Required to run cells on eval.split=test.",
+        ),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Compare objectives from one shared SFT cold start per seed, holding splits, steps and evaluation fixed; rerun to resume."""
@@ -764,6 +771,7 @@ def benchmark(
             compute_matched=compute_matched,
             arm_definitions=arm_definitions,
             learning_rates=learning_rates,
+            protocol=protocol,
         )
     print_benchmark(result, console)
     paths = RunPaths(output)

@@ -12,7 +12,14 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from miniverl.config.limits import (
     BOUND_HINT,
@@ -233,6 +240,19 @@ class OracleTeacherConfig(_Section):
         lt=1,
         description="Probability mass epsilon spread uniformly over the vocabulary: the teacher puts 1 - epsilon + epsilon/V on the oracle's next token from the current state (after an error: the corrective re-call) and epsilon/V on every other token.",
     )
+    off_path: Literal["privileged", "context", "turn_only"] = Field(
+        "privileged",
+        description="Targets after the student left the oracle's path inside a turn: privileged = finish the block from the oracle's own solution (the true final value even when no tool result shows it; template numbers finished inside a miscopied one); context = only what the transcript determines (a final value only once a tool result shows it, else the answer block is closed; a miscopied number is ended, not finished); turn_only = no target inside a deviated turn (those positions leave the selection), only the on-path positions and the corrective next turn are supervised.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_default_off_path(self, handler: Any) -> dict[str, Any]:
+        """``off_path: privileged`` is left out of the dump, so the digest of every config
+        written before the field existed (the stored cells of ``results/``) is unchanged."""
+        data = handler(self)
+        if data.get("off_path") == "privileged":
+            del data["off_path"]
+        return data
 
 
 class TeacherFitConfig(_Section):

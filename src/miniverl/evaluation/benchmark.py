@@ -120,6 +120,7 @@ def run_benchmark(
     resamples: int = DEFAULT_RESAMPLES,
     run_cell: Any = None,
     learning_rates: Mapping[str, Any] | None = None,
+    protocol: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run every (seed, arm seed, arm) cell from one shared cold start per seed; write benchmark.json and a report.
 
@@ -131,7 +132,10 @@ def run_benchmark(
     recipe already has (``--lr-from`` selecting the recipe's own ``train.lr``) reuses it, and
     any real change reruns it; ``run_cell`` replaces the trainer (tests).
     ``learning_rates`` (where the arms' ``train.lr`` came from, e.g. the shared grid of
-    ``evaluation/lr_grid.py``) is recorded verbatim in benchmark.json.
+    ``evaluation/lr_grid.py``) is recorded verbatim in benchmark.json. ``protocol`` is the
+    pre-registered protocol file (``evaluation/protocol.py``): frozen into ``output_dir``
+    before any cell runs; with ``eval.split=test`` no cell runs without one (stored cells
+    are still recomputed).
     """
     from miniverl.evaluation.budgets import BUDGET_FIELDS, MATCHABLE, REFERENCE_ARM
     from miniverl.evaluation.cells import COLD_START, CellStore, plan_cells, run_cells
@@ -173,6 +177,22 @@ def run_benchmark(
         raise RunDirectoryError(
             f"{root} already holds a benchmark", hint="choose another --output directory"
         )
+
+    from miniverl.evaluation.contrasts import contrast_pairs
+    from miniverl.evaluation.protocol import (
+        freeze_protocol,
+        primary_endpoints,
+        refuse_unprotocolled_cell,
+    )
+
+    on_test = base.eval.split == "test"
+    frozen = freeze_protocol(
+        root,
+        protocol,
+        seeds=seeds,
+        arms=list(chosen),
+        primary_pairs=[(a, b) for a, b, primary in contrast_pairs(list(chosen)) if primary],
+    )
 
     plans: dict[int, tuple[RunConfig, dict[str, RunConfig]]] = {}
     held: dict[str, Any] = {}
@@ -217,6 +237,8 @@ def run_benchmark(
         return None
 
     def wrapped(cell: Any, done: Mapping[Any, Any]) -> Mapping[str, Any]:
+        if on_test and frozen is None:
+            refuse_unprotocolled_cell(cell.name)
         if not cell.is_cold_start:
             refuse_failed_gates([done[type(cell)(cell.seed, 0, COLD_START)]])
         payload = dict(run_cell(cell, done))
@@ -245,8 +267,9 @@ def run_benchmark(
     from miniverl.evaluation.contrasts import all_contrasts, statistics_note, stop_or_go
 
     names = list(chosen)
+    family = {} if frozen is None else {"primary_endpoints": primary_endpoints(frozen["content"])}
     contrasts = all_contrasts(
-        rows, names, resamples=resamples, bootstrap_seed=DEFAULT_BOOTSTRAP_SEED
+        rows, names, resamples=resamples, bootstrap_seed=DEFAULT_BOOTSTRAP_SEED, **family
     )
     result: dict[str, Any] = {
         "schema": "miniverl.benchmark/2",
@@ -286,6 +309,22 @@ def run_benchmark(
             for name in names
         },
         "contrasts": contrasts,
+        "protocol": {
+            "required": on_test,
+            "frozen": frozen,
+            "note": (
+                f"protocol {frozen['file']} frozen at {frozen['frozen_at']} (sha256 {frozen['sha256']}), "
+                f"stored as {frozen['stored_as']}"
+            )
+            if frozen is not None
+            else "no protocol file was frozen for this directory"
+            + (
+                ": every test-split cell was recomputed from cells stored before protocols were frozen, "
+                "so these results are not pre-registered"
+                if on_test
+                else ""
+            ),
+        },
         "statistics_note": statistics_note(len(seeds), arm_seeds),
         "stop_or_go": stop_or_go(cold_starts, rows, names),
         "significance": {
@@ -367,10 +406,50 @@ def print_benchmark(result: Mapping[str, Any], console: Console) -> None:
     if lr_note:
         console.print(lr_note, markup=False)
     console.print(result["significance"]["note"])
+    if (result.get("protocol") or {}).get("note"):
+        console.print(result["protocol"]["note"], markup=False)
     print_contrasts(result, console)
     console.print(
         f"wall clock {result['wall_seconds']:.1f} s (including {len(result['cold_starts'])} shared cold start(s))"
     )
+
+
+def _interval_text(interval: Sequence[float] | None) -> str:
+    return f"[{100 * interval[0]:+.1f}, {100 * interval[1]:+.1f}]" if interval else "-"
+
+
+def contrast_table(contrasts: Sequence[Mapping[str, Any]]) -> Table:
+    """One row per contrast and endpoint: estimate, t-interval, p, Holm-adjusted p (primary
+    family only), two-level bootstrap interval and t-based MDE, all in pp."""
+    from miniverl.evaluation.stats import p_text
+
+    table = Table(title="contrasts (arm - reference, pp)")
+    for column in (
+        "contrast",
+        "endpoint",
+        "primary",
+        "Δ",
+        "95% t-interval",
+        "p",
+        "Holm p",
+        "bootstrap 95%",
+        "MDE",
+    ):
+        table.add_column(column, justify="left" if column == "contrast" else "right")
+    for c in contrasts:
+        mean = c.get("mean_difference")
+        table.add_row(
+            f"{c['arm']} - {c['reference']}",
+            str(c["endpoint"]),
+            "yes" if c.get("primary") else "",
+            f"{100 * mean:+.1f}" if mean is not None else "-",
+            _interval_text(c.get("interval")),
+            p_text(c["p_value"]) if c.get("p_value") is not None else "-",
+            p_text(c["p_holm"]) if c.get("p_holm") is not None else "-",
+            _interval_text(c.get("bootstrap_interval")),
+            f"{100 * c['mde']:.1f}" if c.get("mde") is not None else "-",
+        )
+    return table
 
 
 def print_contrasts(result: Mapping[str, Any], console: Console) -> None:
@@ -379,6 +458,7 @@ def print_contrasts(result: Mapping[str, Any], console: Console) -> None:
     if contrasts:
         if result.get("statistics_note"):
             console.print(result["statistics_note"])
+        console.print(contrast_table(contrasts))
         for primary in (True, False):
             chosen = [c for c in contrasts if bool(c.get("primary")) is primary]
             if chosen:
@@ -435,6 +515,7 @@ def print_contrasts(result: Mapping[str, Any], console: Console) -> None:
 
 __all__ = [
     "REFUSES_TO_CLAIM",
+    "contrast_table",
     "plan_digest",
     "print_benchmark",
     "print_contrasts",

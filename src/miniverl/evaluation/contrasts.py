@@ -5,14 +5,16 @@
 the tasks of one chain length k), each seed contributes one row: per task, the mean over
 that seed's arm seeds of A's outcome minus the same for B. Arm seeds share the seed's
 cold start, so they are not independent units and are averaged inside the seed, as
-:mod:`miniverl.evaluation.stats` expects; the two-level bootstrap then resamples seeds, and
+:mod:`miniverl.evaluation.stats` expects; the headline t-interval is over the seed means, and the
+secondary two-level bootstrap resamples seeds, and
 tasks within each drawn seed. Tasks are paired by ``task_id`` (the splits come from
 ``environment.split_seed``, so every cell sees the same tasks).
 
 **Order.** The pre-registered primary contrasts (:data:`PRIMARY_CONTRASTS`) come first
 whenever both of their arms ran; then every other arm against a reference
 (:func:`contrast_pairs`). Primary endpoints are greedy success at k = 3 and k = 5
-(:data:`miniverl.evaluation.endpoints.PRIMARY_KS`); "all" pools every k.
+(:data:`miniverl.evaluation.endpoints.PRIMARY_KS`); "all" pools every k. The primary
+family (primary contrasts at primary endpoints) is Holm-corrected (:func:`holm_family`).
 
 **Stop-or-go checks** (:func:`stop_or_go`), recorded in ``benchmark.json``: the teacher
 gate passed (the value comes from the cold-start record, written by the gate), oracle SFT
@@ -33,6 +35,8 @@ from miniverl.evaluation.stats import (
     MIN_VALUES_FOR_INTERVAL,
     POWER,
     compare_arms,
+    holm_adjusted,
+    p_text,
 )
 
 PRIMARY_CONTRASTS: tuple[tuple[str, str], ...] = (
@@ -113,6 +117,8 @@ def contrast(
             "verdict": f"{arm} vs {reference} ({endpoint_label(k)}): no paired outcomes; nothing is claimed.",
             "distinguishable": False,
             "interval": None,
+            "p_value": None,
+            "bootstrap_interval": None,
             "mde": None,
             "seeds": [],
             "notes": ["no seed has outcomes of both arms on this endpoint"],
@@ -137,8 +143,13 @@ def all_contrasts(
     resamples: int,
     bootstrap_seed: int,
     ks: Sequence[int | None] = (*PRIMARY_KS, None),
+    primary_endpoints: Sequence[int | None] = PRIMARY_KS,
 ) -> list[dict[str, Any]]:
-    """Every contrast of :func:`contrast_pairs` on every endpoint in ``ks``, primary first."""
+    """Every contrast of :func:`contrast_pairs` on every endpoint in ``ks``, primary first.
+
+    The primary family is every primary contrast on every endpoint of ``primary_endpoints``;
+    its rows carry ``p_holm``, Holm's adjusted p over the family (:func:`holm_family`).
+    """
     out = []
     for arm, reference, primary in contrast_pairs(arms):
         for k in ks:
@@ -146,6 +157,28 @@ def all_contrasts(
                 cells, arm, reference, k, resamples=resamples, bootstrap_seed=bootstrap_seed
             )
             out.append({**row, "primary": primary})
+    return holm_family(out, [endpoint_label(k) for k in primary_endpoints])
+
+
+def holm_family(rows: list[dict[str, Any]], endpoints: Sequence[str]) -> list[dict[str, Any]]:
+    """``rows`` with ``holm_family`` (member of the primary family: a primary contrast on one
+    of ``endpoints``) and ``p_holm`` (Holm-adjusted p over the members with a p-value; None
+    elsewhere); a member's verdict gains the adjusted p."""
+    members = [
+        i
+        for i, r in enumerate(rows)
+        if r.get("primary") and r["endpoint"] in endpoints and r.get("p_value") is not None
+    ]
+    adjusted = holm_adjusted([rows[i]["p_value"] for i in members])
+    out = [
+        {**r, "holm_family": bool(r.get("primary")) and r["endpoint"] in endpoints, "p_holm": None}
+        for r in rows
+    ]
+    for i, p in zip(members, adjusted, strict=True):
+        out[i]["p_holm"] = p
+        out[i]["verdict"] = out[i]["verdict"].rstrip(".") + (
+            f"; Holm-adjusted p = {p_text(p)} over the {len(members)} primary tests."
+        )
     return out
 
 
@@ -161,8 +194,10 @@ def statistics_note(n_seeds: int, arm_seeds: int) -> str:
             "so no arm difference is claimed."
         )
     return (
-        f"{head}; 95% percentile intervals from a two-level bootstrap (seeds, then tasks within each seed); "
-        f"MDE at two-sided alpha {ALPHA:g} and power {POWER:g} from the observed sd of the seed differences."
+        f"{head}; headline: 95% Student t-intervals over the seed means (df = seeds - 1) with two-sided "
+        "t-test p-values, Holm-adjusted over the primary family (primary contrasts at the primary endpoints); "
+        "secondary: 95% percentile intervals from a two-level bootstrap (seeds, then tasks within each seed); "
+        f"MDE at two-sided alpha {ALPHA:g} and power {POWER:g} from t quantiles and the observed sd of the seed differences."
     )
 
 
@@ -303,6 +338,7 @@ __all__ = [
     "contrast",
     "contrast_pairs",
     "error_rate_check",
+    "holm_family",
     "outcome_table",
     "statistics_note",
     "stop_or_go",

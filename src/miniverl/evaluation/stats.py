@@ -1,7 +1,8 @@
-"""The benchmark's statistics: per-arm summaries, contrasts with a two-level bootstrap, the MDE.
+"""The benchmark's statistics: per-arm summaries, contrasts with a t-interval over seed means
+(headline) and a two-level bootstrap (secondary), Holm's adjustment, the t-based MDE.
 
-Pure standard-library Python (no torch, no numpy), so it runs and is tested from a plain
-install and can be reused on any table of outcomes.
+Pure standard-library Python (no torch, no numpy, no scipy), so it runs and is tested from a
+plain install and can be reused on any table of outcomes.
 
 **Per-arm summaries** (:func:`aggregate`, :func:`describe`, :func:`seed_rows`): mean,
 sample standard deviation and range of every measured metric over seeds, and a seeded
@@ -14,11 +15,23 @@ averaged per task by the caller, because they share the cold start) there is one
 difference per task, ``A_t - B_t`` (e.g. 1 - 0 when A solved task t and B did not).
 The contrast's estimate is the mean over seeds of each seed's mean task difference.
 
-**The interval** is a percentile bootstrap of that estimate with two levels, matching the
-two sources of variation: draw ``S`` seeds with replacement from the ``S`` seeds, then,
-independently for every drawn seed, draw its ``T_s`` tasks with replacement (pairs stay
-together, so the contrast stays paired), and average. :func:`two_level_bootstrap` samples
-the task level as the equivalent multinomial counts over the seed's distinct values
+**The headline interval** is Student's t over the ``n`` seed means ``d_s``::
+
+    mean(d) -+ t_{1 - alpha/2, n - 1} * sd(d) / sqrt(n)
+
+with its two-sided one-sample t-test of 0 (``p_value``). The seed is the unit the
+experiment replicates, and with five seeds a percentile bootstrap is too narrow (it
+resamples five atoms, so it cannot see the t-distribution's tails). The t-distribution is
+computed here from the regularized incomplete beta function (:func:`t_cdf`,
+:func:`t_quantile`; checked against closed forms and table values in
+``tests/unit/test_stats.py``). Across a family of contrasts, :func:`holm_adjusted`
+gives Holm's step-down adjusted p-values (family-wise error at ``alpha``).
+
+**The secondary interval** is a percentile bootstrap of the estimate with two levels,
+matching the two sources of variation: draw ``S`` seeds with replacement from the ``S``
+seeds, then, independently for every drawn seed, draw its ``T_s`` tasks with replacement
+(pairs stay together, so the contrast stays paired), and average. :func:`two_level_bootstrap`
+samples the task level as the equivalent multinomial counts over the seed's distinct values
 (sequential binomials, inverse-CDF), so a resample costs O(distinct values x log T) per
 seed instead of O(T); ``tests/unit/test_stats.py`` checks the result against an exact
 enumeration of every equally likely resample.
@@ -26,16 +39,16 @@ enumeration of every equally likely resample.
 **The minimum detectable effect** for paired seeds, two-sided level ``alpha`` and power
 ``1 - beta``::
 
-    MDE = (z_{1 - alpha/2} + z_{1 - beta}) * sigma_diff / sqrt(n)
+    MDE = (t_{1 - alpha/2, n - 1} + t_{1 - beta, n - 1}) * sigma_diff / sqrt(n)
 
 with ``sigma_diff`` the sample standard deviation (n - 1) of the per-seed mean
-differences and ``n`` the number of seeds (defaults: alpha = 0.05, power = 0.8, factor
-2.80). It is a normal approximation: with few seeds the t-distribution would give a
-larger value, so the MDE is optimistic there. ``sigma_diff`` already contains the task
-sampling noise of a seed's mean. :func:`seeds_needed` inverts it for a target effect.
+differences and ``n`` the number of seeds (defaults: alpha = 0.05, power = 0.8; factor
+3.71 at n = 5, against 2.80 for the normal approximation, which is optimistic with few
+seeds). ``sigma_diff`` already contains the task sampling noise of a seed's mean.
+:func:`seeds_needed` inverts it for a target effect.
 
-**Fewer than three values**: no interval is computed over fewer than
-:data:`MIN_VALUES_FOR_INTERVAL` seeds (the verdict says so), and an interval over seeds
+**Fewer than three values**: no interval or p-value is computed over fewer than
+:data:`MIN_VALUES_FOR_INTERVAL` seeds (the verdict says so), and a bootstrap over seeds
 with fewer than three tasks carries a note saying so.
 """
 
@@ -167,32 +180,163 @@ def percentile_interval(
     return quantile(replicates, tail), quantile(replicates, 1.0 - tail)
 
 
+# ---------------------------------------------------------------------- Student's t
+
+
+def _beta_continued_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta (modified Lentz, to 1e-16)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 10_000):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-16:
+            return h
+    raise ArithmeticError(f"incomplete beta did not converge (a={a}, b={b}, x={x})")
+
+
+def regularized_incomplete_beta(a: float, b: float, x: float) -> float:
+    """``I_x(a, b)`` for ``a, b > 0`` and ``0 <= x <= 1`` (Numerical Recipes 6.4, float64)."""
+    if not (a > 0 and b > 0 and 0.0 <= x <= 1.0):
+        raise ValueError(f"incomplete beta needs a, b > 0 and 0 <= x <= 1 (got {a}, {b}, {x})")
+    if x in (0.0, 1.0):
+        return x
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _beta_continued_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _beta_continued_fraction(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """``P(T <= t)`` for Student's t with ``df > 0`` degrees of freedom."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, got {df}")
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    tail = 0.5 * regularized_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(q: float, df: float) -> float:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (bisection on
+    :func:`t_cdf` to float64 resolution; ``tests/unit/test_stats.py`` checks table values)."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"a quantile needs 0 < q < 1, got {q}")
+    if q == 0.5:
+        return 0.0
+    if q < 0.5:
+        return -t_quantile(1.0 - q, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < q:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if t_cdf(mid, df) < q:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """``mean -+ t_{(1+confidence)/2, n-1} * sd / sqrt(n)`` over ``values`` (n >= 2)."""
+    n = len(values)
+    if n < 2:
+        raise ValueError("a t-interval needs at least two values")
+    mean = statistics.fmean(values)
+    half = t_quantile(0.5 + confidence / 2.0, n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def t_test_p(values: Sequence[float]) -> float:
+    """Two-sided p of the one-sample t-test of mean 0 over ``values`` (n >= 2).
+
+    With sd 0 the statistic is undefined: p is 1 when every value is 0, and 0 otherwise
+    (every seed agreed on a nonzero difference)."""
+    n = len(values)
+    if n < 2:
+        raise ValueError("a t-test needs at least two values")
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    if sd == 0.0:
+        return 1.0 if mean == 0.0 else 0.0
+    t = mean / (sd / math.sqrt(n))
+    return regularized_incomplete_beta((n - 1) / 2.0, 0.5, (n - 1) / (n - 1 + t * t))
+
+
+def holm_adjusted(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order.
+
+    Sorted ascending, the i-th smallest (0-based) of ``m`` becomes
+    ``min(1, max_{j <= i} (m - j) p_(j))``; a hypothesis is rejected at level alpha when
+    its adjusted p is at most alpha, which controls the family-wise error rate."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
 # ---------------------------------------------------------------------- power
 
 
-def _z_sum(alpha: float, power: float) -> float:
+def _t_sum(n: int, alpha: float, power: float) -> float:
     if not 0 < alpha < 1 or not 0 < power < 1:
         raise ValueError("alpha and power must lie strictly between 0 and 1")
-    normal = statistics.NormalDist()
-    return normal.inv_cdf(1.0 - alpha / 2.0) + normal.inv_cdf(power)
+    if n < 2:
+        raise ValueError("the MDE needs n >= 2 (a standard deviation over seeds)")
+    return t_quantile(1.0 - alpha / 2.0, n - 1) + t_quantile(power, n - 1)
 
 
 def minimum_detectable_effect(
     sd_diff: float, n: int, *, alpha: float = ALPHA, power: float = POWER
 ) -> float:
-    """``(z_{1-alpha/2} + z_{power}) * sd_diff / sqrt(n)`` (same unit as ``sd_diff``)."""
-    if n < 1:
-        raise ValueError("n must be >= 1")
-    return _z_sum(alpha, power) * sd_diff / math.sqrt(n)
+    """``(t_{1-alpha/2, n-1} + t_{power, n-1}) * sd_diff / sqrt(n)`` (same unit as ``sd_diff``)."""
+    return _t_sum(n, alpha, power) * sd_diff / math.sqrt(n)
+
+
+MAX_SEEDS_NEEDED = 100_000
 
 
 def seeds_needed(
     sd_diff: float, effect: float, *, alpha: float = ALPHA, power: float = POWER
 ) -> int:
-    """Smallest n whose :func:`minimum_detectable_effect` is at most ``effect``."""
+    """Smallest n >= 2 whose :func:`minimum_detectable_effect` is at most ``effect``.
+
+    The t-based MDE falls monotonically in n, so the answer is found by doubling then
+    bisection; above :data:`MAX_SEEDS_NEEDED` it raises."""
     if effect <= 0:
         raise ValueError("effect must be positive")
-    return max(1, math.ceil((_z_sum(alpha, power) * sd_diff / effect) ** 2 - 1e-9))
+
+    def enough(n: int) -> bool:
+        return minimum_detectable_effect(sd_diff, n, alpha=alpha, power=power) <= effect * (
+            1 + 1e-12
+        )
+
+    lo, hi = 1, 2
+    while not enough(hi):
+        lo, hi = hi, 2 * hi
+        if hi > MAX_SEEDS_NEEDED:
+            raise ValueError(f"more than {MAX_SEEDS_NEEDED} seeds would be needed")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
 
 
 # ---------------------------------------------------------------------- contrasts
@@ -221,7 +365,12 @@ def paired_differences(
 
 @dataclass(frozen=True)
 class ContrastResult:
-    """One contrast ``arm - reference``; differences are fractions (x 100 = percentage points)."""
+    """One contrast ``arm - reference``; differences are fractions (x 100 = percentage points).
+
+    ``interval`` is the headline: the Student t-interval over the seed means
+    (``interval_method`` ``"t"``, ``df`` = seeds - 1) with ``p_value`` its two-sided t-test of
+    0; ``bootstrap_interval`` is the secondary two-level percentile bootstrap.
+    """
 
     arm: str
     reference: str
@@ -231,6 +380,10 @@ class ContrastResult:
     mean_difference: float
     sd_seed_differences: float | None
     interval: tuple[float, float] | None
+    interval_method: str
+    df: int | None
+    p_value: float | None
+    bootstrap_interval: tuple[float, float] | None
     confidence: float
     resamples: int | None
     bootstrap_seed: int | None
@@ -244,11 +397,19 @@ class ContrastResult:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["interval"] = list(self.interval) if self.interval else None
+        data["bootstrap_interval"] = (
+            list(self.bootstrap_interval) if self.bootstrap_interval else None
+        )
         return data
 
 
 def _pp(x: float) -> str:
     return f"{100 * x:+.1f} pp"
+
+
+def p_text(p: float) -> str:
+    """A p-value as the verdicts print it: three decimals, ``< 0.001`` below that."""
+    return "< 0.001" if p < 0.0005 else f"{p:.3f}"
 
 
 def compare_arms(
@@ -263,7 +424,8 @@ def compare_arms(
     alpha: float = ALPHA,
     power: float = POWER,
 ) -> ContrastResult:
-    """The paired contrast, its two-level bootstrap interval, its MDE and a plain verdict.
+    """The paired contrast: its t-interval and t-test over seed means (the headline), its
+    two-level bootstrap interval (secondary), its t-based MDE and a plain verdict.
 
     ``*_outcomes`` map seed -> per-task outcome (e.g. 1.0 solved, 0.0 not) in the same task
     order for both arms.
@@ -278,16 +440,20 @@ def compare_arms(
     mde = minimum_detectable_effect(sd, n, alpha=alpha, power=power) if sd is not None else None
     notes: list[str] = []
     interval: tuple[float, float] | None = None
+    bootstrap: tuple[float, float] | None = None
+    p_value: float | None = None
     label = f"{arm} vs {reference}"
     level = f"{round(confidence * 100)}%"
     if n >= MIN_VALUES_FOR_INTERVAL:
-        interval = percentile_interval(
+        interval = t_interval(seed_means, confidence)
+        p_value = t_test_p(seed_means)
+        bootstrap = percentile_interval(
             two_level_bootstrap(table, resamples=resamples, seed=seed), confidence
         )
         few_tasks = [str(k) for k, row in zip(keys, table, strict=True) if len(row) < 3]
         if few_tasks:
             notes.append(
-                f"seed(s) {', '.join(few_tasks)} have fewer than 3 tasks: the task level of the interval rests on fewer than 3 values"
+                f"seed(s) {', '.join(few_tasks)} have fewer than 3 tasks: the task level of the bootstrap interval rests on fewer than 3 values"
             )
     else:
         notes.append(
@@ -297,29 +463,28 @@ def compare_arms(
         notes.append(f"the MDE rests on a standard deviation of only {n} values")
     mde_text = (
         f"; with {n} seeds and the observed sd of the seed differences ({100 * sd:.1f} pp) only a difference of "
-        f"at least {100 * mde:.1f} pp would be detected with {round(power * 100)}% power (two-sided alpha {alpha:g})"
+        f"at least {100 * mde:.1f} pp would be detected with {round(power * 100)}% power (two-sided alpha {alpha:g}, t with {n - 1} df)"
         if mde is not None and sd is not None
         else ""
     )
-    if interval is None:
+    if interval is None or bootstrap is None or p_value is None:
         distinguishable = False
         verdict = (
             f"{label}: {_pp(mean)} over {n} seed{'s' * (n != 1)}; the arms cannot be told apart "
             f"(fewer than {MIN_VALUES_FOR_INTERVAL} seeds, no interval){mde_text}."
         )
-    elif interval[0] <= 0.0 <= interval[1]:
-        distinguishable = False
-        verdict = (
-            f"{label}: the arms cannot be told apart: {_pp(mean)}, {level} interval "
-            f"[{_pp(interval[0])}, {_pp(interval[1])}] includes 0{mde_text}."
-        )
     else:
-        distinguishable = True
-        direction = "better" if mean > 0 else "worse"
-        verdict = (
-            f"{label}: {arm} is {direction} by {_pp(mean)} ({level} interval "
-            f"[{_pp(interval[0])}, {_pp(interval[1])}], two-level bootstrap over {n} seeds and their tasks){mde_text}."
+        shown = (
+            f"{level} t-interval [{_pp(interval[0])}, {_pp(interval[1])}] over {n} seed means, "
+            f"p = {p_text(p_value)}; two-level bootstrap [{_pp(bootstrap[0])}, {_pp(bootstrap[1])}]"
         )
+        if interval[0] <= 0.0 <= interval[1]:
+            distinguishable = False
+            verdict = f"{label}: the arms cannot be told apart: {_pp(mean)}, {shown} (the t-interval includes 0){mde_text}."
+        else:
+            distinguishable = True
+            direction = "better" if mean > 0 else "worse"
+            verdict = f"{label}: {arm} is {direction} by {_pp(mean)} ({shown}){mde_text}."
     return ContrastResult(
         arm=arm,
         reference=reference,
@@ -329,9 +494,13 @@ def compare_arms(
         mean_difference=mean,
         sd_seed_differences=sd,
         interval=interval,
+        interval_method="t",
+        df=n - 1 if interval else None,
+        p_value=p_value,
+        bootstrap_interval=bootstrap,
         confidence=confidence,
-        resamples=resamples if interval else None,
-        bootstrap_seed=seed if interval else None,
+        resamples=resamples if bootstrap else None,
+        bootstrap_seed=seed if bootstrap else None,
         mde=mde,
         alpha=alpha,
         power=power,
@@ -490,12 +659,19 @@ __all__ = [
     "bootstrap_interval",
     "compare_arms",
     "describe",
+    "holm_adjusted",
     "minimum_detectable_effect",
+    "p_text",
     "paired_differences",
     "percentile_interval",
     "quantile",
+    "regularized_incomplete_beta",
     "seed_rows",
     "seeds_needed",
     "significance_note",
+    "t_cdf",
+    "t_interval",
+    "t_quantile",
+    "t_test_p",
     "two_level_bootstrap",
 ]

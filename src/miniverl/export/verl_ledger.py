@@ -349,6 +349,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
             n_a("the teacher is a model"),
         ),
         "models.oracle_teacher.smoothing": lambda v, _: ORACLE_TEACHER_REASON,
+        "models.oracle_teacher.off_path": lambda v, _: ORACLE_TEACHER_REASON,
         "environment.name": lambda v, _: KeyFate(
             "",
             v,

@@ -38,6 +38,25 @@ The oracle's next token after ids ``x[0..p]`` (what position ``p`` predicts):
 4. The next token is the first token of the tokenizer's encoding of that text (EOS when it
    is empty).
 
+**Off-path targets** (``models.oracle_teacher.off_path``). The rule above, ``privileged``,
+uses the oracle's own solution where the transcript does not determine the target: the
+final-answer template holds the true final value even when no tool result shows it, and a
+number the student miscopied is finished with the template's remaining digits. Two variants
+keep every target derivable from the transcript, so the teacher's off-path targets are
+realisable by a policy that sees only what the student sees:
+
+- ``context``: the final answer is a template (and an action) only once a successful tool
+  result shows its value; until then an answer block opened where a call is due is closed
+  (no number is written into it), and the turn-start action stays the next needed call. A
+  number is finished only when the student's digits so far begin the template's number;
+  otherwise it is left as typed (the tool's echo then shows the error). Every other target
+  is a character of the oracle's next call, whose numbers come from the task text and the
+  previous tool result.
+- ``turn_only``: the ``context`` targets, plus :meth:`OracleTeacher.target_mask`: after the
+  first deviation inside a turn no position of that turn is supervised. The trainer drops
+  those positions from the selection, so only on-path positions and the start of every turn
+  (the corrective re-call after an error) carry loss.
+
 Teacher-forced scoring (``hidden_states_at_batch`` + ``project``) returns the exact
 distribution: the "hidden state" of a position is the one-hot ``[V]`` vector of its oracle
 token and ``project`` turns one-hot rows into smoothed log-probabilities, so the chunked
@@ -101,14 +120,16 @@ def _same_shape(got: str, want: str) -> bool:
     return kind == _slot(want) if kind is not None else got == want
 
 
-def _aligned_rest(got: list[str], want: list[str]) -> str:
+def _aligned_rest(got: list[str], want: list[str], *, finish_any_number: bool = True) -> str:
     """What follows ``got`` in ``want`` under the cheapest prefix alignment of the two skeletons.
 
     Edit distance with unit costs: a substitution is free between elements of the same shape
     (:func:`_same_shape`), so a wrong number or operator costs nothing and a stray, missing or
     wrong literal costs 1. Among the prefixes ``want[:j]`` the cheapest alignment with all of
     ``got`` wins (the shortest on a tie: an extra element is taken as inserted); the rest is ``want[j:]``, after finishing a number
-    that ``got`` ends inside to the length of the number it is aligned with.
+    that ``got`` ends inside to the length of the number it is aligned with. With
+    ``finish_any_number`` False a number is finished only when its digits so far begin the
+    aligned number (so the finished number is that one); otherwise it is left as typed.
     """
     n, m = len(got), len(want)
     row = list(range(m + 1))
@@ -124,12 +145,18 @@ def _aligned_rest(got: list[str], want: list[str]) -> str:
     best = min(range(m + 1), key=lambda j: (row[j], j))
     fill = ""
     if best and matched_number[best]:
-        fill = want[best - 1].lstrip("-")[len(got[-1].lstrip("-")) :]
+        typed, target = got[-1].lstrip("-"), want[best - 1].lstrip("-")
+        if finish_any_number or target.startswith(typed):
+            fill = target[len(typed) :]
     return fill + "".join(want[best:])
 
 
 def deviated_continuation(
-    generated: str, action: str, templates: Mapping[str, str] | None = None
+    generated: str,
+    action: str,
+    templates: Mapping[str, str] | None = None,
+    *,
+    finish_any_number: bool = True,
 ) -> str:
     """The text the oracle continues with after ``generated`` when the turn should be ``action``.
 
@@ -137,8 +164,8 @@ def deviated_continuation(
     ignores, so until a block is open the oracle starts ``action``. Inside a block the
     continuation follows the *template* of that block's kind: ``action`` when it is of that
     kind, else ``templates[opening tag]`` (the oracle's own block of that kind: its last call,
-    or its final answer), aligned by :func:`_aligned_rest`. A block of a kind without a
-    template is closed.
+    or its final answer), aligned by :func:`_aligned_rest` (``finish_any_number`` passed on).
+    A block of a kind without a template is closed.
     """
     if action.startswith(generated):
         return action[len(generated) :]
@@ -152,7 +179,16 @@ def deviated_continuation(
         return closer
     if template.startswith(block):
         return template[len(block) :]
-    return _aligned_rest(_skeleton(block), _skeleton(template))
+    return _aligned_rest(_skeleton(block), _skeleton(template), finish_any_number=finish_any_number)
+
+
+OFF_PATH_MODES = ("privileged", "context", "turn_only")
+"""``models.oracle_teacher.off_path``: what the teacher targets after a deviation (module docstring)."""
+
+
+def _shown(value: str, outcomes: Sequence[tuple[bool, str | None]]) -> bool:
+    """``value`` is a whole field (:func:`_skeleton` element) of some successful tool result."""
+    return any(ok and text is not None and value in _skeleton(text) for ok, text in outcomes)
 
 
 def _tool_outcomes(context: str) -> list[tuple[bool, str | None]]:
@@ -189,11 +225,18 @@ class OracleTeacher:
         tasks: Sequence[Task],
         *,
         smoothing: float,
+        off_path: str = "privileged",
         model_id: str = "oracle-teacher",
         device: str = "cpu",
     ) -> None:
         if not 0.0 < smoothing < 1.0:
             raise BackendError(f"oracle teacher smoothing must be in (0, 1), got {smoothing}")
+        if off_path not in OFF_PATH_MODES:
+            raise BackendError(
+                f"unknown oracle teacher off_path {off_path!r}",
+                hint=f"models.oracle_teacher.off_path is one of {', '.join(OFF_PATH_MODES)}",
+            )
+        self.off_path = off_path
         self.tokenizer = tokenizer
         self.environment = environment
         self.smoothing = float(smoothing)
@@ -236,6 +279,7 @@ class OracleTeacher:
                 "smoothing": self.smoothing,
                 "environment": self.environment.name,
                 "tasks": len(self._tasks),
+                **({} if self.off_path == "privileged" else {"off_path": self.off_path}),
             },
         )
 
@@ -284,25 +328,33 @@ class OracleTeacher:
         if task.prompt not in self._expected:
             self._expected[task.prompt] = oracle_tool_results(self.environment, task)
         expected = self._expected[task.prompt]
-        done = steps_done_of_results(expected, _tool_outcomes(context))
+        outcomes = _tool_outcomes(context)
+        done = steps_done_of_results(expected, outcomes)
         oracle = self.environment.oracle_solution(task)
         final = format_final(oracle.final_answer)
-        templates = {FINAL_OPEN: final}
+        templates: dict[str, str] = {}
+        if self.off_path == "privileged" or _shown(oracle.final_answer, outcomes):
+            templates[FINAL_OPEN] = final
         if oracle.tool_calls:
             templates[TOOL_CALL_OPEN] = format_tool_call(oracle.tool_calls[max(done - 1, 0)])
         if done < len(oracle.tool_calls):
             return format_tool_call(oracle.tool_calls[done]), templates
+        if FINAL_OPEN not in templates and TOOL_CALL_OPEN in templates:
+            return templates[TOOL_CALL_OPEN], templates
         return final, templates
 
-    def next_token_ids(self, token_ids: Sequence[int], positions: Sequence[int]) -> list[int]:
-        """The oracle's next token after ``token_ids[: p + 1]`` for each ``p`` in ``positions``."""
+    def _turn_states(
+        self, token_ids: Sequence[int], positions: Sequence[int]
+    ) -> list[tuple[str, str, dict[str, str]]]:
+        """``(turn text so far, action, templates)`` of the turn each position ``p`` is in,
+        the text being ``x[turn start .. p]``."""
         pieces = [self._piece(t) for t in token_ids]
         offsets = [0]
         for piece in pieces:
             offsets.append(offsets[-1] + len(piece))
         text = "".join(pieces)
         actions: dict[int, tuple[str, dict[str, str]]] = {}
-        out: list[int] = []
+        out: list[tuple[str, str, dict[str, str]]] = []
         for p in positions:
             upto = offsets[p + 1]
             header = text.rfind(ASSISTANT_HEADER, 0, upto)
@@ -315,7 +367,32 @@ class OracleTeacher:
             if turn_start not in actions:
                 actions[turn_start] = self._action(text[:header])
             action, templates = actions[turn_start]
-            rest = deviated_continuation(text[turn_start:upto], action, templates)
+            out.append((text[turn_start:upto], action, templates))
+        return out
+
+    def target_mask(self, token_ids: Sequence[int], target_positions: Sequence[int]) -> list[bool]:
+        """Which target positions ``j`` get a target under ``off_path``: every one, except with
+        ``turn_only``, where ``j`` is supervised only while the turn text before it
+        (``x[turn start .. j - 1]``) is still a prefix of the oracle's action for that turn.
+
+        So the first token of every turn (the corrective re-call after an error included) and
+        the on-path tokens are supervised, and no position after the first deviation inside a
+        turn is. The trainer drops the masked positions from the selection
+        (``training/sources.py`` :func:`make_select_and_align`), so they carry no loss and the
+        token-mean of the loss runs over the supervised positions only."""
+        if self.off_path != "turn_only":
+            return [True] * len(target_positions)
+        states = self._turn_states(token_ids, [j - 1 for j in target_positions])
+        return [action.startswith(generated) for generated, action, _ in states]
+
+    def next_token_ids(self, token_ids: Sequence[int], positions: Sequence[int]) -> list[int]:
+        """The oracle's next token after ``token_ids[: p + 1]`` for each ``p`` in ``positions``."""
+        finish_any_number = self.off_path == "privileged"
+        out: list[int] = []
+        for generated, action, templates in self._turn_states(token_ids, positions):
+            rest = deviated_continuation(
+                generated, action, templates, finish_any_number=finish_any_number
+            )
             ids = self.tokenizer.encode(rest) if rest else []
             out.append(ids[0] if ids else self.tokenizer.eos_token_id)
         return out
@@ -403,7 +480,14 @@ def build_oracle_teacher(
             hint="set models.oracle_teacher.smoothing (recipes/toy_calc_chain_oracle.yaml)",
         )
     environment = make_environment(config.environment.name, **config.environment.params)
-    return OracleTeacher(tokenizer, environment, tasks, smoothing=spec.smoothing, device=device)
+    return OracleTeacher(
+        tokenizer,
+        environment,
+        tasks,
+        smoothing=spec.smoothing,
+        off_path=spec.off_path,
+        device=device,
+    )
 
 
-__all__ = ["OracleTeacher", "build_oracle_teacher", "deviated_continuation"]
+__all__ = ["OFF_PATH_MODES", "OracleTeacher", "build_oracle_teacher", "deviated_continuation"]

@@ -28,7 +28,7 @@ from miniverl.models.base import CausalLMBackend
 from miniverl.models.runtime import ModelRuntime, build_runtime
 from miniverl.schemas.text import TokenizerLike
 from miniverl.teachers.local import LocalTeacherScorer
-from miniverl.teachers.oracle import build_oracle_teacher
+from miniverl.teachers.oracle import OracleTeacher, build_oracle_teacher
 from miniverl.training.optim import move_optimizer_state
 from miniverl.training.resolve import HostCapabilities, ResolvedRun, place_teacher, resolve_run
 from miniverl.training.sources import TeacherTargets, make_select_and_align, temperature_mismatch
@@ -134,11 +134,13 @@ def teacher_targets(
         def render(traj: Any) -> Any:
             return runner.privileged_render(traj, tasks_by_id[traj.task_id])
 
+    teacher = scorer.teacher if scorer is not None else None
+    mask = teacher.target_mask if isinstance(teacher, OracleTeacher) else None
     return TeacherTargets(
         scorer=scorer,
         cache=cache,
         spec=resolved.divergence,
-        select_and_align=make_select_and_align(config, render),
+        select_and_align=make_select_and_align(config, render, mask),
         batch_size=config.teacher.batch_size,
         events=events,
         swap=None if resolved.memory_plan.teacher_resident else swap,

@@ -33,6 +33,7 @@ metric record (:func:`temperature_fields`), and an on-policy run where they diff
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -299,15 +300,39 @@ RESIDENT_ROUND_TRIP_REASON = (
 SelectAndAlign = Callable[[Trajectory, int], tuple[TrainingSample, Trajectory | None]]
 
 
+TargetMask = Callable[[Sequence[int], Sequence[int]], list[bool]]
+"""``(token ids, target positions j) -> keep j?``: a teacher that has no target at some
+positions (the oracle teacher with ``off_path: turn_only``, ``teachers/oracle.py``)."""
+
+
 def make_select_and_align(
-    config: RunConfig, privileged_render: Callable[[Trajectory], Trajectory] | None
+    config: RunConfig,
+    privileged_render: Callable[[Trajectory], Trajectory] | None,
+    target_mask: TargetMask | None = None,
 ) -> SelectAndAlign:
-    """Selection, the privileged teacher render (if any) and the alignment of one trajectory."""
+    """Selection, the privileged teacher render (if any) and the alignment of one trajectory.
+
+    With ``target_mask`` the positions it rejects leave the selection before alignment, so
+    they are neither scored nor in the loss (its token mean runs over the kept positions).
+    """
 
     def select_and_align(
         traj: Trajectory, version: int
     ) -> tuple[TrainingSample, Trajectory | None]:
         selection = select_positions(traj, config.selection, run_seed=config.run.seed)
+        if target_mask is not None and selection.positions:
+            keep = target_mask(traj.token_ids, selection.positions)
+            pairs = [
+                (j, w)
+                for j, w, k in zip(selection.positions, selection.weights, keep, strict=True)
+                if k
+            ]
+            selection = dataclasses.replace(
+                selection,
+                positions=[j for j, _ in pairs],
+                weights=[w for _, w in pairs],
+                span_types=traj.span_types_at([j for j, _ in pairs]),
+            )
         teacher_view = privileged_render(traj) if privileged_render is not None else None
         alignment = build_alignment_map(
             traj, selection.positions, selection.weights, teacher=teacher_view
@@ -997,6 +1022,7 @@ __all__ = [
     "SampleSource",
     "SelectAndAlign",
     "Supervision",
+    "TargetMask",
     "TeacherSampleSource",
     "TeacherTargets",
     "TrainingSample",

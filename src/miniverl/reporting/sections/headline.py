@@ -124,8 +124,16 @@ def _run_table(
     )
 
 
+def _p(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return NOT_RECORDED
+    return "< 0.001" if value < 0.0005 else f"{value:.3f}"
+
+
 def _contrast_table(bench: Mapping[str, Any]) -> Table | None:
-    """The benchmark's pre-registered contrasts (``benchmark.json`` ``contrasts``)."""
+    """The benchmark's contrasts (``benchmark.json`` ``contrasts``): the t-interval over seed
+    means is the headline, the Holm-adjusted p covers the primary family (primary contrasts
+    at the primary endpoints), the two-level bootstrap is secondary."""
     contrasts = [c for c in bench.get("contrasts") or [] if isinstance(c, Mapping)]
     if not contrasts:
         return None
@@ -133,6 +141,7 @@ def _contrast_table(bench: Mapping[str, Any]) -> Table | None:
     rows = []
     for c in contrasts:
         interval = c.get("interval")
+        bootstrap = c.get("bootstrap_interval")
         mean = c.get("mean_difference")
         rows.append(
             [
@@ -142,6 +151,11 @@ def _contrast_table(bench: Mapping[str, Any]) -> Table | None:
                 f"{100 * float(mean):+.1f} pp" if isinstance(mean, int | float) else NOT_RECORDED,
                 f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}] pp"
                 if interval
+                else NOT_RECORDED,
+                _p(c.get("p_value")),
+                _p(c.get("p_holm")),
+                f"[{100 * bootstrap[0]:.1f}, {100 * bootstrap[1]:.1f}] pp"
+                if bootstrap
                 else NOT_RECORDED,
                 f"{100 * float(c['mde']):.1f} pp"
                 if isinstance(c.get("mde"), int | float)
@@ -155,7 +169,10 @@ def _contrast_table(bench: Mapping[str, Any]) -> Table | None:
             "endpoint",
             "kind",
             "difference",
-            "95% interval",
+            "95% t-interval",
+            "p",
+            "Holm-adjusted p",
+            "95% two-level bootstrap",
             "MDE",
             "distinguishable",
         ],

@@ -1,0 +1,156 @@
+"""The pre-registered protocol (evaluation/protocol.py) of a test-split benchmark.
+
+Driven through ``run_benchmark`` with the fake cells of ``test_benchmark_cells``: no
+test-split cell runs without a frozen protocol, the protocol is frozen (bytes and SHA-256 in
+the output directory) before the first cell, a changed file is refused, a protocol that does
+not fit the run is refused with every problem and leaves nothing behind, the stored cells of
+an older directory are still recomputed, and the protocol's endpoints define the Holm family.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_benchmark_cells import ARMS, fake_payload
+
+from helpers import tiny_config
+from miniverl.errors import ProtocolError
+from miniverl.evaluation.benchmark import run_benchmark
+
+PROTOCOL = """\
+endpoints: [k=3, k=5]
+primary_contrasts: [[opd, offline_kd]]
+seeds: [1, 2, 3]
+arms: [sft_only, offline_kd, opd]
+thresholds: {alpha: 0.05, power: 0.8, teacher_gate: 0.95}
+lr_grid: {grid: [0.001], split: eval}
+"""
+
+
+def _write(path: Path, text: str = PROTOCOL) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _run(out: Path, protocol: Path | None, calls: list[str], split: str = "test") -> Any:
+    def run_cell(cell: Any, done: Any) -> dict[str, Any]:
+        calls.append(cell.name)
+        if protocol is not None:
+            assert (out / "protocol.json").exists(), "a cell ran before the protocol was frozen"
+        return fake_payload(cell, done)
+
+    return run_benchmark(
+        tiny_config().with_overrides([f"eval.split={split}", "environment.test_tasks=4"]),
+        arms=ARMS,
+        seeds=[1, 2, 3],
+        output_dir=out,
+        resamples=200,
+        run_cell=run_cell,
+        protocol=protocol,
+    )
+
+
+def test_no_test_split_cell_runs_without_a_protocol(tmp_path: Path) -> None:
+    calls: list[str] = []
+    out = tmp_path / "bench"
+    with pytest.raises(ProtocolError, match="would evaluate on the test split") as info:
+        _run(out, None, calls)
+    assert calls == [] and not (out / "benchmark.json").exists()
+    assert "--protocol" in (info.value.hint or "")
+
+
+def test_the_protocol_is_frozen_before_any_cell_and_stored_with_the_results(
+    tmp_path: Path,
+) -> None:
+    calls: list[str] = []
+    out, protocol = tmp_path / "bench", _write(tmp_path / "protocol.yaml")
+    result = _run(out, protocol, calls)
+    assert calls  # every cell ran, each after the freeze (asserted inside run_cell)
+    sha = hashlib.sha256(protocol.read_bytes()).hexdigest()
+    record = json.loads((out / "protocol.json").read_text())
+    assert (record["sha256"], record["stored_as"]) == (sha, "protocol.yaml")
+    assert (out / "protocol.yaml").read_bytes() == protocol.read_bytes()
+    assert result["protocol"]["required"] is True
+    assert result["protocol"]["frozen"]["sha256"] == sha and sha in result["protocol"]["note"]
+    stored = json.loads((out / "benchmark.json").read_text())
+    assert stored["protocol"]["frozen"]["content"]["endpoints"] == ["k=3", "k=5"]
+
+
+def test_a_changed_protocol_is_refused_and_the_frozen_one_is_reused(tmp_path: Path) -> None:
+    out, protocol = tmp_path / "bench", _write(tmp_path / "protocol.yaml")
+    _run(out, protocol, [])
+    _write(protocol, PROTOCOL.replace("alpha: 0.05", "alpha: 0.1"))
+    calls: list[str] = []
+    with pytest.raises(ProtocolError, match="is not the protocol frozen in") as info:
+        _run(out, protocol, calls)
+    assert calls == [] and "new --output directory" in (info.value.hint or "")
+    again = _run(out, None, calls)  # no file given: the frozen copy stands
+    assert calls == [] and again["protocol"]["frozen"]["content"]["thresholds"]["alpha"] == 0.05
+    (out / "protocol.yaml").write_text(PROTOCOL.replace("k=5", "k=4"), encoding="utf-8")
+    with pytest.raises(ProtocolError, match="no longer has the SHA-256"):
+        _run(out, None, calls)
+
+
+def test_a_protocol_that_does_not_fit_the_run_is_refused_with_every_problem(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "bench"
+    bad = _write(
+        tmp_path / "protocol.yaml",
+        PROTOCOL.replace("seeds: [1, 2, 3]", "seeds: [1, 2]")
+        .replace("[[opd, offline_kd]]", "[[opd, sft_only]]")
+        .replace("lr_grid: {grid: [0.001], split: eval}\n", "")
+        .replace("k=5", "k5"),
+    )
+    calls: list[str] = []
+    with pytest.raises(ProtocolError) as info:
+        _run(out, bad, calls)
+    message = str(info.value)
+    for problem in ("missing key 'lr_grid'", "seeds [1, 2]", "primary_contrasts", "endpoints"):
+        assert problem in message, problem
+    assert calls == [] and not (out / "protocol.json").exists()
+    assert not (out / "protocol.yaml").exists()
+    with pytest.raises(ProtocolError, match="does not hold a mapping"):
+        _run(out, _write(tmp_path / "list.yaml", "- 1\n"), calls)
+
+
+def test_stored_cells_are_recomputed_without_a_protocol_and_say_so(tmp_path: Path) -> None:
+    out, protocol = tmp_path / "bench", _write(tmp_path / "protocol.yaml")
+    first = _run(out, protocol, [])
+    (out / "protocol.json").unlink()
+    (out / "protocol.yaml").unlink()
+    calls: list[str] = []
+    again = _run(out, None, calls)
+    assert calls == [] and again["contrasts"] == first["contrasts"]
+    assert again["protocol"]["frozen"] is None
+    assert "not pre-registered" in again["protocol"]["note"]
+
+
+def test_the_eval_split_needs_no_protocol(tmp_path: Path) -> None:
+    calls: list[str] = []
+    result = _run(tmp_path / "bench", None, calls, split="eval")
+    assert calls and result["protocol"] == {
+        "required": False,
+        "frozen": None,
+        "note": "no protocol file was frozen for this directory",
+    }
+
+
+def test_the_protocols_endpoints_are_the_holm_family(tmp_path: Path) -> None:
+    protocol = _write(tmp_path / "p.json", json.dumps({**_as_mapping(), "endpoints": ["all"]}))
+    result = _run(tmp_path / "bench", protocol, [])
+    family = [(c["arm"], c["endpoint"]) for c in result["contrasts"] if c["holm_family"]]
+    assert family == [("opd", "all")]
+    assert json.loads((tmp_path / "bench" / "protocol.json").read_text())["stored_as"] == (
+        "protocol.json"
+    )
+
+
+def _as_mapping() -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(PROTOCOL)
