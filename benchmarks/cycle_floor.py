@@ -490,7 +490,8 @@ def real_floor(args: argparse.Namespace) -> dict[str, Any]:
         out["bandwidth_GBps"] = bandwidth / 1e9
         ids_by_dtype: dict[str, list[list[int]]] = {}
         for dtype in ("float32", "bfloat16"):
-            backend = HFBackend(model_dir, device="cpu", precision="float32", rollout_dtype=dtype)
+            backend = HFBackend(model_dir, device="cpu", precision="float32")
+            backend.set_rollout_dtype("model" if dtype == "float32" else dtype)
             s = shape_of(backend)
             weight_bytes = sum(p.numel() for p in backend.model.parameters()) * (
                 4 if dtype == "float32" else 2
