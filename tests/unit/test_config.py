@@ -37,6 +37,11 @@ HF_NF4 = {
 }
 
 COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
+    "bf16 rollouts on the toy": (
+        {"models": {"rollout_dtype": "bfloat16"}},
+        "models.rollout_dtype: bfloat16 needs models.backend: hf and models.runtime: dual_model "
+        "(the toy decodes in float32; a shared backbone has one set of weights)",
+    ),
     "opd reuse": (
         {"cache": {"reuse_across_policy_versions": True}},
         "run.mode: opd cannot set cache.reuse_across_policy_versions: true (on-policy targets must come from the "

@@ -261,9 +261,13 @@ def test_resolving_a_resolved_config_changes_nothing(row: tuple) -> None:
         student=caps(**student),
         teacher=None if teacher is None else caps(**teacher),
     )
-    assert dataclasses.replace(again, trajectory_batch_reason="", memory_plan=None) == (
-        dataclasses.replace(resolved, trajectory_batch_reason="", memory_plan=None)
-    )
+    reasons = {
+        "trajectory_batch_reason": "",
+        "cpu_threads_reason": "",
+        "rollout_dtype_reason": "",
+        "memory_plan": None,
+    }
+    assert dataclasses.replace(again, **reasons) == dataclasses.replace(resolved, **reasons)
     assert again.memory_plan.strategy == resolved.memory_plan.strategy
 
 

@@ -13,6 +13,7 @@ from miniverl.models.sampling import (
     first_stop_sequence,
     run_generation,
     sample_next_token,
+    sample_rows,
 )
 from miniverl.models.tokenizers import ToyTokenizer
 
@@ -176,3 +177,38 @@ def test_right_padding_check() -> None:
     check_right_padded(torch.tensor([[1, 1, 0], [1, 1, 1]]))
     with pytest.raises(BackendError, match="right-padded"):
         check_right_padded(torch.tensor([[0, 1, 1]]))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.5, 1.3])
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_batched_draws_equal_row_by_row_draws(temperature: float, top_p: float) -> None:
+    """``sample_rows`` over a block gives each row the id and generator state that
+    ``sample_next_token`` gives it alone, including rows left out of the draw."""
+    logits = torch.randn(6, V, generator=torch.Generator().manual_seed(3)) * 4
+    rows = [0, 2, 3, 5]
+
+    def generators() -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(100 + r) for r in range(6)]
+
+    alone_gens, block_gens = generators(), generators()
+    for _ in range(5):
+        alone = {
+            r: sample_next_token(
+                logits[r], temperature=temperature, top_p=top_p, generator=alone_gens[r]
+            )
+            for r in rows
+        }
+        block = sample_rows(
+            logits, rows, temperature=temperature, top_p=top_p, generators=block_gens
+        )
+        assert block == alone
+    for a, b in zip(alone_gens, block_gens, strict=True):
+        assert torch.equal(a.get_state(), b.get_state())
+
+
+def test_batched_draws_refuse_non_finite_logits() -> None:
+    logits = torch.zeros(2, V)
+    logits[1, 0] = float("nan")
+    gens = [torch.Generator().manual_seed(0) for _ in range(2)]
+    with pytest.raises(BackendError, match="non-finite"):
+        sample_rows(logits, [0, 1], temperature=1.0, top_p=1.0, generators=gens)

@@ -202,6 +202,10 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
             yield "models.oracle_teacher needs models.backend: toy (the oracle teacher speaks the toy tokenizer)"
         if cfg.teacher.mode != "standard":
             yield "models.oracle_teacher needs teacher.mode: standard (it reads the student's own transcript)"
+    if cfg.models.rollout_dtype == "bfloat16" and (
+        cfg.models.backend != "hf" or cfg.models.runtime != "dual_model"
+    ):
+        yield "models.rollout_dtype: bfloat16 needs models.backend: hf and models.runtime: dual_model (the toy decodes in float32; a shared backbone has one set of weights)"
     if cfg.models.backend == "hf":
         for role in ("student", "teacher"):
             if getattr(cfg.models, role).toy is not None:

@@ -68,7 +68,7 @@ class RunSection(_Section):
     )
     cpu_threads: int | Auto = Field(
         "auto",
-        description="torch CPU threads. auto: 1 for the toy backend on the CPU (tiny matrices only lose to thread contention), torch's default otherwise.",
+        description="torch CPU threads. auto: 1 for the toy backend on the CPU (tiny matrices only lose to thread contention, and one thread keeps its numerics machine-independent); the hf backend on the CPU: torch's count only when a short probe times the decode step's matmuls at least 15% faster with it than with 1 thread, else 1; torch's count on an accelerator. The decision and its timings are recorded in config.resolved.yaml.",
     )
 
     @field_validator("cpu_threads")
@@ -318,6 +318,10 @@ class ModelsConfig(_Section):
     teacher_fit: TeacherFitConfig = Field(
         default_factory=TeacherFitConfig,
         description="A fitted teacher adapter on a shared hf backbone (hf backend only).",
+    )
+    rollout_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="dtype of the student's rollout weights (hf backend, dual_model runtime): bfloat16 decodes from a bf16 copy refreshed after every update, while training stays in the model's precision. auto: on the CPU with float32 weights, bfloat16 only when a short probe times the decode step's matmuls faster in bf16; otherwise the model's precision. The decision and its timings are recorded in config.resolved.yaml.",
     )
     oracle_teacher: OracleTeacherConfig | None = Field(
         None,

@@ -20,10 +20,12 @@ is ``models/hf_shared.py``, which builds on this module (this one never imports 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import gc
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -176,6 +178,7 @@ class HFBackend:
         if self.lora is not None:
             self._model = self._attach_lora(model, self.lora)
         self._bind_backbone()
+        self._rollout_copy: RolloutCopy | None = None
 
     @classmethod
     def from_spec(
@@ -350,6 +353,31 @@ class HFBackend:
     def set_train(self, mode: bool) -> None:
         self.model.train(mode)
 
+    def set_rollout_dtype(self, dtype: str) -> None:
+        """``"bfloat16"``: ``generate`` / ``generate_batch`` decode from a bf16 copy of the
+        model (:class:`RolloutCopy`); ``"model"``: from the model itself. Scoring, training and
+        ``hidden_states_at*`` always use the model's own weights."""
+        if dtype not in ("model", "bfloat16"):
+            raise BackendError(f"unknown rollout dtype {dtype!r}", hint="use 'model' or 'bfloat16'")
+        wanted = None if dtype == "model" or self.dtype == torch.bfloat16 else torch.bfloat16
+        if wanted is None:
+            self._rollout_copy = None
+        elif self._rollout_copy is None:
+            self._rollout_copy = RolloutCopy(wanted)
+
+    @contextlib.contextmanager
+    def _rollout_weights(self) -> Iterator[None]:
+        """Decode through the rollout copy's backbone and head while the block runs."""
+        if self._rollout_copy is None:
+            yield
+            return
+        own = self._backbone, self._lm_head
+        self._backbone, self._lm_head = self._rollout_copy.bound(self._base)
+        try:
+            yield
+        finally:
+            self._backbone, self._lm_head = own
+
     def to_device(self, device: str) -> None:
         target = str(torch.device(device))
         if target == self._device:
@@ -368,6 +396,7 @@ class HFBackend:
         """Drop every reference to the model and return its memory to the allocator."""
         self._model = None
         self._base = None
+        self._rollout_copy = None
         self._backbone = None
         self._lm_head = None
         gc.collect()
@@ -415,7 +444,7 @@ class HFBackend:
         seed: int = 0,
         stop_sequences: tuple[str, ...] = (),
     ) -> GenerationResult:
-        with eval_mode(self.model):
+        with eval_mode(self.model), self._rollout_weights():
             return run_generation(
                 self._step,
                 prompt_ids,
@@ -448,7 +477,7 @@ class HFBackend:
         ``DynamicCache`` is kept across calls and a prompt that extends an earlier call's
         ids prefills only its new ids (see :class:`~miniverl.models.sampling.PrefixCache`).
         """
-        with eval_mode(self.model):
+        with eval_mode(self.model), self._rollout_weights():
             return run_batched_generation(
                 self._batch_step,
                 prompts,
@@ -521,6 +550,38 @@ class HFBackend:
     def __repr__(self) -> str:
         released = " released" if self._model is None else ""
         return f"HFBackend({self.model_id!r}, device={self._device!r}, precision={self.precision}{released})"
+
+
+class RolloutCopy:
+    """A copy of a model in a narrower dtype to decode from, kept in step with the model.
+
+    Rollouts on a CPU stream every weight once per decoded token; bf16 halves those bytes
+    where the CPU's bf16 matmuls are fast enough to profit (``models/probe.py`` measures it).
+    The copy is made on first use and refreshed before a decode whenever a trainable
+    parameter changed (an optimizer step or a state load bumps the tensor's version
+    counter), so it always holds the current policy rounded to ``dtype``. Frozen weights
+    are copied once.
+    """
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self._copy: Any = None
+        self._key: tuple[Any, ...] | None = None
+
+    def bound(self, base: Any) -> tuple[Any, Any]:
+        """``(decoder, lm_head)`` of the copy of ``base``, refreshed if ``base`` trained since."""
+        trainable = [(n, p) for n, p in base.named_parameters() if p.requires_grad]
+        key = tuple((n, p.data_ptr(), p._version) for n, p in trainable)
+        names = tuple(n for n, _ in base.named_parameters())
+        if self._copy is None or names != tuple(n for n, _ in self._copy.named_parameters()):
+            self._copy = copy.deepcopy(base).to(self.dtype).eval().requires_grad_(False)
+        elif key != self._key:
+            params = dict(self._copy.named_parameters())
+            with torch.no_grad():
+                for name, param in trainable:
+                    params[name].copy_(param)
+        self._key = key
+        return self._copy.get_decoder(), self._copy.get_output_embeddings()
 
 
 def _select_dynamic_cache(cache: Any, rows: torch.Tensor, slots: torch.Tensor) -> Any:

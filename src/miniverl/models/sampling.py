@@ -265,21 +265,17 @@ def run_batched_generation(
         while True:
             column = torch.full((rows, 1), int(pad_token_id), dtype=torch.long)
             alive = torch.zeros((rows, 1), dtype=torch.long)
-            greedy = (
-                logits.reshape(rows, -1, logits.shape[-1])[:, -1].argmax(dim=-1).tolist()
-                if temperature == 0
-                else None
+            drawn = sample_rows(
+                logits.reshape(rows, -1, logits.shape[-1])[:, -1],
+                [r for r in range(rows) if active[r]],
+                temperature=temperature,
+                top_p=top_p,
+                generators=generators,
             )
             for r in range(rows):
                 if not active[r]:
                     continue
-                token = (
-                    int(greedy[r])
-                    if greedy is not None
-                    else sample_next_token(
-                        logits[r], temperature=temperature, top_p=top_p, generator=generators[r]
-                    )
-                )
+                token = drawn[r]
                 sampled[r].append(token)
                 if eos_token_id is not None and token == eos_token_id:
                     finish[r], active[r] = "eos", False
@@ -313,6 +309,48 @@ def run_batched_generation(
             )
         )
     return results
+
+
+def sample_rows(
+    last: torch.Tensor,
+    rows: Sequence[int],
+    *,
+    temperature: float,
+    top_p: float,
+    generators: Sequence[torch.Generator],
+) -> dict[int, int]:
+    """``{row: id}`` for each of ``rows`` of ``last: [B, V]``, each row exactly as
+    :func:`sample_next_token` would draw it from ``generators[row]``.
+
+    The softmax, CDF and search run once over the rows in one ``[n, V]`` float64 block
+    (each row's reduction is the same kernel loop as alone, so the ids are the same); only
+    the uniform draw stays per row, one from each row's own generator, in row order. A
+    nucleus (``top_p < 1``) keeps a different number of ids per row, so it goes row by row.
+    """
+    if not rows:
+        return {}
+    if temperature == 0:
+        picked = last.index_select(0, torch.tensor(rows, device=last.device)).argmax(dim=-1)
+        return dict(zip(rows, picked.tolist(), strict=True))
+    if top_p < 1.0:
+        return {
+            r: sample_next_token(
+                last[r], temperature=temperature, top_p=top_p, generator=generators[r]
+            )
+            for r in rows
+        }
+    block = last.detach().index_select(0, torch.tensor(rows, device=last.device))
+    probs = torch.softmax(block.to("cpu", torch.float64) / temperature, dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        raise BackendError(
+            "the model produced non-finite logits during generation",
+            hint="the weights have diverged; lower the learning rate or resume from an earlier checkpoint",
+        )
+    cdf = torch.cumsum(probs, dim=-1)
+    u = torch.stack([torch.rand((), generator=generators[r], dtype=torch.float64) for r in rows])
+    u = u * cdf[:, -1]
+    index = torch.searchsorted(cdf, u[:, None], right=True).clamp_(max=cdf.shape[-1] - 1)
+    return dict(zip(rows, index[:, 0].tolist(), strict=True))
 
 
 def sample_next_token(
@@ -510,5 +548,6 @@ __all__ = [
     "run_batched_generation",
     "run_generation",
     "sample_next_token",
+    "sample_rows",
     "trainable_state",
 ]

@@ -123,26 +123,40 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(
-        self, x: torch.Tensor, offset: int, positions: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Rotate ``x: [B, heads, t, head_dim]`` as positions ``offset .. offset + t - 1``.
+    def tables(
+        self, offset: int, t: int, positions: torch.Tensor | None, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` for positions ``offset .. offset + t - 1``: ``[t, head_dim]``.
 
-        ``positions`` (``[B, t]`` long) overrides that with each row's own positions, which
-        is how a left-padded batch keeps every row's real tokens at positions ``0, 1, ...``.
+        ``positions`` (``[B, t]`` long) overrides that with each row's own positions
+        (``[B, 1, t, head_dim]``), which is how a left-padded batch keeps every row's real
+        tokens at positions ``0, 1, ...``. Every layer and both q and k share one table, so
+        a forward gathers it once.
         """
-        end = offset + x.shape[-2] if positions is None else int(positions.max()) + 1
+        end = offset + t if positions is None else int(positions.max()) + 1
         if end > self.cos.shape[0]:
             self._build(max(end, 2 * self.cos.shape[0]))
         if positions is None:
-            cos = self.cos[offset:end].to(x.dtype)
-            sin = self.sin[offset:end].to(x.dtype)
-        else:
-            cos = self.cos[positions].unsqueeze(1).to(x.dtype)
-            sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+            return self.cos[offset:end].to(dtype), self.sin[offset:end].to(dtype)
+        return (
+            self.cos[positions].unsqueeze(1).to(dtype),
+            self.sin[positions].unsqueeze(1).to(dtype),
+        )
+
+    @staticmethod
+    def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Rotate ``x: [B, heads, t, head_dim]`` by a :meth:`tables` pair."""
+        cos, sin = rope
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
+
+    def forward(
+        self, x: torch.Tensor, offset: int, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Rotate ``x: [B, heads, t, head_dim]`` as positions ``offset .. offset + t - 1``
+        (or ``positions``, see :meth:`tables`)."""
+        return self.rotate(x, self.tables(offset, x.shape[-2], positions, x.dtype))
 
 
 class Attention(nn.Module):
@@ -160,20 +174,20 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rotary: Rotary,
+        rope: tuple[torch.Tensor, torch.Tensor],
         past: tuple[torch.Tensor, torch.Tensor] | None,
-        positions: torch.Tensor | None = None,
         allowed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """``allowed``: ``[B, 1, t, t_past + t]`` bool attention mask of a padded batch."""
+        """``rope``: the forward's :meth:`Rotary.tables`; ``allowed``: ``[B, 1, t, t_past + t]``
+        bool attention mask of a padded batch."""
         b, t, h = x.shape
 
         def heads(proj: ToyLinear) -> torch.Tensor:
             return proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
 
         offset = 0 if past is None else past[0].shape[2]
-        q = rotary(heads(self.q_proj), offset, positions)
-        k = rotary(heads(self.k_proj), offset, positions)
+        q = Rotary.rotate(heads(self.q_proj), rope)
+        k = Rotary.rotate(heads(self.k_proj), rope)
         v = heads(self.v_proj)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
@@ -217,12 +231,11 @@ class Block(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rotary: Rotary,
+        rope: tuple[torch.Tensor, torch.Tensor],
         past: tuple[torch.Tensor, torch.Tensor] | None,
-        positions: torch.Tensor | None = None,
         allowed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        attn_out, kv = self.attn(self.attn_norm(x), rotary, past, positions, allowed)
+        attn_out, kv = self.attn(self.attn_norm(x), rope, past, allowed)
         x = x + attn_out
         return x + self.mlp(self.mlp_norm(x)), kv
 
@@ -283,7 +296,11 @@ class ToyDecoder(nn.Module):
         itself, so a pad query attends to something finite and never produces NaN.
         """
         allowed = None
-        if key_mask is not None:
+        if key_mask is not None and input_ids.shape[1] == 1:
+            allowed = key_mask.to(torch.bool, copy=True)
+            allowed[:, -1] = True
+            allowed = allowed[:, None, None, :]
+        elif key_mask is not None:
             t = input_ids.shape[1]
             total = key_mask.shape[1]
             causal = torch.ones(t, total, dtype=torch.bool, device=input_ids.device).tril(
@@ -293,9 +310,11 @@ class ToyDecoder(nn.Module):
             self_slot[:, total - t :] = torch.eye(t, dtype=torch.bool, device=input_ids.device)
             allowed = ((key_mask.bool()[:, None, :] & causal) | self_slot).unsqueeze(1)
         x = self.embed(input_ids)
+        offset = 0 if cache is None else cache[0][0].shape[2]
+        rope = self.rotary.tables(offset, input_ids.shape[1], positions, x.dtype)
         new_cache: KVCache = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, self.rotary, None if cache is None else cache[i], positions, allowed)
+            x, kv = layer(x, rope, None if cache is None else cache[i], allowed)
             new_cache.append(kv)
         return self.norm(x), new_cache
 

@@ -2,8 +2,9 @@
 
 ``training/trainer.py`` reads as the recipe; how each collaborator is built lives here:
 
-- :func:`plan_run`: every ``auto`` decided once (``training/resolve.py``), torch's thread
-  count set, the teacher placed per the memory plan;
+- :func:`plan_run`: every ``auto`` decided once (``training/resolve.py``, with the decode
+  probe of ``models/probe.py`` where an ``auto`` needs it), torch's thread count and the
+  student's rollout weights set, the teacher placed per the memory plan;
 - :func:`build_supervision`: the teacher scorer and, for bucketed targets, the teacher cache
   (the only converter to the storage dtype, ``cache/targets.py``);
 - :func:`teacher_targets`: the scorer/cache pair the sources score through;
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,12 +27,21 @@ from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task
 from miniverl.errors import RunDirectoryError
 from miniverl.models.base import CausalLMBackend
+from miniverl.models.probe import probe_decode_step
 from miniverl.models.runtime import ModelRuntime, build_runtime
 from miniverl.schemas.text import TokenizerLike
 from miniverl.teachers.local import LocalTeacherScorer
 from miniverl.teachers.oracle import OracleTeacher, build_oracle_teacher
 from miniverl.training.optim import move_optimizer_state
-from miniverl.training.resolve import HostCapabilities, ResolvedRun, place_teacher, resolve_run
+from miniverl.training.resolve import (
+    HostCapabilities,
+    ResolvedRun,
+    decode_rows,
+    needs_decode_probe,
+    place_teacher,
+    resolve_run,
+    rollout_dtype_applies,
+)
 from miniverl.training.sources import TeacherTargets, make_select_and_align, temperature_mismatch
 from miniverl.utils.io import atomic_write_bytes, atomic_write_text
 from miniverl.utils.logging import EventLog
@@ -67,16 +78,41 @@ def build_run_runtime(
 def plan_run(
     config: RunConfig, *, device: str, student: CausalLMBackend, teacher: CausalLMBackend | None
 ) -> ResolvedRun:
-    """Resolve the run for this host, set torch's threads, place the teacher; the final plan."""
+    """Resolve the run for this host, set torch's threads and the student's rollout weights,
+    place the teacher; the final plan."""
     planned = resolve_run(
         config,
         device=device,
-        host=HostCapabilities.probe(device),
+        host=probe_host(config, device, student),
         student=student.capabilities,
         teacher=None if teacher is None else teacher.capabilities,
     )
-    torch.set_num_threads(planned.cpu_threads)
+    apply_host_plan(planned, student)
     return planned.with_memory_plan(place_teacher(teacher, planned.memory_plan, device))
+
+
+def probe_host(config: RunConfig, device: str, student: CausalLMBackend) -> HostCapabilities:
+    """The host's facts, with the student's decode-step probe when an ``auto`` needs it."""
+    host = HostCapabilities.probe(device)
+    if not needs_decode_probe(config, device=device):
+        return host
+    threads = sorted({1, host.torch_threads})
+    dtypes = ("float32", "bfloat16") if rollout_dtype_applies(config, device) else ("float32",)
+    module = getattr(student, "model", None)
+    if not isinstance(module, torch.nn.Module):
+        return host
+    probe = probe_decode_step(
+        module, rows=decode_rows(config), thread_counts=threads, dtypes=dtypes
+    )
+    return dataclasses.replace(host, decode_probe=probe)
+
+
+def apply_host_plan(resolved: ResolvedRun, student: CausalLMBackend) -> None:
+    """torch's thread count, and bf16 rollout weights where :func:`resolve_rollout_dtype` chose them."""
+    torch.set_num_threads(resolved.cpu_threads)
+    set_dtype = getattr(student, "set_rollout_dtype", None)
+    if callable(set_dtype):
+        set_dtype(resolved.rollout_dtype)
 
 
 def build_supervision(

@@ -26,6 +26,7 @@ from miniverl.models.factory import build_tokenizer
 from miniverl.models.runtime import build_runtime
 from miniverl.schemas.records import EvalRecord
 from miniverl.schemas.trajectory import Trajectory
+from miniverl.training.assembly import apply_host_plan
 from miniverl.training.checkpoint import LoadedCheckpoint, load_checkpoint
 from miniverl.training.live import ProgressReporter
 from miniverl.training.resolve import HostCapabilities, resolve_device, resolve_run
@@ -221,7 +222,7 @@ def _evaluate_checkpoint(
         student=student.capabilities,
         teacher=None,
     )
-    torch.set_num_threads(resolved.cpu_threads)
+    apply_host_plan(resolved, student)
     student.load_trainable_state_dict(
         {k: v.to(student.device) for k, v in loaded.trainable.items()}
     )

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from miniverl.config.models import RunConfig
 from miniverl.errors import ConfigError, GpuMemoryError
@@ -48,6 +48,9 @@ from miniverl.utils import gpu
 from miniverl.utils.gpu import is_oom_error
 from miniverl.utils.lazy import import_torch
 from miniverl.utils.logging import EventLog
+
+if TYPE_CHECKING:
+    from miniverl.models.probe import DecodeProbe
 
 DEFAULT_TOP_K = 64
 """``loss.top_k: auto`` -> ``min(64, V)`` buckets of teacher mass plus the tail."""
@@ -61,6 +64,15 @@ MAX_AUTO_CHUNK = 1024
 TRAJECTORY_ACTIVATION_FACTOR = 24
 """Rough live activation floats per token, layer and hidden unit of a backward pass (with the
 attention/MLP intermediates); only used to cap ``train.trajectory_batch_size: auto``."""
+
+THREAD_GAIN_REQUIRED = 1.15
+"""``run.cpu_threads: auto`` takes more threads only when the probe's decode step runs at
+least this many times faster with them: on a shared machine extra threads spin-wait behind
+other jobs, so a marginal gain measured once is not worth that risk."""
+
+BF16_GAIN_REQUIRED = 1.05
+"""``models.rollout_dtype: auto`` takes bf16 rollout weights only when the probe's decode step
+runs at least this many times faster in bf16 (bf16 rounding changes sampled ids)."""
 
 SWAP_QUANTIZED_MESSAGE = (
     "memory.strategy: swap is unavailable with a quantized model: bitsandbytes 4-bit and 8-bit "
@@ -96,6 +108,9 @@ class HostCapabilities:
     cuda_available: bool
     torch_threads: int
     free_vram_gib: float | None = None
+    decode_probe: DecodeProbe | None = None
+    """Timings of the student's decode step (:func:`~miniverl.models.probe.probe_decode_step`)
+    when :func:`needs_decode_probe` asked for them; ``None`` otherwise."""
 
     @classmethod
     def probe(cls, device: str | None = None) -> HostCapabilities:
@@ -120,16 +135,94 @@ def resolve_device(config: RunConfig, *, cuda_available: bool) -> str:
     return "cuda" if cuda_available else "cpu"
 
 
-def resolve_cpu_threads(config: RunConfig, *, device: str, torch_threads: int) -> int:
-    """``run.cpu_threads``; ``auto`` -> 1 for the toy backend on the CPU, else torch's count.
+def needs_decode_probe(config: RunConfig, *, device: str) -> bool:
+    """Whether :func:`resolve_cpu_threads` or :func:`resolve_rollout_dtype` will read a probe:
+    an ``auto`` of either on the CPU with the hf backend (the toy never probes)."""
+    if config.models.backend != "hf" or device != "cpu":
+        return False
+    dtype_auto = config.models.rollout_dtype == "auto" and rollout_dtype_applies(config, device)
+    return config.run.cpu_threads == "auto" or dtype_auto
 
-    The toy decoder's matrices are too small to gain from intra-op threads, and one thread
-    makes its CPU numerics independent of the machine.
+
+def decode_rows(config: RunConfig) -> int:
+    """Rows of one rollout decode step: the rollout batch, at most the cycle's rollouts."""
+    rollouts = config.train.rollouts_per_cycle
+    return min(config.rollout.batch_size or rollouts, rollouts)
+
+
+def resolve_cpu_threads(
+    config: RunConfig, *, device: str, torch_threads: int, probe: DecodeProbe | None = None
+) -> tuple[int, str]:
+    """``run.cpu_threads`` and why: ``(threads, reason)``.
+
+    ``auto``: 1 for the toy backend on the CPU: its matrices (hidden 64) are too small to
+    gain from intra-op threads, and one thread keeps its numerics independent of the
+    machine. The hf backend on the CPU: ``torch_threads`` only when ``probe`` times the
+    decode step at least :data:`THREAD_GAIN_REQUIRED` times faster with them than with one
+    thread, else 1. An accelerator (or no probe): ``torch_threads``.
     """
     threads = config.run.cpu_threads
     if threads != "auto":
-        return int(threads)
-    return 1 if config.models.backend == "toy" and device == "cpu" else int(torch_threads)
+        return int(threads), f"{threads}: set by run.cpu_threads"
+    if device != "cpu":
+        return int(torch_threads), f"auto -> {torch_threads}: torch's count (device {device})"
+    if config.models.backend == "toy":
+        return 1, "auto -> 1: toy backend on the CPU (tiny matrices; machine-independent numerics)"
+    if torch_threads <= 1:
+        return 1, "auto -> 1: torch sees one thread"
+    one = None if probe is None else probe.seconds.get((1, "float32"))
+    many = None if probe is None else probe.seconds.get((int(torch_threads), "float32"))
+    if one is None or many is None:
+        return int(torch_threads), f"auto -> {torch_threads}: torch's count (no decode probe)"
+    gain = one / many
+    chosen = int(torch_threads) if gain >= THREAD_GAIN_REQUIRED else 1
+    return chosen, (
+        f"auto -> {chosen}: the decode-step probe ({probe.shape}) ran {gain:.2f}x as fast with "
+        f"{torch_threads} threads as with 1 (needs >= {THREAD_GAIN_REQUIRED}x): {probe.describe()}"
+    )
+
+
+def rollout_dtype_applies(config: RunConfig, device: str) -> bool:
+    """bf16 rollout weights exist only for an hf dual-model student in float32 on the CPU."""
+    precision = config.models.student.precision
+    return (
+        config.models.backend == "hf"
+        and config.models.runtime == "dual_model"
+        and config.models.student.quantization == "none"
+        and (precision == "float32" or (precision == "auto" and device == "cpu"))
+    )
+
+
+def resolve_rollout_dtype(
+    config: RunConfig, *, device: str, threads: int, probe: DecodeProbe | None = None
+) -> tuple[str, str]:
+    """``models.rollout_dtype`` and why: ``(dtype, reason)``; ``"model"`` means no copy.
+
+    ``auto``: ``bfloat16`` only for a float32 hf dual-model student on the CPU whose decode
+    step ``probe`` times at least :data:`BF16_GAIN_REQUIRED` times faster in bf16 at
+    ``threads`` threads; otherwise the model's own precision (``"model"``).
+    """
+    requested = config.models.rollout_dtype
+    if requested != "auto":
+        if requested == "bfloat16" and rollout_dtype_applies(config, device):
+            return "bfloat16", "bfloat16: set by models.rollout_dtype"
+        return "model", f"{requested}: set by models.rollout_dtype (the model's precision)"
+    if not rollout_dtype_applies(config, device):
+        return (
+            "model",
+            "auto -> the model's precision (bf16 rollout weights: hf float32 dual-model on the CPU only)",
+        )
+    f32 = None if probe is None else probe.seconds.get((threads, "float32"))
+    bf16 = None if probe is None else probe.seconds.get((threads, "bfloat16"))
+    if f32 is None or bf16 is None:
+        return "model", "auto -> float32: no decode probe"
+    gain = f32 / bf16
+    chosen = "bfloat16" if gain >= BF16_GAIN_REQUIRED else "model"
+    return chosen, (
+        f"auto -> {'bfloat16' if chosen == 'bfloat16' else 'float32'}: the decode-step probe "
+        f"({probe.shape}) ran {gain:.2f}x as fast in bf16 as in float32 at {threads} "
+        f"thread(s) (needs >= {BF16_GAIN_REQUIRED}x): {probe.describe()}"
+    )
 
 
 def resolve_chunk_size(requested: int | str, vocab_size: int, min_chunk_size: int) -> int:
@@ -287,6 +380,10 @@ class ResolvedRun:
     planned_steps: int
     divergence: DivergenceSpec
     tasks_path: str | None
+    cpu_threads_reason: str = ""
+    rollout_dtype: str = "model"
+    """``"bfloat16"``: the student decodes from a bf16 copy; ``"model"``: its own weights."""
+    rollout_dtype_reason: str = ""
 
     def with_memory_plan(self, plan: MemoryPlan) -> ResolvedRun:
         """The same run after :func:`place_teacher` fell back to ``plan``."""
@@ -297,6 +394,10 @@ class ResolvedRun:
         data = config.to_dict()
         data["models"]["device"] = self.device
         data["run"]["cpu_threads"] = self.cpu_threads
+        if data["models"]["rollout_dtype"] == "auto":
+            data["models"]["rollout_dtype"] = (
+                "bfloat16" if self.rollout_dtype == "bfloat16" else "float32"
+            )
         data["memory"]["strategy"] = self.memory_plan.strategy
         data["loss"]["chunk_size"] = self.chunk_size
         if self.tasks_path is not None:
@@ -313,6 +414,8 @@ class ResolvedRun:
         header = (
             f"# every 'auto' replaced by its decision\n# memory plan: {self.memory_plan.reason}\n"
             f"# trajectory batch: {self.trajectory_batch_reason}\n"
+            f"# cpu threads: {self.cpu_threads_reason}\n"
+            f"# rollout dtype: {self.rollout_dtype_reason}\n"
         )
         return header + self.to_config(config).to_yaml()
 
@@ -357,9 +460,18 @@ def resolve_run(
         free_gib=free_after_placement,
     )
     tasks = config.environment.tasks
+    threads, threads_reason = resolve_cpu_threads(
+        config, device=device, torch_threads=host.torch_threads, probe=host.decode_probe
+    )
+    rollout_dtype, dtype_reason = resolve_rollout_dtype(
+        config, device=device, threads=threads, probe=host.decode_probe
+    )
     return ResolvedRun(
         device=device,
-        cpu_threads=resolve_cpu_threads(config, device=device, torch_threads=host.torch_threads),
+        cpu_threads=threads,
+        cpu_threads_reason=threads_reason,
+        rollout_dtype=rollout_dtype,
+        rollout_dtype_reason=dtype_reason,
         vocab_size=vocab,
         chunk_size=resolve_chunk_size(config.loss.chunk_size, vocab, config.memory.min_chunk_size),
         top_k=resolve_top_k(config, vocab),
@@ -624,15 +736,19 @@ __all__ = [
     "HostCapabilities",
     "MemoryPlan",
     "ResolvedRun",
+    "decode_rows",
     "make_cap_meter",
+    "needs_decode_probe",
     "place_teacher",
     "planned_steps",
     "resolve_chunk_size",
     "resolve_cpu_threads",
     "resolve_device",
+    "resolve_rollout_dtype",
     "resolve_run",
     "resolve_strategy",
     "resolve_top_k",
     "resolve_trajectory_batch_size",
+    "rollout_dtype_applies",
     "weight_bytes",
 ]

@@ -1,0 +1,86 @@
+"""``benchmarks/cycle_floor.py`` runs end to end in its ``--tiny`` mode, and its FLOP formula
+matches what torch's own flop counter sees in a toy forward, so the floors it prints rest on
+the right arithmetic. Nothing here is timed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from miniverl.models.tokenizers import ToyTokenizer
+from miniverl.models.toy import ToyBackend
+from miniverl.models.toy_config import TOY_STUDENT, TOY_TEACHER
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "cycle_floor.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("cycle_floor", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("config", [TOY_STUDENT, TOY_TEACHER], ids=["student", "teacher"])
+def test_block_and_head_flops_equal_torch_flop_counter(config) -> None:
+    floor = _script()
+    backend = ToyBackend(config, ToyTokenizer(), model_id="toy", seed=0)
+    tokens, head_rows = 37, 5
+    ids = torch.arange(tokens).remainder(config.vocab_size)[None]
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        hidden, _ = backend.module(ids)
+        backend.module.project(hidden[0, :head_rows])
+    counts = counter.get_flop_counts()["Global"]
+    matmuls = sum(n for op, n in counts.items() if "mm" in str(op) and "bmm" not in str(op))
+    shape = floor.shape_of(backend)
+    expected = floor.forward_flops(shape, tokens, head_rows) - 4 * shape["L"] * shape["h"] * (
+        tokens * (tokens - 1) // 2
+    )
+    assert matmuls == expected
+
+
+@pytest.mark.slow
+def test_tiny_run_reports_every_phase(tmp_path: Path) -> None:
+    out = tmp_path / "floor.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "OMP_NUM_THREADS": "1",
+    }
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--tiny",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--json",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text(encoding="utf-8"))["toy"]
+    for name in ("rollouts", "scoring", "update"):
+        phase = report["opd"]["phases"][name]
+        assert phase["flops"] > 0 and phase["achieved_s"] > 0
+        assert phase["best_rate"] == max(phase["rates"].values())
+        assert phase["floor_s"] == pytest.approx(phase["flops"] / phase["best_rate"])
+        assert phase["ratio"] == pytest.approx(phase["achieved_s"] / phase["floor_s"])
+        assert name in result.stdout
+    assert report["sft"]["update"]["ratio"] > 0
+    assert "SFT cycle" in result.stdout
