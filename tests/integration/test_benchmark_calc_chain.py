@@ -35,9 +35,23 @@ SHRINK = [
 ]
 
 
+PROTOCOL = """\
+endpoints: [k=3]
+primary_contrasts: [[opd, offline_kd]]
+seeds: [5]
+arms: [offline_kd, opd]
+thresholds: {alpha: 0.05, power: 0.8, teacher_gate: 0.0}
+lr_grid: {grid: [0.001], split: eval}
+"""
+
+
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("chain") / "bench"
+    """A test-split benchmark run through the CLI with a pre-registered protocol file."""
+    root = tmp_path_factory.mktemp("chain")
+    out = root / "bench"
+    protocol = root / "protocol.yaml"
+    protocol.write_text(PROTOCOL)
     args = [
         "benchmark",
         str(RECIPE),
@@ -50,6 +64,8 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         "2",
         "--output",
         str(out),
+        "--protocol",
+        str(protocol),
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -113,6 +129,10 @@ def test_cells_endpoints_and_budgets(bench: tuple[Path, str]) -> None:
     assert "budget opd (mean per cell): optimizer_steps 2" in output
     assert "4 arm cell(s) have learning curves with fewer than 8 evaluation points" in output
     assert data["budgets"]["opd"]["cpu_seconds"]["n"] == 2
+    frozen = json.loads((out / "protocol.json").read_text())
+    assert (out / frozen["stored_as"]).read_text() == PROTOCOL
+    assert data["protocol"]["required"] is True and data["protocol"]["frozen"] == frozen
+    assert "protocol protocol.yaml frozen at" in output
 
 
 def test_rerun_reuses_every_cell(bench: tuple[Path, str]) -> None:

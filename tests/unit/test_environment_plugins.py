@@ -97,7 +97,8 @@ def test_validate_resolves_an_installed_entry_point_in_a_new_process(tmp_path: P
     missing = _validate(recipe, "environment.name=letter_count")
     assert missing.returncode == 1
     assert (
-        "error: unknown environment 'letter_count'; available: calc_chain, calculator, shop" in missing.stderr
+        "error: unknown environment 'letter_count'; available: calc_chain, calculator, shop"
+        in missing.stderr
     )
 
 

@@ -75,11 +75,12 @@ def test_float32_v151936_exact_gradient_rows_sum_to_zero_and_match_float64(name:
     assert float(mine.grad.double().sum(-1).abs().max()) < 2e-7
     torch.testing.assert_close(value.double(), expected.detach(), rtol=3e-5, atol=2e-5)
     # gradient w.r.t. the hidden state, the quantity training actually uses
-    # (reverse KL: 4.1e-5 relative error before the projection, 1.4e-5 after)
+    # (reverse KL: 4.1e-5 relative error before the projection, 1.4e-5 after, on AVX-512
+    # kernels; the float32 reduction order of AVX2 kernels gives 2.4-2.8e-5 after it)
     hidden_grad = mine.grad.double() @ head
     hidden_ref = ref_in.grad @ head
     rel = float((hidden_grad - hidden_ref).norm() / hidden_ref.norm())
-    assert rel < 2e-5, rel
+    assert rel < 3.5e-5, rel
 
 
 def test_topk_targets_keep_small_log_probs_at_large_logit_scales() -> None:

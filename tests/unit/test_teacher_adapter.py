@@ -212,3 +212,37 @@ def test_the_two_smollm2_recipes_share_one_teacher_adapter() -> None:
 
     assert digest(plain) == digest(privileged)
     assert digest(plain) != digest(plain.with_overrides(["models.teacher.lora.r=4"]))
+
+
+def test_dagger_rows_fit_the_hf_adapter_through_the_shared_path(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """The toy teacher's student-state rows (``dagger_examples``) fit the HF adapter one step
+    through ``models/fitting.py``, and the rows enter the adapter's digest."""
+    from miniverl.config.sections import DaggerConfig
+    from miniverl.environments.registry import make_environment
+    from miniverl.environments.tasks_file import build_splits
+
+    config = _config(tiny_dir, tmp_path)
+    actor, teacher = build_shared_backbone(config, load_hf_tokenizer(tiny_dir), "cpu")
+    env = make_environment(config.environment.name, **config.environment.params)
+    train = build_splits(env, config.environment)["train"]
+    rows, counts = teacher_fit.dagger_examples(
+        actor, env, train, DaggerConfig(enabled=True), config.rollout, seed=0, batch_size=2
+    )
+    assert counts["dagger_episodes"] == len(train) and len(rows) == counts["dagger_states"] > 0
+    assert any(
+        actor.tokenizer.decode([ids[j] for j in targets]).startswith("<tool_call>")
+        for ids, targets in rows
+    )
+    before = [p.detach().clone() for p in teacher.unfrozen_adapter_parameters()]
+    history = teacher_fit.fit_adapter(
+        teacher, rows, steps=1, lr=1e-2, batch_size=2, seed=0, chunk_size=16
+    )
+    assert len(history) == 1 and history[0] == history[0]
+    after = teacher.unfrozen_adapter_parameters()
+    assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+    fp = actor.tokenizer.fingerprint
+    with_rows = teacher_fit.fit_digest(teacher_fit.fit_payload(config, fp, rows))
+    fewer = teacher_fit.fit_digest(teacher_fit.fit_payload(config, fp, rows[:-1]))
+    assert with_rows != fewer

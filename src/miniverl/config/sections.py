@@ -10,12 +10,13 @@ the reference that ``docs/configuration.md`` is generated from.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     field_validator,
     model_serializer,
     model_validator,
@@ -43,6 +44,22 @@ Auto = Literal["auto"]
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    omitted_at_default: ClassVar[tuple[str, ...]] = ()
+    """Fields left out of the dump (and so of ``RunConfig.digest``) while at their default.
+
+    Why: a field added later must not change the digest of every recipe that does not use
+    it, or every stored benchmark cell keyed by that digest would stop matching its plan.
+    """
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        for name in self.omitted_at_default:
+            default = type(self).model_fields[name].get_default(call_default_factory=True)
+            if isinstance(data, dict) and getattr(self, name) == default:
+                data.pop(name, None)
+        return data
 
 
 class RunSection(_Section):
@@ -163,7 +180,50 @@ DEFAULT_NOISE_KINDS: dict[str, float] = {
 """Default ``models.toy_fit.noise_kinds``: corruption kind -> relative weight."""
 
 
+class DaggerConfig(_Section):
+    """Student-state fitting data for the toy teacher (``training/teacher_fit.py``).
+
+    The cold-start student is rolled out on training tasks; every assistant turn it played
+    is labelled with the oracle's next action from that state (after an error: the
+    corrective re-call, ``environments/oracle_state.py``), and the teacher is fitted on
+    those rows beside the oracle traces.
+    """
+
+    enabled: bool = Field(
+        False,
+        description="Add labelled student states to the toy teacher's fitting rows. A training run then fits the teacher after the SFT warm-up, on the warmed-up student's episodes; benchmarks/dagger_teacher_gate.py fits one from a stored cold start.",
+    )
+    rollouts_per_task: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Student episodes per training task; episode i samples at temperatures[i % len(temperatures)].",
+    )
+    temperatures: list[float] = Field(
+        default_factory=lambda: [1.0],
+        min_length=1,
+        max_length=16,
+        description="Sampling temperatures of the student episodes: above 1 injects more errors, so more off-path states get labelled.",
+    )
+    tasks: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TASKS,
+        description="Roll out only the first N training tasks (None: every training task). Never an eval or test task.",
+    )
+
+    @field_validator("temperatures")
+    @classmethod
+    def _temperatures(cls, value: list[float]) -> list[float]:
+        bad = [t for t in value if not 0 <= t <= MAX_TEMPERATURE]
+        if bad:
+            raise ValueError(f"temperatures must lie in [0, {MAX_TEMPERATURE}], got {bad}")
+        return value
+
+
 class ToyFitConfig(_Section):
+    omitted_at_default: ClassVar[tuple[str, ...]] = ("dagger",)
+
     max_steps: int = Field(
         1500,
         ge=0,
@@ -218,6 +278,10 @@ class ToyFitConfig(_Section):
         True,
         description="Reuse a teacher fitted earlier with identical inputs from $MINIVERL_CACHE_DIR/toy-teachers (default ~/.cache/miniverl); false: always refit, store nothing.",
     )
+    dagger: DaggerConfig = Field(
+        default_factory=DaggerConfig,
+        description="Labelled cold-start student states added to the fitting rows (DAgger-style).",
+    )
 
     @field_validator("noise_kinds")
     @classmethod
@@ -234,6 +298,8 @@ class ToyFitConfig(_Section):
 class OracleTeacherConfig(_Section):
     """A teacher that is the environment's oracle policy, smoothed (teachers/oracle.py)."""
 
+    omitted_at_default: ClassVar[tuple[str, ...]] = ("off_path",)
+
     smoothing: float = Field(
         0.001,
         gt=0,
@@ -244,15 +310,6 @@ class OracleTeacherConfig(_Section):
         "privileged",
         description="Targets after the student left the oracle's path inside a turn: privileged = finish the block from the oracle's own solution (the true final value even when no tool result shows it; template numbers finished inside a miscopied one); context = only what the transcript determines (a final value only once a tool result shows it, else the answer block is closed; a miscopied number is ended, not finished); turn_only = no target inside a deviated turn (those positions leave the selection), only the on-path positions and the corrective next turn are supervised.",
     )
-
-    @model_serializer(mode="wrap")
-    def _omit_default_off_path(self, handler: Any) -> dict[str, Any]:
-        """``off_path: privileged`` is left out of the dump, so the digest of every config
-        written before the field existed (the stored cells of ``results/``) is unchanged."""
-        data = handler(self)
-        if data.get("off_path") == "privileged":
-            del data["off_path"]
-        return data
 
 
 class TeacherFitConfig(_Section):
@@ -294,6 +351,8 @@ def _default_teacher() -> ModelSpec:
 
 
 class ModelsConfig(_Section):
+    omitted_at_default: ClassVar[tuple[str, ...]] = ("rollout_dtype",)
+
     backend: Literal["toy", "hf"] = Field(
         "toy",
         description="toy: the embedded CPU decoder and tokenizer; hf: transformers checkpoints.",
@@ -663,6 +722,12 @@ class TrainConfig(_Section):
 
 
 class EvalConfig(_Section):
+    omitted_at_default: ClassVar[tuple[str, ...]] = (
+        "teacher_gate_on_path",
+        "teacher_gate_off_path",
+        "teacher_gate_recovery",
+    )
+
     split: Literal["eval", "test"] = Field(
         "eval", description="Held-out split for baseline, warm-up and final evaluation."
     )
@@ -683,6 +748,24 @@ class EvalConfig(_Section):
         ge=1,
         le=MAX_TASKS,
         description="Validation tasks the cold-start student is rolled out on for the teacher gate.",
+    )
+    teacher_gate_on_path: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Held-out state gate: minimum teacher top-1 agreement with the oracle label at every labelled position of student turns on the oracle's path (evaluation/teacher_gate.py, score_state_gate). None: not required.",
+    )
+    teacher_gate_off_path: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Held-out state gate: minimum top-1 agreement at positions after a student deviation (the corrective action's tokens); a privileged prediction (a number no earlier text of the transcript holds) counts as a miss. None: not required.",
+    )
+    teacher_gate_recovery: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Held-out state gate: minimum fraction of student episodes with a deviation that the teacher, continuing greedily from the first state after it, solves. None: not required.",
     )
     baseline: bool = Field(True, description="Evaluate before training.")
     after_warmup: bool = Field(True, description="Evaluate after the SFT warm-up.")
@@ -722,6 +805,7 @@ __all__ = [
     "Auto",
     "CacheConfig",
     "CheckpointConfig",
+    "DaggerConfig",
     "EnvironmentConfig",
     "EvalConfig",
     "LoggingConfig",

@@ -200,6 +200,9 @@ def gate_subject(trainer: Any) -> GateSubject:
         config=trainer.config,
         directory=trainer.paths.root,
         events=trainer.events,
+        fit_task_ids=(getattr(trainer, "toy_teacher_report", None) or {}).get(
+            "fit_task_ids", [t.task_id for t in trainer.splits["train"]]
+        ),
     )
 
 

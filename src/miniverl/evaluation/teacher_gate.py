@@ -29,7 +29,8 @@ comparison. The benchmark calls :func:`evaluate_teacher_gate`, stores the result
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -387,6 +388,381 @@ def gate_of_weight_files(
     )
 
 
+STATE_GATE_FILE = "teacher-state-gate.json"
+"""Where :func:`record_state_gate` stores the held-out state gate inside a run directory."""
+STATE_SCHEMA = "miniverl.teacher_state_gate/1"
+_DIGITS = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class StateGateResult:
+    """The held-out state gate: per-position top-1 agreement and the teacher's recovery.
+
+    Positions are every target position inside the student's assistant turns on held-out
+    tasks (:mod:`miniverl.models.fitting`, :class:`~miniverl.models.fitting.TurnState`).
+    *On path*: the student has not deviated yet (no earlier turn failed to advance the
+    oracle, and its tokens so far in the turn agree with the oracle's action). *Off path*:
+    after a deviation: in a later turn (the label is the corrective action's next token) or
+    later in the same turn, where no oracle label exists and only a *privileged* prediction
+    is scored, as a miss: a digit that makes a number no earlier text of the transcript
+    holds (e.g. the final value when no tool result shows it). ``unlabelled_positions``
+    counts the positions after an in-turn deviation, privileged or not.
+    """
+
+    on_path_positions: int
+    on_path_correct: int
+    off_path_positions: int
+    off_path_correct: int
+    privileged_predictions: int
+    unlabelled_positions: int
+    recovery_states: int
+    recovered: int
+    turns: int
+    episodes: int
+    student_solved: int
+    temperature: float
+    tasks: int
+    per_turn: list[dict[str, Any]] = field(default_factory=list, repr=False)
+
+    @property
+    def on_path_agreement(self) -> float | None:
+        return self.on_path_correct / self.on_path_positions if self.on_path_positions else None
+
+    @property
+    def off_path_agreement(self) -> float | None:
+        return self.off_path_correct / self.off_path_positions if self.off_path_positions else None
+
+    @property
+    def recovery_rate(self) -> float | None:
+        return self.recovered / self.recovery_states if self.recovery_states else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": STATE_SCHEMA,
+            **asdict(self),
+            "on_path_agreement": self.on_path_agreement,
+            "off_path_agreement": self.off_path_agreement,
+            "recovery_rate": self.recovery_rate,
+        }
+
+
+def privileged_prediction(context: str, turn_so_far: str, predicted: str) -> bool:
+    """Whether ``predicted`` writes a number the transcript does not determine.
+
+    ``context`` is the transcript before the turn (prompt, tool results, earlier turns),
+    ``turn_so_far`` the turn's text before the prediction. Every digit run that
+    ``predicted`` touches must be a number of ``context`` (a prefix of one, while the run
+    is still open at the end of the text); a run that is not is privileged information.
+    """
+    known = set(_DIGITS.findall(context))
+    text = turn_so_far + predicted
+    for match in _DIGITS.finditer(text):
+        if match.end() <= len(turn_so_far):
+            continue
+        number = match.group()
+        if match.end() == len(text):
+            if not any(k.startswith(number) for k in known):
+                return True
+        elif number not in known:
+            return True
+    return False
+
+
+def _argmax_rows(
+    teacher: Any, rows: Sequence[tuple[list[int], list[int]]], batch_rows: int
+) -> list[list[int]]:
+    """Per row, the teacher's top-1 id predicting each target position (from ``j - 1``)."""
+    import torch
+
+    from miniverl.models.batching import build_padded_trajectory_batch
+
+    out: list[list[int]] = []
+    with torch.no_grad():
+        for begin in range(0, len(rows), batch_rows):
+            chunk = [r for r in rows[begin : begin + batch_rows]]
+            live = [r for r in chunk if r[1]]
+            predicted: list[int] = []
+            if live:
+                batch = build_padded_trajectory_batch(
+                    [ids for ids, _ in live],
+                    [[j - 1 for j in targets] for _, targets in live],
+                    teacher.tokenizer.pad_token_id,
+                    teacher.device,
+                )
+                predicted = (
+                    teacher.project(teacher.hidden_states_at_batch(batch)).argmax(dim=-1).tolist()
+                )
+            cursor = 0
+            for _, targets in chunk:
+                out.append(predicted[cursor : cursor + len(targets)])
+                cursor += len(targets)
+    return out
+
+
+class _ContinuePolicy:
+    """Replays a student's first turns token for token, then lets ``teacher`` generate."""
+
+    def __init__(self, turns: Sequence[list[int]], teacher: Any) -> None:
+        self.turns, self.teacher = [list(t) for t in turns], teacher
+        self.tokenizer = teacher.tokenizer
+        self.capabilities = getattr(teacher, "capabilities", None)
+
+    def generate(self, prompt_ids: list[int], *, max_new_tokens: int, **kwargs: Any) -> Any:
+        from miniverl.models.base import GenerationResult
+
+        if not self.turns:
+            return self.teacher.generate(prompt_ids, max_new_tokens=max_new_tokens, **kwargs)
+        ids = self.turns.pop(0)[:max_new_tokens]
+        return GenerationResult(
+            token_ids=ids,
+            text=self.tokenizer.decode(ids),
+            finish_reason="stop_sequence",
+            num_prompt_tokens=len(prompt_ids),
+        )
+
+
+def recovery_outcomes(
+    teacher: Any,
+    environment: ToolEnvironment,
+    tasks_by_id: dict[str, Task],
+    student_trajectories: Sequence[Trajectory],
+    states: Sequence[Any],
+    rollout: RolloutConfig,
+) -> list[dict[str, Any]]:
+    """For each student episode with an off-path turn, does the teacher recover from it?
+
+    The episode is replayed up to its first off-path turn (the first state after a turn
+    that did not advance the oracle), then the teacher continues greedily; ``solved`` is the
+    environment's verdict on the teacher's final answer.
+    """
+    from miniverl.models.fitting import turn_spans
+
+    first_off: dict[str, int] = {}
+    for state in states:
+        key = state.trajectory_id
+        if state.off_path and key not in first_off:
+            first_off[key] = state.turn
+    out: list[dict[str, Any]] = []
+    for traj in student_trajectories:
+        if traj.trajectory_id not in first_off:
+            continue
+        turn = first_off[traj.trajectory_id]
+        spans = turn_spans(traj)
+        replay = [list(traj.token_ids[a:b]) for t, (a, b) in sorted(spans.items()) if t < turn]
+        runner = RolloutRunner(
+            _ContinuePolicy(replay, teacher),  # type: ignore[arg-type]
+            environment,
+            rollout,
+            tokenizer=teacher.tokenizer,
+            model_id="teacher-recovery",
+        )
+        cont = runner.rollout(
+            tasks_by_id[traj.task_id],
+            seed=0,
+            temperature=0.0,
+            trajectory_id=f"{traj.trajectory_id}:recovery",
+        )
+        out.append({"trajectory_id": traj.trajectory_id, "from_turn": turn, "solved": cont.solved})
+    return out
+
+
+def score_state_gate(
+    teacher: Any,
+    environment: ToolEnvironment,
+    tasks: Sequence[Task],
+    student_trajectories: Sequence[Trajectory],
+    rollout: RolloutConfig,
+    *,
+    temperature: float = 1.0,
+    batch_rows: int = 16,
+    recovery: bool = True,
+) -> StateGateResult:
+    """The held-out state gate of ``teacher`` over given student episodes (see the result)."""
+    from miniverl.training.teacher_fit import label_student_states
+
+    by_id = {t.task_id: t for t in tasks}
+    tokenizer = teacher.tokenizer
+    states = []
+    for traj in student_trajectories:
+        for state in label_student_states(environment, by_id, [traj], tokenizer):
+            states.append(_Tagged(traj.trajectory_id, state))
+    labelled = _argmax_rows(teacher, [t.state.gate_row() for t in states], batch_rows)
+    after = _argmax_rows(teacher, [t.state.after_deviation_row() for t in states], batch_rows)
+    on_n = on_ok = off_n = off_ok = privileged = unlabelled = 0
+    per_turn: list[dict[str, Any]] = []
+    for tagged, got, got_after in zip(states, labelled, after, strict=True):
+        state = tagged.state
+        ids, targets = state.gate_row()
+        hits = [p == ids[j] for p, j in zip(got, targets, strict=True)]
+        if state.off_path:
+            off_n, off_ok = off_n + len(hits), off_ok + sum(hits)
+        else:
+            on_n, on_ok = on_n + len(hits), on_ok + sum(hits)
+        context = tokenizer.decode(state.prefix)
+        _, after_targets = state.after_deviation_row()
+        leaked = 0
+        for p, j in zip(got_after, after_targets, strict=True):
+            i = j - len(state.prefix)
+            so_far = tokenizer.decode(state.generated[:i])
+            leaked += privileged_prediction(context, so_far, tokenizer.decode([p]))
+        privileged += leaked
+        unlabelled += len(after_targets)
+        off_n += leaked
+        per_turn.append(
+            {
+                "task_id": state.task_id,
+                "turn": state.turn,
+                "steps_done": state.steps_done,
+                "off_path": state.off_path,
+                "labelled": len(hits),
+                "correct": sum(hits),
+                "after_deviation": len(after_targets),
+                "privileged": leaked,
+            }
+        )
+    recovered = (
+        recovery_outcomes(teacher, environment, by_id, student_trajectories, states, rollout)
+        if recovery
+        else []
+    )
+    return StateGateResult(
+        on_path_positions=on_n,
+        on_path_correct=on_ok,
+        off_path_positions=off_n,
+        off_path_correct=off_ok,
+        privileged_predictions=privileged,
+        unlabelled_positions=unlabelled,
+        recovery_states=len(recovered),
+        recovered=sum(int(r["solved"]) for r in recovered),
+        turns=len(states),
+        episodes=len(student_trajectories),
+        student_solved=sum(int(t.solved) for t in student_trajectories),
+        temperature=float(temperature),
+        tasks=len(tasks),
+        per_turn=per_turn,
+    )
+
+
+@dataclass(frozen=True)
+class _Tagged:
+    trajectory_id: str
+    state: Any
+
+    @property
+    def off_path(self) -> bool:
+        return bool(self.state.off_path)
+
+    @property
+    def turn(self) -> int:
+        return int(self.state.turn)
+
+
+def require_disjoint(tasks: Sequence[Task], fit_task_ids: Iterable[str]) -> None:
+    """Raise :class:`TeacherGateError` when a gate task is one the teacher was fitted on."""
+    shared = sorted({t.task_id for t in tasks} & set(fit_task_ids))
+    if shared:
+        raise TeacherGateError(
+            f"the held-out state gate would score {len(shared)} task(s) the teacher was fitted "
+            f"on (e.g. {shared[:3]}): its states are not held out",
+            hint="gate on the eval split and fit on train (+ models.toy_fit.extra_tasks, which "
+            "exclude every split); never pass a fitting task to the gate",
+        )
+
+
+def evaluate_state_gate(
+    teacher: Any,
+    student: Any,
+    environment: ToolEnvironment,
+    tasks: Sequence[Task],
+    rollout: RolloutConfig,
+    *,
+    seed: int,
+    fit_task_ids: Iterable[str],
+    temperature: float | None = None,
+    batch_size: int | None = None,
+    recovery: bool = True,
+) -> StateGateResult:
+    """Roll the student out on held-out ``tasks`` and score the teacher at its states.
+
+    Refuses (:func:`require_disjoint`) when a task is among ``fit_task_ids``. The episodes
+    are the turn-start gate's (:func:`evaluate_teacher_gate`: seed ``derive_seed(seed,
+    "teacher-gate", i)``, ``rollout.temperature`` unless given).
+    """
+    require_disjoint(tasks, fit_task_ids)
+    runner = RolloutRunner(student, environment, rollout)
+    temp = rollout.temperature if temperature is None else float(temperature)
+    requests = [
+        EpisodeRequest(
+            task, derive_seed(seed, "teacher-gate", i), trajectory_id=f"{task.task_id}:gate"
+        )
+        for i, task in enumerate(tasks)
+    ]
+    students = runner.rollout_batch(requests, batch_size=batch_size, temperature=temp)
+    return score_state_gate(
+        teacher, environment, tasks, students, rollout, temperature=temp, recovery=recovery
+    )
+
+
+def state_gate_thresholds(eval_config: Any) -> dict[str, float]:
+    """The recipe's held-out gate thresholds that are set (``eval.teacher_gate_*``)."""
+    pairs = {
+        "on_path_agreement": eval_config.teacher_gate_on_path,
+        "off_path_agreement": eval_config.teacher_gate_off_path,
+        "recovery_rate": eval_config.teacher_gate_recovery,
+    }
+    return {k: float(v) for k, v in pairs.items() if v is not None}
+
+
+def state_gate_failures(result: StateGateResult, thresholds: Mapping[str, float]) -> list[str]:
+    """One line per threshold the result misses (a figure with nothing scored misses)."""
+    failures = []
+    for name, threshold in thresholds.items():
+        value = getattr(result, name)
+        if value is None or value < threshold:
+            shown = "nothing scored" if value is None else f"{value:.3f}"
+            failures.append(f"{name} {shown} < {threshold:.3f}")
+    return failures
+
+
+def record_state_gate(
+    result: StateGateResult,
+    thresholds: Mapping[str, float],
+    directory: str | Path,
+    events: Any = None,
+) -> Path:
+    """Write ``teacher-state-gate.json`` (figures, thresholds, passed) and emit an event."""
+    failures = state_gate_failures(result, thresholds)
+    path = Path(directory) / STATE_GATE_FILE
+    passed = not failures
+    write_json(
+        path,
+        {
+            **result.to_dict(),
+            "thresholds": dict(thresholds),
+            "passed": passed,
+            "failures": failures,
+        },
+    )
+    if events is not None:
+        events.emit(
+            "teacher_state_gate",
+            echo=f"held-out states: on-path top-1 {_fmt(result.on_path_agreement)}, off-path "
+            f"{_fmt(result.off_path_agreement)} ({result.privileged_predictions} privileged), "
+            f"recovery {_fmt(result.recovery_rate)}",
+            passed=passed,
+            failures=failures,
+            on_path_agreement=result.on_path_agreement,
+            off_path_agreement=result.off_path_agreement,
+            recovery_rate=result.recovery_rate,
+            privileged_predictions=result.privileged_predictions,
+        )
+    return path
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 @dataclass(frozen=True)
 class GateSubject:
     """What the gate of a set-up run reads: the models, the environment, the validation tasks.
@@ -403,6 +779,7 @@ class GateSubject:
     config: Any
     directory: Path
     events: Any = None
+    fit_task_ids: Sequence[str] = ()
 
 
 def run_teacher_gate(subject: GateSubject, *, record: bool = True) -> TeacherGateResult:
@@ -430,6 +807,11 @@ def run_teacher_gate(subject: GateSubject, *, record: bool = True) -> TeacherGat
 
 def cold_start_teacher_gate(subject: GateSubject) -> dict[str, Any]:
     """The gate of a finished cold start, as the benchmark records it (``teacher_gate``).
+
+    Where the recipe sets a held-out state threshold (``eval.teacher_gate_on_path``,
+    ``_off_path``, ``_recovery``), the state gate (:func:`evaluate_state_gate`, recorded in
+    ``teacher-state-gate.json``) decides ``passed`` and its figures are under ``states``; the
+    turn-start figures stay beside them.
 
     ``{value, threshold, passed, actions, off_path_accuracy, oracle_state_accuracy}`` after
     :func:`run_teacher_gate` (recorded in the run directory and its event log), or
@@ -468,7 +850,7 @@ def cold_start_teacher_gate(subject: GateSubject) -> dict[str, Any]:
             "passed": None,
         }
     result = run_teacher_gate(subject)
-    return {
+    out: dict[str, Any] = {
         "value": result.value,
         "threshold": threshold,
         "passed": bool(result.actions) and result.value >= threshold,
@@ -478,6 +860,30 @@ def cold_start_teacher_gate(subject: GateSubject) -> dict[str, Any]:
         "oracle_state_accuracy": result.oracle_state_accuracy,
         "tasks": len(tasks),
     }
+    thresholds = state_gate_thresholds(cfg.eval)
+    if thresholds:
+        states = evaluate_state_gate(
+            subject.teacher,
+            subject.student,
+            subject.environment,
+            tasks,
+            cfg.rollout,
+            seed=cfg.run.seed,
+            fit_task_ids=subject.fit_task_ids,
+            batch_size=cfg.eval.batch_size,
+        )
+        record_state_gate(states, thresholds, subject.directory, subject.events)
+        failures = state_gate_failures(states, thresholds)
+        out["states"] = {
+            "on_path_agreement": states.on_path_agreement,
+            "off_path_agreement": states.off_path_agreement,
+            "recovery_rate": states.recovery_rate,
+            "privileged_predictions": states.privileged_predictions,
+            "thresholds": thresholds,
+            "failures": failures,
+        }
+        out["passed"] = not failures
+    return out
 
 
 def refuse_failed_gates(cold_starts: Sequence[dict[str, Any]]) -> None:
@@ -505,19 +911,29 @@ def load_teacher_gate(directory: str | Path) -> dict[str, Any]:
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "STATE_GATE_FILE",
     "TEACHER_GATE_FILE",
     "GateState",
     "GateSubject",
+    "StateGateResult",
     "TeacherGateResult",
     "cold_start_teacher_gate",
+    "evaluate_state_gate",
     "evaluate_teacher_gate",
     "gate_of_weight_files",
     "gate_states",
     "load_teacher_gate",
+    "privileged_prediction",
+    "record_state_gate",
     "record_teacher_gate",
+    "recovery_outcomes",
     "refuse_failed_gates",
+    "require_disjoint",
     "require_teacher_gate",
     "run_teacher_gate",
+    "score_state_gate",
     "score_teacher_gate",
+    "state_gate_failures",
+    "state_gate_thresholds",
     "teacher_reproduces",
 ]

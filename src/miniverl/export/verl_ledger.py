@@ -261,6 +261,9 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         ),
         "models.device": dropped("verl places workers on trainer.n_gpus_per_node GPUs"),
         "models.runtime": n_a("verl always runs separate student and teacher replicas"),
+        "models.rollout_dtype": dropped(
+            "verl's rollout engine sets its own dtype (actor_rollout_ref.rollout.dtype); a CPU rollout copy does not carry over"
+        ),
         "models.student.model_id": student_path,
         "models.student.revision": refuse_unless(
             lambda v: v is None,

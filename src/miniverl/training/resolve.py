@@ -394,7 +394,7 @@ class ResolvedRun:
         data = config.to_dict()
         data["models"]["device"] = self.device
         data["run"]["cpu_threads"] = self.cpu_threads
-        if data["models"]["rollout_dtype"] == "auto":
+        if config.models.rollout_dtype == "auto":
             data["models"]["rollout_dtype"] = (
                 "bfloat16" if self.rollout_dtype == "bfloat16" else "float32"
             )

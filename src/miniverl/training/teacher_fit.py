@@ -70,13 +70,17 @@ from safetensors.torch import load_file, save_file
 from miniverl import __version__
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.agent.protocol import format_final, format_tool_call
-from miniverl.config.models import RunConfig
-from miniverl.config.sections import DEFAULT_NOISE_KINDS, ToyFitConfig
+from miniverl.config.models import RolloutConfig, RunConfig
+from miniverl.config.sections import DEFAULT_NOISE_KINDS, DaggerConfig, ToyFitConfig
 from miniverl.environments.base import Task, ToolCall, ToolEnvironment, sample_extra_tasks
-from miniverl.environments.oracle_state import oracle_steps_done, oracle_tool_results
+from miniverl.environments.oracle_state import (
+    OracleAction,
+    oracle_steps_done,
+    oracle_tool_results,
+)
 from miniverl.errors import CheckpointError, ConfigError, TrajectoryError
 from miniverl.models.base import CausalLMBackend, GenerationResult
-from miniverl.models.fitting import cross_entropy_fit_step, draw_rows
+from miniverl.models.fitting import TurnState, fit_rows, rows_sha256, turn_states
 from miniverl.schemas.trajectory import Trajectory
 from miniverl.training.checkpoint import TOY_TEACHER_FILE, save_tensors
 from miniverl.training.live import ProgressReporter
@@ -624,24 +628,22 @@ def fit_toy_model(
     was_training = module.training
     for p in frozen:
         p.requires_grad_(True)
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    rng = random.Random(seed)
-    order: list[int] = []
-    history: list[float] = []
-    stopped = False
     started = time.perf_counter()
     backend.set_train(True)
     try:
-        for step in range(1, steps + 1):
-            picked = draw_rows(rows, batch_size, order, rng)
-            history.append(
-                cross_entropy_fit_step(backend, picked, params, optimizer, chunk_size=chunk_size)
-            )
-            if on_step is not None:
-                on_step(step, history[-1])
-            if stop_when is not None and step % check_every == 0 and stop_when(step):
-                stopped = True
-                break
+        history, stopped = fit_rows(
+            backend,
+            rows,
+            params,
+            steps=steps,
+            lr=lr,
+            batch_size=batch_size,
+            seed=seed,
+            chunk_size=chunk_size,
+            on_step=on_step,
+            stop_when=stop_when,
+            check_every=check_every,
+        )
     finally:
         for p in frozen:
             p.requires_grad_(False)
@@ -715,6 +717,107 @@ def fit_traces(
     )
 
 
+def render_action(action: OracleAction) -> str:
+    """An oracle action as oracle traces write it (``format_tool_call`` / ``format_final``)."""
+    if action.call is None:
+        return format_final(action.answer or "")
+    return format_tool_call(action.call)
+
+
+def label_student_states(
+    environment: ToolEnvironment,
+    tasks_by_id: Mapping[str, Task],
+    trajectories: Sequence[Trajectory],
+    tokenizer: Any,
+) -> list[TurnState]:
+    """Every assistant turn of ``trajectories`` with the oracle's next action from its state."""
+    expected: dict[str, list[str]] = {}
+    states: list[TurnState] = []
+    for traj in trajectories:
+        task = tasks_by_id[traj.task_id]
+        if task.task_id not in expected:
+            expected[task.task_id] = oracle_tool_results(environment, task)
+        states.extend(
+            turn_states(
+                environment,
+                task,
+                traj,
+                encode=tokenizer.encode,
+                render=render_action,
+                expected_results=expected[task.task_id],
+            )
+        )
+    return states
+
+
+def dagger_rollouts(
+    student: CausalLMBackend,
+    environment: ToolEnvironment,
+    tasks: Sequence[Task],
+    dagger: DaggerConfig,
+    rollout: RolloutConfig,
+    *,
+    seed: int,
+    batch_size: int | None,
+    split: Any = None,
+) -> list[Trajectory]:
+    """The student's episodes on ``tasks`` that DAgger labels: ``rollouts_per_task`` each.
+
+    Episode ``r`` of task ``i`` samples at ``temperatures[r % len(temperatures)]`` with seed
+    ``derive_seed(seed, "dagger", r, i)``.
+    """
+    runner = RolloutRunner(student, environment, rollout)
+    out: list[Trajectory] = []
+    for r in range(dagger.rollouts_per_task):
+        temperature = dagger.temperatures[r % len(dagger.temperatures)]
+        requests = [
+            EpisodeRequest(
+                task, derive_seed(seed, "dagger", r, i), trajectory_id=f"{task.task_id}:dagger-{r}"
+            )
+            for i, task in enumerate(tasks)
+        ]
+        out.extend(
+            runner.rollout_batch(
+                requests, batch_size=batch_size, temperature=temperature, split=split
+            )
+        )
+    return out
+
+
+def dagger_examples(
+    student: CausalLMBackend,
+    environment: ToolEnvironment,
+    train: Sequence[Task],
+    dagger: DaggerConfig,
+    rollout: RolloutConfig,
+    *,
+    seed: int,
+    batch_size: int | None,
+    split: Any = None,
+) -> tuple[list[FitExample], dict[str, Any]]:
+    """Labelled student states of the training tasks as fit rows, and what they hold.
+
+    Only ``train`` (the first ``dagger.tasks`` of it) is rolled out: a held-out task never
+    becomes a fitting state. Each turn gives one row, the oracle's action from the turn's
+    state (:meth:`~miniverl.models.fitting.TurnState.fit_row`).
+    """
+    tasks = list(train)[: dagger.tasks] if dagger.tasks is not None else list(train)
+    trajectories = dagger_rollouts(
+        student, environment, tasks, dagger, rollout, seed=seed, batch_size=batch_size, split=split
+    )
+    by_id = {t.task_id: t for t in tasks}
+    states = label_student_states(environment, by_id, trajectories, student.tokenizer)
+    counts = {
+        "dagger_tasks": len(tasks),
+        "dagger_episodes": len(trajectories),
+        "dagger_solved": sum(int(t.solved) for t in trajectories),
+        "dagger_states": len(states),
+        "dagger_off_path_states": sum(s.off_path for s in states),
+        "dagger_deviated_turns": sum(s.deviated for s in states),
+    }
+    return [s.fit_row() for s in states], counts
+
+
 def load_teacher(teacher: CausalLMBackend, path: Path, weights_sha256: str | None) -> None:
     """Load ``path`` into ``teacher`` after checking it against ``weights_sha256``."""
     if not path.is_file() or sha256_file(path) != weights_sha256:
@@ -739,11 +842,17 @@ def prepare_toy_teacher(
     progress: ProgressReporter,
     split: Any,
     publish: Callable[[dict[str, Any]], None],
+    student: CausalLMBackend | None = None,
 ) -> dict[str, Any]:
     """Fit the toy teacher (or load an identical earlier fit) and save it into ``run_dir``.
 
     ``oracle_runner`` plays the fitting traces (any runner over ``environment``); ``split``
-    is the out-of-memory splitter for probe rollouts. ``publish(report)`` is called once the
+    is the out-of-memory splitter for probe and student rollouts. With
+    ``models.toy_fit.dagger.enabled`` the rows also hold ``student``'s labelled states on the
+    training tasks (:func:`dagger_examples`); their ids enter the digest with every other row.
+    The report's ``cost`` holds the CPU and wall seconds of rows, fit and probes, the rows
+    and the steps; ``fit_task_ids`` every task a row came from (the held-out gate checks
+    its tasks are disjoint from them). ``publish(report)`` is called once the
     weights are in ``run_dir``, before the ``toy_teacher_fitted``/``toy_teacher_reused``
     event, so the caller can record the report (the manifest) first. The global RNG state is
     the same afterwards as before a fit, so a run's later draws do not depend on how long
@@ -760,7 +869,27 @@ def prepare_toy_teacher(
         exclude=[t for tasks in splits.values() for t in tasks],
     )
     pool = train + extra
+    wall_started, cpu_started = time.perf_counter(), time.process_time()
     examples = [trace.example for trace in fit_traces(oracle_runner, pool, fit, seed)]
+    dagger_counts: dict[str, Any] = {}
+    if fit.dagger.enabled:
+        if student is None:
+            raise ConfigError(
+                "models.toy_fit.dagger.enabled needs the cold-start student, and none was given",
+                hint="fit the DAgger teacher from a stored cold start "
+                "(benchmarks/dagger_teacher_gate.py), or set models.toy_fit.dagger.enabled: false",
+            )
+        rows, dagger_counts = dagger_examples(
+            student,
+            environment,
+            train,
+            fit.dagger,
+            config.rollout,
+            seed=derive_seed(seed, "toy-teacher-dagger"),
+            batch_size=config.eval.batch_size,
+            split=split,
+        )
+        examples.extend(rows)
     runner = RolloutRunner(teacher, environment, config.rollout)
     probe = random.Random(derive_seed(seed, "toy-teacher-probe")).sample(
         pool, min(len(pool), fit.probe_tasks)
@@ -836,6 +965,14 @@ def prepare_toy_teacher(
     restore_rng_state(rng_before)
     weights_sha256 = save_teacher(teacher, run_dir / TOY_TEACHER_FILE)
     fitted = {
+        "cost": {
+            "wall_seconds": round(time.perf_counter() - wall_started, 2),
+            "cpu_seconds": round(time.process_time() - cpu_started, 2),
+            "examples": len(examples),
+            "steps": fitted_run.steps_run,
+        },
+        **dagger_counts,
+        "fit_task_ids": sorted(t.task_id for t in pool),
         "steps": fitted_run.steps_run,
         "final_loss": fitted_run.final_loss,
         "stopped_early": fitted_run.stopped_early,
@@ -971,10 +1108,34 @@ def base_identity(model_id: str) -> dict[str, Any]:
     return {"model_id": model_id}
 
 
-def fit_payload(cfg: RunConfig, tokenizer_fingerprint: str) -> dict[str, Any]:
-    """Everything the fitted adapter depends on; its SHA-256 names the saved adapter."""
+HF_FIT_SOURCES = (
+    "models/fitting.py",
+    "models/hf.py",
+    "models/hf_shared.py",
+    "losses/chunked.py",
+    "agent/loop.py",
+    "agent/episode.py",
+    "training/teacher_fit.py",
+    "environments/oracle_state.py",
+)
+"""Source files of the adapter fit whose text enters its digest (see :data:`FIT_SOURCES`)."""
+
+
+def fit_payload(
+    cfg: RunConfig,
+    tokenizer_fingerprint: str,
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None,
+) -> dict[str, Any]:
+    """Everything the fitted adapter depends on; its SHA-256 names the saved adapter.
+
+    The fitting code's own source is in it (``code_sha256`` of :data:`HF_FIT_SOURCES`), so an
+    edit to the fit step refits instead of reusing an adapter the old code made; with
+    ``examples`` (:func:`fit_examples`), so are the fitting rows' ids and targets.
+    """
     return {
         "version": 1,
+        "code_sha256": code_sha256(HF_FIT_SOURCES),
+        "examples_sha256": None if examples is None else rows_sha256(examples),
         "base": base_identity(cfg.models.teacher.model_id),
         "revision": cfg.models.teacher.revision,
         "precision": cfg.models.teacher.precision,
@@ -1060,21 +1221,21 @@ def fit_adapter(
         raise CheckpointError("the teacher view has no adapter to fit")
     for p in params:
         p.requires_grad_(True)
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    rng = random.Random(seed)
-    order: list[int] = []
-    history: list[float] = []
     owner = view.owner
     was_training = owner.model.training
     owner.set_train(True)
     try:
-        for _ in range(steps):
-            picked = draw_rows(examples, batch_size, order, rng)
-            history.append(
-                cross_entropy_fit_step(view, picked, params, optimizer, chunk_size=chunk_size)
-            )
-            if advance is not None:
-                advance()
+        history, _ = fit_rows(
+            view,
+            examples,
+            params,
+            steps=steps,
+            lr=lr,
+            batch_size=batch_size,
+            seed=seed,
+            chunk_size=chunk_size,
+            on_step=None if advance is None else lambda _step, _loss: advance(),
+        )
     finally:
         for p in params:
             p.requires_grad_(False)
@@ -1128,7 +1289,8 @@ def prepare_teacher_adapter(
     fit = cfg.models.teacher_fit
     if not fit.enabled or view is None or getattr(view, "adapter", None) is None:
         return None
-    payload = fit_payload(cfg, tokenizer_fingerprint)
+    examples, counts = fit_examples(cfg, splits=splits, environment=environment, runner=runner)
+    payload = fit_payload(cfg, tokenizer_fingerprint, examples)
     digest = fit_digest(payload)
     directory = Path(fit.cache_dir).expanduser() / digest
     adapter_path, report_path = directory / ADAPTER_FILE, directory / REPORT_FILE
@@ -1146,8 +1308,7 @@ def prepare_teacher_adapter(
         )
         return report
 
-    examples, counts = fit_examples(cfg, splits=splits, environment=environment, runner=runner)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     with progress.task("fitting teacher adapter", fit.steps) as advance:
         history = fit_adapter(
             view,
@@ -1160,6 +1321,7 @@ def prepare_teacher_adapter(
             advance=advance,
         )
     seconds = time.perf_counter() - started
+    cpu_seconds = time.process_time() - cpu_started
     probe = splits[cfg.eval.split][: fit.probe_tasks]
     with progress.task("probing teacher adapter", 1):
         probe_runner = RolloutRunner(view, environment, cfg.rollout)
@@ -1178,6 +1340,12 @@ def prepare_teacher_adapter(
             "first_loss": history[0] if history else None,
             "final_loss": history[-1] if history else None,
             "seconds": round(seconds, 2),
+            "cost": {
+                "wall_seconds": round(seconds, 2),
+                "cpu_seconds": round(cpu_seconds, 2),
+                "examples": len(examples),
+                "steps": len(history),
+            },
             "heldout_probe_tasks": len(probe),
             "heldout_success": heldout,
             "adapter_sha256": sha256_file(staging / ADAPTER_FILE),
@@ -1205,6 +1373,7 @@ __all__ = [
     "COLD_START_MARKER",
     "COLD_START_STUDENT",
     "CORRUPTION_KINDS",
+    "HF_FIT_SOURCES",
     "TOY_TEACHER_FILE",
     "FitTrace",
     "LoadedColdStart",
@@ -1213,6 +1382,8 @@ __all__ = [
     "code_sha256",
     "corrupt_call",
     "corrupt_call_text",
+    "dagger_examples",
+    "dagger_rollouts",
     "draw_kind",
     "fit_example",
     "fit_toy_model",
@@ -1220,12 +1391,14 @@ __all__ = [
     "follow_calls",
     "freeze",
     "greedy_success",
+    "label_student_states",
     "load_cached_teacher",
     "load_cold_start",
     "load_teacher",
     "noisy_indices",
     "noisy_oracle_trace",
     "prepare_toy_teacher",
+    "render_action",
     "save_cold_start",
     "save_teacher",
     "store_teacher",

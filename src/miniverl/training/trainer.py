@@ -305,13 +305,18 @@ class OPDTrainer:
                 if cfg.eval.baseline:
                     self.evaluate("baseline")
             else:
-                self._prepare_toy_teacher()
+                dagger = cfg.models.toy_fit.dagger.enabled
+                if not dagger:
+                    self._prepare_toy_teacher()
                 if cfg.eval.baseline:
                     self.evaluate("baseline")
                 if mode_of(cfg).warmup and warmup_cycles(cfg.train) > 0:
                     self.run_sft_warmup()
                     if cfg.eval.after_warmup:
                         self.evaluate("after_warmup")
+                if dagger:
+                    self._prepare_toy_teacher(student=self.student)
+                if mode_of(cfg).warmup and warmup_cycles(cfg.train) > 0:
                     self.save_checkpoint("warmup", cycle=-1)
             if not state.finished:
                 self.teacher_adapter_report = self.prepare_teacher_adapter()
@@ -346,8 +351,11 @@ class OPDTrainer:
 
     # ================================================================== before the cycles
 
-    def _prepare_toy_teacher(self) -> None:
-        """Toy backend only: fit the toy teacher until it solves its tasks (training/teacher_fit.py)."""
+    def _prepare_toy_teacher(self, student: CausalLMBackend | None = None) -> None:
+        """Toy backend only: fit the toy teacher until it solves its tasks (training/teacher_fit.py).
+
+        With ``models.toy_fit.dagger`` it runs after the warm-up and labels ``student``'s states.
+        """
         if self._fitted_toy_teacher() is None:
             return
 
@@ -368,6 +376,7 @@ class OPDTrainer:
             progress=self.progress,
             split=oom_splitter(self.events, "probe rollout"),
             publish=publish,
+            student=student,
         )
 
     def prepare_teacher_adapter(self) -> dict[str, Any] | None:

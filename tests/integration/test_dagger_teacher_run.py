@@ -1,0 +1,55 @@
+"""A tiny run with a DAgger teacher: fitted after the warm-up on the student's labelled
+states, its cost recorded, then gated on held-out student states."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import tiny_config
+from miniverl.evaluation.cell_runner import gate_subject
+from miniverl.evaluation.teacher_gate import STATE_GATE_FILE, cold_start_teacher_gate
+from miniverl.training import teacher_fit
+from miniverl.training.trainer import OPDTrainer
+
+
+def test_a_dagger_teacher_is_fitted_on_student_states_and_gated_on_held_out_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(teacher_fit.CACHE_ENV, str(tmp_path / "cache"))
+    seen: list[int] = []
+    real = teacher_fit.dagger_examples
+
+    def spy(student, environment, train, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(len(train))
+        return real(student, environment, train, *args, **kwargs)
+
+    monkeypatch.setattr(teacher_fit, "dagger_examples", spy)
+    config = tiny_config(
+        "models.toy_fit.dagger.enabled=true",
+        "models.toy_fit.dagger.rollouts_per_task=2",
+        "models.toy_fit.dagger.temperatures=[1.0,2.0]",
+        "eval.teacher_gate_tasks=2",
+        "eval.teacher_gate_on_path=0.0",
+        "eval.teacher_gate_recovery=1.0",
+        "train.cycles=0",
+        "rollout.max_new_tokens_per_turn=40",
+    )
+    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True)
+    trainer.train()
+    assert seen == [len(trainer.splits["train"])]
+    report = trainer.toy_teacher_report
+    assert report is not None and report["dagger_episodes"] == 2 * len(trainer.splits["train"])
+    assert report["cost"]["examples"] > report["fit_tasks"] and report["cost"]["cpu_seconds"] > 0
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["toy_teacher"]["cost"] == report["cost"]
+
+    gate = cold_start_teacher_gate(gate_subject(trainer))
+    stored = json.loads((tmp_path / "run" / STATE_GATE_FILE).read_text())
+    assert gate["states"]["on_path_agreement"] == stored["on_path_agreement"]
+    assert stored["thresholds"] == {"on_path_agreement": 0.0, "recovery_rate": 1.0}
+    assert gate["passed"] is (not stored["failures"]) is stored["passed"]
+    eval_ids = {t.task_id for t in trainer.splits["eval"]}
+    assert not eval_ids & set(report["fit_task_ids"])

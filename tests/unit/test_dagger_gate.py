@@ -1,0 +1,231 @@
+"""DAgger-style teacher data and the held-out state gate: labels, refusals, privilege, digests."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from helpers import final_text, make_runner, tool_call_text, toy_tokenizer
+from miniverl.config.models import RolloutConfig, RunConfig
+from miniverl.environments.base import Task
+from miniverl.environments.calc_chain import generate_tasks
+from miniverl.environments.registry import make_environment
+from miniverl.errors import TeacherGateError
+from miniverl.evaluation.teacher_gate import (
+    evaluate_state_gate,
+    privileged_prediction,
+    score_state_gate,
+    state_gate_failures,
+)
+from miniverl.schemas.trajectory import Trajectory
+from miniverl.teachers.oracle import build_oracle_teacher
+from miniverl.training import teacher_fit
+from miniverl.training.teacher_fit import label_student_states
+
+CONFIG = RolloutConfig(
+    max_turns=9, max_new_tokens_per_turn=40, max_total_tokens=900, max_parse_errors=3
+)
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    tasks = generate_tasks("train", 40, 3, (3,))
+    return next(t for t in tasks if all(op != "multiply" for op, _ in t.data["steps"][1:]))
+
+
+def _call(task: Task, step: int) -> str:
+    return tool_call_text(task.data["expressions"][step])
+
+
+def _miscopy(task: Task, step: int) -> str:
+    op, y = task.data["steps"][step]
+    symbol = {"add": "+", "subtract": "-", "multiply": "*"}[op]
+    return tool_call_text(f"{task.data['results'][step - 1] + 10} {symbol} {y}")
+
+
+def _student(task: Task, script: list[str]) -> Trajectory:
+    runner = make_runner(script, environment=make_environment("calc_chain"), config=CONFIG)
+    return runner.rollout(task, seed=0, trajectory_id=f"{task.task_id}:s")
+
+
+def test_an_off_path_state_is_labelled_with_the_corrective_action(task: Task) -> None:
+    script = [_call(task, 0), _miscopy(task, 1), _call(task, 1), _call(task, 2)]
+    script.append(final_text(task.answer))
+    traj = _student(task, script)
+    tok = toy_tokenizer()
+    states = label_student_states(make_environment("calc_chain"), {task.task_id: task}, [traj], tok)
+    assert [(s.turn, s.off_path, s.deviated) for s in states] == [
+        (0, False, False),
+        (1, False, True),
+        (2, True, False),
+        (3, True, False),
+        (4, True, False),
+    ]
+    # the miscopied turn: labelled up to and including its first wrong id, whose label is the
+    # oracle's id there, never the student's
+    wrong = states[1]
+    assert wrong.action == tok.encode(_call(task, 1))
+    assert wrong.labelled == wrong.agreed + 1 < len(wrong.action)
+    ids, targets = wrong.gate_row()
+    assert ids[targets[-1]] == wrong.action[wrong.agreed] != wrong.generated[wrong.agreed]
+    # after the miscopy, the label is the re-call of step 1 from the last correct value
+    after = states[2]
+    assert tok.decode(after.action) == _call(task, 1)
+    ids, targets = after.fit_row()
+    assert ids[: len(after.prefix)] == list(traj.token_ids[: len(after.prefix)])
+    assert tok.decode([ids[j] for j in targets]) == _call(task, 1)
+
+
+class _StubTeacher:
+    """Greedy next id = the next id of the first reference the prefix starts (else pad)."""
+
+    def __init__(self, references: list[list[int]]) -> None:
+        self.tokenizer = toy_tokenizer()
+        self.device = "cpu"
+        self.references = references
+
+    def hidden_states_at_batch(self, batch: Any, *, with_grad: bool = False) -> torch.Tensor:
+        out = torch.zeros(len(batch.row_index), self.tokenizer.vocab_size)
+        ids = batch.input_ids.tolist()
+        for i, (r, p) in enumerate(
+            zip(batch.row_index.tolist(), batch.position_index.tolist(), strict=True)
+        ):
+            prefix = ids[r][: p + 1]
+            nxt = next(
+                (
+                    ref[p + 1]
+                    for ref in self.references
+                    if len(ref) > p + 1 and ref[: p + 1] == prefix
+                ),
+                self.tokenizer.pad_token_id,
+            )
+            out[i, nxt] = 1.0
+        return out
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+    def generate(self, prompt_ids: list[int], *, max_new_tokens: int, **_: Any) -> Any:
+        """Always answers 0, at once."""
+        from miniverl.models.base import GenerationResult
+
+        ids = self.tokenizer.encode(final_text("0"))
+        return GenerationResult(ids, final_text("0"), "stop_sequence", len(prompt_ids))
+
+
+def test_a_privileged_number_is_a_miss_off_path(task: Task) -> None:
+    """A student that answers where a call is due: a teacher that completes the block with the
+    true final value (no tool result shows it) is counted wrong; one that writes a number
+    of the transcript is not."""
+    early = final_text("1")
+    traj = _student(task, [_call(task, 0), early])
+    tok = toy_tokenizer()
+    env = make_environment("calc_chain")
+    turn = label_student_states(env, {task.task_id: task}, [traj], tok)[1]
+    assert turn.deviated and not turn.off_path
+    context = turn.prefix
+    opened = tok.encode(early[: early.index("1")])
+    leak = context + opened + tok.encode(f"{task.answer}\n")
+    honest = context + opened + tok.encode(f"{task.data['results'][0]}\n")
+    assert str(task.answer) not in tok.decode(context)
+
+    leaky = score_state_gate(_StubTeacher([leak]), env, [task], [traj], CONFIG, recovery=False)
+    clean = score_state_gate(_StubTeacher([honest]), env, [task], [traj], CONFIG, recovery=False)
+    assert leaky.privileged_predictions >= 1 and clean.privileged_predictions == 0
+    assert leaky.off_path_positions == clean.off_path_positions + leaky.privileged_predictions
+    assert leaky.off_path_correct == clean.off_path_correct == 0
+
+
+def test_privileged_prediction_reads_only_the_transcript() -> None:
+    context = "Start with 12. Then add 5. result: 12 + 5 = 17"
+    assert not privileged_prediction(context, "<answer>\n1", "7")
+    assert privileged_prediction(context, "<answer>\n1", "9")
+    assert privileged_prediction(context, "<answer>\n", "4")
+    assert not privileged_prediction(context, "<answer>\n", "<")
+    assert privileged_prediction(context, "<answer>\n17", "0")
+
+
+def test_the_oracle_teacher_is_gated_on_the_same_footing(task: Task) -> None:
+    """The smoothed oracle writes the task's final value inside an answer opened too early:
+    the gate counts it as a privileged miss, so the oracle cannot score 1.0 off path."""
+    config = RunConfig.from_mapping(
+        {
+            "models": {"backend": "toy", "oracle_teacher": {"smoothing": 0.001}},
+            "environment": {"name": "calc_chain"},
+        }
+    )
+    tok = toy_tokenizer()
+    oracle = build_oracle_teacher(config, tok, [task])
+    env = make_environment("calc_chain")
+    traj = _student(task, [_call(task, 0), final_text("1")])
+    result = score_state_gate(oracle, env, [task], [traj], CONFIG, recovery=False)
+    assert result.on_path_agreement == 1.0
+    assert result.privileged_predictions >= 1
+    assert result.off_path_agreement is not None and result.off_path_agreement < 1.0
+    assert state_gate_failures(result, {"off_path_agreement": 0.99})
+
+
+def test_the_teacher_recovers_from_the_students_state(task: Task) -> None:
+    script = [_call(task, 0), _miscopy(task, 1), final_text("0")]
+    traj = _student(task, script)
+    env = make_environment("calc_chain")
+    tok = toy_tokenizer()
+    oracle_cfg = RunConfig.from_mapping(
+        {
+            "models": {"backend": "toy", "oracle_teacher": {"smoothing": 0.001}},
+            "environment": {"name": "calc_chain"},
+        }
+    )
+    oracle = build_oracle_teacher(oracle_cfg, tok, [task])
+    good = score_state_gate(oracle, env, [task], [traj], CONFIG)
+    assert (good.recovery_states, good.recovered) == (1, 1)
+    lost = score_state_gate(_StubTeacher([]), env, [task], [traj], CONFIG)
+    assert (lost.recovery_states, lost.recovered) == (1, 0)
+
+
+def test_a_gate_task_the_teacher_was_fitted_on_is_refused(task: Task) -> None:
+    env = make_environment("calc_chain")
+    student = make_runner([_call(task, 0)], environment=env, config=CONFIG).backend
+    with pytest.raises(TeacherGateError, match="not held out"):
+        evaluate_state_gate(
+            _StubTeacher([]), student, env, [task], CONFIG, seed=0, fit_task_ids=[task.task_id]
+        )
+
+
+def test_the_fit_digests_include_the_fitting_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Editing a hashed source changes code_sha256, and with it the toy teacher's and the HF
+    adapter's cache keys."""
+    package = Path(teacher_fit.__file__).resolve().parents[1]
+    assert "models/fitting.py" in teacher_fit.FIT_SOURCES
+    assert "models/fitting.py" in teacher_fit.HF_FIT_SOURCES
+    assert "training/teacher_fit.py" in teacher_fit.FIT_SOURCES
+    before = teacher_fit.code_sha256()
+    copy = tmp_path / "pkg"
+    for rel in set(teacher_fit.FIT_SOURCES) | set(teacher_fit.HF_FIT_SOURCES):
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(package / rel, copy / rel)
+    monkeypatch.setattr(teacher_fit, "_PACKAGE", copy)
+    assert teacher_fit.code_sha256() == before
+    (copy / "models/fitting.py").write_text(
+        (copy / "models/fitting.py").read_text() + "\n# edited\n"
+    )
+    assert teacher_fit.code_sha256() != before
+    monkeypatch.undo()
+
+    cfg = RunConfig.from_mapping({})
+    payload = teacher_fit.fit_payload(cfg, "fp", [([1, 2, 3], [2])])
+    monkeypatch.setattr(teacher_fit, "code_sha256", lambda files=(): "edited")
+    assert teacher_fit.fit_digest(teacher_fit.fit_payload(cfg, "fp", [([1, 2, 3], [2])])) != (
+        teacher_fit.fit_digest(payload)
+    )
+    other_rows = teacher_fit.fit_payload(cfg, "fp", [([1, 2, 4], [2])])
+    assert (
+        other_rows["examples_sha256"]
+        != teacher_fit.fit_payload(cfg, "fp", [([1, 2, 3], [2])])["examples_sha256"]
+    )
