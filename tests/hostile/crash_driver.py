@@ -44,7 +44,16 @@ cache: {keep_versions: 1}
 train: {cycles: 2, rollouts_per_cycle: 2, sft_warmup_cycles: 1, lr: 0.003}
 """
 
-VOLATILE = {"seconds", "train_selected_tokens_per_second", "gpu", "time", "monotonic_s", "run_id"}
+VOLATILE = {
+    "seconds",
+    "wall_seconds",
+    "cpu_seconds",
+    "train_selected_tokens_per_second",
+    "gpu",
+    "time",
+    "monotonic_s",
+    "run_id",
+}
 
 
 def stable(value: Any) -> Any:

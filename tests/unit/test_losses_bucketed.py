@@ -306,7 +306,8 @@ def test_bucketed_never_exceeds_exact_and_is_never_negative(
     ids, log_probs, tail = teacher_topk_targets(teacher, k, tau)
     bucketed = bucketed_divergence(student, ids, log_probs, tail, spec).divergence
     exact = exact_divergence(student, teacher, spec).divergence
-    assert bool((bucketed >= 0).all())
+    # float64 rounding of a divergence that is exactly 0 can land at -1e-70
+    assert bool((bucketed >= -1e-12).all())
     assert bool((bucketed <= exact * (1 + 1e-9) + 1e-12).all())
 
 

@@ -71,6 +71,7 @@ EVENT_NAMES: frozenset[str] = frozenset(
         "teacher_adapter_fitted",
         "teacher_adapter_loaded",
         "teacher_gate",
+        "teacher_state_gate",
         "teacher_targets_path",
         "temperature_mismatch",
         "token_analysis_written",
