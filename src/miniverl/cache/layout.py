@@ -20,13 +20,11 @@ tensor name splits unambiguously at its only ``/``, and :func:`decode_key` inver
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 from datetime import UTC, datetime
-from pathlib import Path
 
 from miniverl.schemas.cache import SHARD_NAME_PATTERN, CacheEntryRecord, CacheProvenance
+from miniverl.utils.io import fsync_directory
 
 INDEX_NAME = "index.json"
 JOURNAL_NAME = "index.journal"
@@ -95,16 +93,6 @@ def tensor_name(key: str, name: str) -> str:
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make completed renames durable where the platform supports it (POSIX)."""
-    with contextlib.suppress(OSError, AttributeError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def expected_layout(

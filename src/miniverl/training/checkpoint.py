@@ -15,7 +15,10 @@ The directory is assembled under a temporary name and renamed into place, and th
 is written after everything it vouches for: a checkpoint without a valid marker is never
 loaded. Nothing here unpickles: a received checkpoint is inert data. A resume cuts the logs
 back to the recorded lengths, so the records a killed run wrote after its last checkpoint
-are written again, identically, instead of twice.
+are written again, identically, instead of twice. The logs are appended without an fsync
+during a cycle, so :func:`write_training_checkpoint` fsyncs them before it measures them:
+the lengths a committed checkpoint records are on disk even after a power loss, and
+:func:`verify_logs` never finds a log shorter than its checkpoint because of one.
 
 Which checkpoint ``--resume`` loads, all of it loud:
 
@@ -65,6 +68,7 @@ from miniverl.schemas.records import CheckpointState, parse_state
 from miniverl.training.optim import Schedule, optimizer_state_tensors
 from miniverl.utils.hashing import sha256_file
 from miniverl.utils.io import (
+    DurableLogs,
     atomic_path,
     checked_failpoint,
     is_disk_full,
@@ -584,6 +588,12 @@ LOG_NAMES = ("metrics", "trajectories", "eval_trajectories", "token_analysis")
 """``RunPaths`` attributes of the append-only logs whose length a checkpoint records."""
 
 
+def run_logs(paths: RunPaths) -> DurableLogs:
+    """Every append-only log of a run: ``events.jsonl`` (kept across a resume, never cut
+    back) and the :data:`LOG_NAMES` logs, fsynced together at each durability point."""
+    return DurableLogs([paths.events, *(getattr(paths, name) for name in LOG_NAMES)])
+
+
 class StatefulSource(Protocol):
     """The part of a sample source a checkpoint needs (``training.sources.SampleSource``)."""
 
@@ -696,12 +706,17 @@ def write_training_checkpoint(
     toy_teacher: dict[str, Any] | None,
     paths: RunPaths,
     config_digest: str,
+    logs: DurableLogs | None = None,
 ) -> Path:
     """Trainable weights, optimizer moments and every counter needed to resume.
 
     ``state.json`` goes through ``CheckpointState.build`` (``checkpoint.save_checkpoint``);
-    the sample source's position is under ``source``.
+    the sample source's position is under ``source``. First the run's logs are fsynced
+    (``logs``, the trainer's :class:`DurableLogs`; by default :func:`run_logs`), so the
+    lengths and digests ``state.json`` records describe bytes on disk before the
+    checkpoint's rename commits it.
     """
+    (logs if logs is not None else run_logs(paths)).sync()
     tensors, optimizer_meta = optimizer_state_tensors(optimizer)
     state = {
         "cycle": counters.cycle,
@@ -806,6 +821,7 @@ __all__ = [
     "prune_cycle_checkpoints",
     "remove_stale_temporaries",
     "restart_artifacts",
+    "run_logs",
     "save_log_tail",
     "scan_checkpoints",
     "select_resume_checkpoint",

@@ -109,9 +109,13 @@ def record_evaluation(
     live: Any | None,
 ) -> None:
     """Where a run's evaluation goes: its trajectories (unless ``trajectory_log`` is None), the
-    ``eval`` event, an ``EvalRecord`` in ``metrics.jsonl`` and the live success-rate scalar."""
+    ``eval`` event, an ``EvalRecord`` in ``metrics.jsonl`` and the live success-rate scalar.
+
+    The trajectories are fsynced when ``metrics`` fsyncs its records (``MetricsLog.sync``):
+    inside a training run neither is, and the trainer's next durability point makes both
+    durable together."""
     if trajectory_log is not None:
-        append_trajectories(trajectory_log, trajectories)
+        append_trajectories(trajectory_log, trajectories, sync=metrics.sync)
     events.emit(
         "eval", echo=f"{result['tag']}: {result['solved']}/{result['tasks']} solved", **result
     )

@@ -300,10 +300,14 @@ def write_token_analysis(
     cycle: int,
     events: EventLog,
 ) -> None:
-    """Replace ``path`` with this cycle's records and emit ``token_analysis_written``."""
+    """Replace ``path`` with this cycle's records and emit ``token_analysis_written``.
+
+    Not fsynced here: it is written inside the last cycle, whose end is one of the trainer's
+    durability points (``utils.io.DurableLogs``, which also fsyncs the directory entry of
+    the new file)."""
     records = token_analysis_records(student, tokenizer, samples, cycle=cycle)
     path.unlink(missing_ok=True)
-    append_jsonl(path, records)
+    append_jsonl(path, records, sync=False)
     events.emit("token_analysis_written", cycle=cycle, positions=len(records))
 
 

@@ -24,6 +24,12 @@ callables for the live counters); no source sees the trainer. A source's
 or hard labels, replay passes, the strict on-policy check, :func:`check_on_policy`), so the
 optimizer never reads the mode either.
 
+A source appends its trajectories to ``trajectory_log`` without an fsync (``sync=False``,
+``utils.io.append_jsonl``): it is drawn from only inside a trainer cycle or the warm-up, and
+the trainer fsyncs the log at its durability points (the end of every cycle and of the
+warm-up, before every checkpoint, at run end). Between them the lines have reached the
+operating system, which is all a killed process needs.
+
 Two temperatures meet in an OPD cycle and they need not agree: ``rollout.temperature`` τ_s
 decides which states the sampled trajectories visit, ``loss.temperature`` τ which
 distribution the divergence matches there. Both are recorded in the manifest and every
@@ -504,7 +510,7 @@ class OracleSource:
             )
             for t in tasks
         ]
-        append_trajectories(self.trajectory_log, trajectories, shared=self.shared)
+        append_trajectories(self.trajectory_log, trajectories, shared=self.shared, sync=False)
         if self.targets is None:
             return CycleSamples([hard_label_sample(traj) for traj in trajectories])
         scored = self.targets.score(
@@ -594,7 +600,7 @@ class OnPolicySource:
                 trajectories.extend(batch)
                 for _ in batch:
                     advance()
-        append_trajectories(self.trajectory_log, trajectories)
+        append_trajectories(self.trajectory_log, trajectories, sync=False)
         stats = summarize_rollouts(trajectories)
         self.events.emit(
             "rollouts_collected",
@@ -689,7 +695,7 @@ class OfflinePoolSource:
             policy_version=version,
             split=oom_splitter(self.events, "offline rollout"),
         )
-        append_trajectories(self.trajectory_log, trajectories)
+        append_trajectories(self.trajectory_log, trajectories, sync=False)
         self.pool_version = version
         samples = self.targets.score(
             trajectories, cycle=OFFLINE_POOL_CYCLE, version=version, expect_version=version
@@ -922,7 +928,7 @@ def teacher_rollouts(
         policy_version=version,
         split=oom_splitter(events, f"{kind} teacher rollout"),
     )
-    append_trajectories(trajectory_log, trajectories)
+    append_trajectories(trajectory_log, trajectories, sync=False)
     events.emit(
         "rollouts_collected",
         echo=f"cycle {cycle}: {len(trajectories)} fresh teacher samples ({kind})",

@@ -28,6 +28,7 @@ backward, with out-of-memory halving), then one commit (clip, scheduled lr,
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -63,6 +64,7 @@ from miniverl.training.checkpoint import (
     prepare_resume,
     prune_cycle_checkpoints,
     restore_logs,
+    run_logs,
     source_state,
     verify_logs,
     write_training_checkpoint,
@@ -150,6 +152,7 @@ class OPDTrainer:
         self.progress = ProgressReporter(self.console, progress)
         self.events = EventLog(self.paths.events, self.console, verbose=verbose)
         self.metrics = MetricsLog(self.paths.metrics)
+        self.logs = run_logs(self.paths)
         self.state = RunState()
         self.budget_cap = budget_cap  # compute-matched benchmark arms: stop when it is spent
         self.toy_teacher_report: dict[str, Any] | None = None
@@ -283,6 +286,28 @@ class OPDTrainer:
             return self._train_locked()
 
     def _train_locked(self) -> dict[str, Any]:
+        """The run with its logs' fsyncs deferred to the durability points (:meth:`sync_logs`).
+
+        Inside it, events and metrics reach the operating system on every append and the
+        disk at the end of every cycle and of the warm-up, before every checkpoint records
+        their lengths, and when the run ends (completed, interrupted or failed). After it,
+        events and metrics fsync each append again (a benchmark's teacher gate logs there).
+        """
+        self.events.sync = self.metrics.sync = False
+        try:
+            return self._train_deferred()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.sync_logs()  # what the run wrote before it stopped; its error is the news
+            raise
+        finally:
+            self.events.sync = self.metrics.sync = True
+
+    def sync_logs(self) -> None:
+        """One durability point: fsync the run's append-only logs (``utils.io.DurableLogs``)."""
+        self.logs.sync()
+
+    def _train_deferred(self) -> dict[str, Any]:
         self.setup()
         cfg, state = self.config, self.state
         started = time.perf_counter()
@@ -334,6 +359,7 @@ class OPDTrainer:
                 seconds=round(time.perf_counter() - started, 2),
                 global_optimizer_step=state.global_step,
             )
+            self.sync_logs()
             # eval.json last: its presence is what marks the run finished, so a run killed
             # before it is completed by --resume (from checkpoints/final).
             write_json(self.paths.eval_json, summary)
@@ -435,6 +461,7 @@ class OPDTrainer:
                 until=until,
                 measure=measure,
             )
+        self.sync_logs()
 
     def export_cold_start(self, directory: str | Path) -> Path:
         """Write the student's trainable weights (and the fitted toy teacher) for benchmark arms.
@@ -498,7 +525,11 @@ class OPDTrainer:
     # ================================================================== one cycle
 
     def run_cycle(self, cycle: int) -> None:
-        """tasks -> source samples (collect, select, align, score, cache) -> optimize -> log."""
+        """tasks -> source samples (collect, select, align, score, cache) -> optimize -> log.
+
+        The cycle's appends reach the operating system as they happen and the disk at its
+        end (:meth:`sync_logs`): one fsync per log a cycle, not one per record.
+        """
         cfg, state, source = self.config, self.state, self.source
         state.cycle = cycle
         started = time.perf_counter()
@@ -526,6 +557,7 @@ class OPDTrainer:
             )
             record.update(skipped=True, steps=0, parameter_version=state.parameter_version)
             self._write_cycle(record, started)
+            self.sync_logs()
             return
         steps = self.updater.optimize(samples, source.supervision, cycle=cycle)
         if cycle == cfg.train.cycles - 1:
@@ -555,6 +587,7 @@ class OPDTrainer:
         self.events.emit(
             "cycle_end", echo=f"cycle {cycle}: {format_live_line(live)}", cycle=cycle, **live
         )
+        self.sync_logs()
 
     def _write_cycle(self, record: dict[str, Any], started: float) -> None:
         record["seconds"] = round(time.perf_counter() - started, 3)
@@ -626,6 +659,7 @@ class OPDTrainer:
             toy_teacher=self.toy_teacher_report,
             paths=self.paths,
             config_digest=self.config.digest(),
+            logs=self.logs,
         )
         if name.startswith("cycle-"):
             prune_cycle_checkpoints(self.paths.checkpoints, keep=self.config.checkpoint.keep)

@@ -118,8 +118,10 @@ class SharedTraces:
                     found.add(record[DIGEST_KEY])
         return found
 
-    def append(self, trajectories: list[Trajectory]) -> None:
-        """Append ``trajectories`` in one write: each known trace as a reference line."""
+    def append(self, trajectories: list[Trajectory], *, sync: bool = True) -> None:
+        """Append ``trajectories`` in one write: each known trace as a reference line.
+
+        ``sync``: fsync before returning (``utils.io.append_jsonl``)."""
         known = self._current()
         new: set[str] = set()
         lines = []
@@ -134,7 +136,7 @@ class SharedTraces:
             else:
                 new.add(digest)
                 lines.append({**record, DIGEST_KEY: digest})
-        append_jsonl(self.path, lines)
+        append_jsonl(self.path, lines, sync=sync)
         known |= new
         self._size = self.path.stat().st_size
 
@@ -144,19 +146,21 @@ def append_trajectories(
     trajectories: Iterable[Trajectory],
     *,
     shared: SharedTraces | None = None,
+    sync: bool = True,
 ) -> int:
     """Append complete lines in a single write (the trainer's per-cycle log).
 
     With ``shared`` (for ``path``), a trace the file already holds in full is written as a
-    reference line instead of a second copy.
+    reference line instead of a second copy. ``sync``: fsync before returning; the trainer
+    passes ``False`` and fsyncs its logs at its durability points (``utils.io.DurableLogs``).
     """
     items = _validated(trajectories)
     if shared is None:
-        append_jsonl(path, [t.model_dump(mode="json") for t in items])
+        append_jsonl(path, [t.model_dump(mode="json") for t in items], sync=sync)
     else:
         if Path(path) != shared.path:
             raise ValueError(f"shared traces of {shared.path}, not of {path}")
-        shared.append(items)
+        shared.append(items, sync=sync)
     return len(items)
 
 

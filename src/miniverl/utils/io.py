@@ -1,8 +1,25 @@
-"""Atomic file writes.
+"""Atomic file writes, whole-line appends and the durability contract of a run's logs.
 
-Every artifact is written to a temporary sibling and renamed into place, so a crash
-never leaves a half-written file that later reads as valid. ``os.replace`` is atomic on
-POSIX and Windows when source and target share a directory.
+Every artifact is written to a temporary sibling, fsynced and renamed into place, so a
+crash never leaves a half-written file that later reads as valid. ``os.replace`` is atomic
+on POSIX and Windows when source and target share a directory.
+
+Append-only logs (``events.jsonl``, ``metrics.jsonl``, the trajectory logs) have two
+levels of durability:
+
+- every :func:`append_jsonl` reaches the operating system before it returns (written and
+  flushed), so the records survive the death of the process (``kill -9``, an exception,
+  an out-of-memory kill): only a power loss or a kernel crash can lose them;
+- surviving a power loss as well takes an fsync. ``append_jsonl(..., sync=True)`` (the
+  default, for a writer with no later durability point) fsyncs each append; a training
+  run appends with ``sync=False`` and makes its logs durable together at explicit
+  points with :class:`DurableLogs`: before a checkpoint records their lengths, at the
+  end of every cycle and when the run ends (``training/trainer.py``).
+
+A power loss between two durability points can therefore cut a log back to its length at
+the last one (or leave a torn final line), never shorter than what a checkpoint on disk
+recorded, which is what ``--resume`` relies on when it cuts the logs back to those
+lengths (``training/checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +30,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +140,14 @@ def read_json(
     return load_json_file(path, error=error, expect=expect)
 
 
-def append_jsonl(path: str | os.PathLike[str], records: list[dict[str, Any]]) -> None:
-    """Append records as complete lines in one write.
+def append_jsonl(
+    path: str | os.PathLike[str], records: list[dict[str, Any]], *, sync: bool = True
+) -> None:
+    """Append records as complete lines in one write, flushed to the operating system.
+
+    ``sync`` also fsyncs the file before returning (durable against a power loss); a
+    writer whose log a :class:`DurableLogs` makes durable later passes ``False`` and the
+    append costs no disk flush.
 
     An interrupted append can only leave a cut-off final line, which is not valid JSON,
     so a reader (``trajectory.io``) rejects it instead of reading a partial record, and
@@ -158,7 +181,8 @@ def append_jsonl(path: str | os.PathLike[str], records: list[dict[str, Any]]) ->
             failpoint(f"append:{path.name}:partial", before_exit=torn_write)
             handle.write(payload)
             handle.flush()
-            os.fsync(handle.fileno())
+            if sync:
+                os.fsync(handle.fileno())
         except OSError as exc:
             if not is_disk_full(exc):
                 raise
@@ -166,6 +190,68 @@ def append_jsonl(path: str | os.PathLike[str], records: list[dict[str, Any]]) ->
                 handle.truncate(start)
             raise storage_error(path) from exc
     checked_failpoint(f"append:{path.name}:after", path)
+
+
+def fsync_directory(directory: str | os.PathLike[str]) -> None:
+    """Make the directory's entries (a created or renamed file) durable where the platform
+    supports it (POSIX; elsewhere a directory cannot be opened and this does nothing)."""
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class DurableLogs:
+    """A run's append-only logs, made durable together at explicit points.
+
+    :meth:`sync` fsyncs every log that exists, and the directory of each log that was
+    created (or replaced by a new file) since the previous call, so its name survives a
+    power loss too. Logs written with ``append_jsonl(..., sync=False)`` between two calls
+    have reached the operating system only. A log that does not exist yet is skipped, and
+    so is one whose file, size, modification and change times are all as the previous
+    call left them (nothing was written to it since, so there is nothing to flush).
+    """
+
+    def __init__(self, paths: Iterable[str | os.PathLike[str]]) -> None:
+        self.paths = tuple(dict.fromkeys(Path(p) for p in paths))
+        self._synced: dict[Path, tuple[int, ...]] = {}
+
+    def sync(self) -> None:
+        """fsync every changed log (and new logs' directories); :class:`RunStorageError`
+        when the device reports a full disk."""
+        directories: dict[Path, None] = {}
+        for path in self.paths:
+            try:
+                stat = os.stat(path)
+            except FileNotFoundError:
+                self._synced.pop(path, None)
+                continue
+            seen = self._synced.get(path)
+            if seen == _file_state(stat):
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                    stat = os.fstat(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                if is_disk_full(exc):
+                    raise storage_error(path) from exc
+                raise
+            if seen is None or seen[:2] != (stat.st_dev, stat.st_ino):
+                directories[path.parent] = None
+            self._synced[path] = _file_state(stat)
+        for directory in directories:
+            fsync_directory(directory)
+
+
+def _file_state(stat: os.stat_result) -> tuple[int, ...]:
+    """What changes whenever a file is written, truncated or replaced (device and inode first)."""
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def repair_jsonl_tail(path: str | os.PathLike[str]) -> int:

@@ -28,15 +28,23 @@ progress bar carries their loss, KL and rollouts solved, so a 400-cycle demo pri
 class EventLog:
     """Appends one JSON object per lifecycle event (docs/design.md §5.3) and echoes it.
 
-    ``console`` may be ``None`` for quiet runs; events are written either way.
+    ``console`` may be ``None`` for quiet runs; events are written either way. ``sync``
+    (see ``utils.io.append_jsonl``): fsync each event; a training run clears it while it
+    runs, because its ``DurableLogs`` fsyncs the log at every cycle end, checkpoint and run end.
     """
 
     def __init__(
-        self, path: str | Path | None, console: Console | None = None, *, verbose: bool = True
+        self,
+        path: str | Path | None,
+        console: Console | None = None,
+        *,
+        verbose: bool = True,
+        sync: bool = True,
     ) -> None:
         self.path = Path(path) if path is not None else None
         self.console = console
         self.verbose = verbose
+        self.sync = sync
         self.events: list[dict[str, Any]] = []
 
     def emit(self, event: str, *, echo: str | None = None, **fields: Any) -> dict[str, Any]:
@@ -48,23 +56,27 @@ class EventLog:
         }
         self.events.append(record)
         if self.path is not None:
-            append_jsonl(self.path, [record])
+            append_jsonl(self.path, [record], sync=self.sync)
         if self.console is not None and echo and (self.verbose or event not in PER_CYCLE_EVENTS):
             self.console.print(f"[bold cyan]{event}[/] {echo}")
         return record
 
 
 class MetricsLog:
-    """Append-only ``metrics.jsonl``: one object per optimizer step, cycle and eval."""
+    """Append-only ``metrics.jsonl``: one object per optimizer step, cycle and eval.
 
-    def __init__(self, path: str | Path | None) -> None:
+    ``sync`` as for :class:`EventLog`: a training run defers the fsync to its durability points.
+    """
+
+    def __init__(self, path: str | Path | None, *, sync: bool = True) -> None:
         self.path = Path(path) if path is not None else None
         self.records: list[dict[str, Any]] = []
+        self.sync = sync
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
         if self.path is not None:
-            append_jsonl(self.path, [record])
+            append_jsonl(self.path, [record], sync=self.sync)
 
 
 def make_console(quiet: bool = False) -> Console:
