@@ -206,12 +206,14 @@ def fsync_directory(directory: str | os.PathLike[str]) -> None:
 class DurableLogs:
     """A run's append-only logs, made durable together at explicit points.
 
-    :meth:`sync` fsyncs every log that exists, and the directory of each log that was
-    created (or replaced by a new file) since the previous call, so its name survives a
-    power loss too. Logs written with ``append_jsonl(..., sync=False)`` between two calls
-    have reached the operating system only. A log that does not exist yet is skipped, and
-    so is one whose file, size, modification and change times are all as the previous
-    call left them (nothing was written to it since, so there is nothing to flush).
+    :meth:`sync` fsyncs every log that exists, then the directory of every log it flushed,
+    so the name of a log created (or replaced by a new file) since the previous call
+    survives a power loss too: ``stat`` cannot tell a replaced file from an appended one
+    when the inode number is reused, so the directory is flushed whenever a log in it was.
+    Logs written with ``append_jsonl(..., sync=False)`` between two calls have reached the
+    operating system only. A log that does not exist yet is skipped, and so is one whose
+    file, size, modification and change times are all as the previous call left them
+    (nothing was written to it since, so there is nothing to flush).
     """
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]]) -> None:
@@ -219,8 +221,8 @@ class DurableLogs:
         self._synced: dict[Path, tuple[int, ...]] = {}
 
     def sync(self) -> None:
-        """fsync every changed log (and new logs' directories); :class:`RunStorageError`
-        when the device reports a full disk."""
+        """fsync every changed log, then their directories; :class:`RunStorageError` when
+        the device reports a full disk."""
         directories: dict[Path, None] = {}
         for path in self.paths:
             try:
@@ -242,15 +244,14 @@ class DurableLogs:
                 if is_disk_full(exc):
                     raise storage_error(path) from exc
                 raise
-            if seen is None or seen[:2] != (stat.st_dev, stat.st_ino):
-                directories[path.parent] = None
+            directories[path.parent] = None
             self._synced[path] = _file_state(stat)
         for directory in directories:
             fsync_directory(directory)
 
 
 def _file_state(stat: os.stat_result) -> tuple[int, ...]:
-    """What changes whenever a file is written, truncated or replaced (device and inode first)."""
+    """What changes whenever a file is written or truncated: device, inode, size, times."""
     return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
