@@ -5,7 +5,8 @@ together at the durability points (``utils.io.DurableLogs``): before a checkpoin
 their lengths, at the end of every cycle and when the run ends. The checkpoint's fsync is
 what keeps ``--resume`` valid after a power loss: a committed checkpoint must never vouch
 for log bytes that were still only in the page cache. ``os.fsync`` is recorded here by
-file identity and size, so each test names exactly which flush it needs.
+file (its path from ``/proc/self/fd`` with device and inode: an inode number alone is
+reused once a file is deleted) and size, so each test names exactly which flush it needs.
 """
 
 from __future__ import annotations
@@ -35,9 +36,14 @@ from miniverl.utils.io import DurableLogs, append_jsonl
 from miniverl.utils.logging import EventLog, MetricsLog
 from miniverl.utils.runs import RunPaths
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread"),
+    pytest.mark.skipif(
+        not Path("/proc/self/fd").is_dir(), reason="names fsynced files via /proc/self/fd"
+    ),
+]
 
-Identity = tuple[int, int]
+Identity = tuple[str, int, int]
 
 
 class FsyncRecorder:
@@ -63,7 +69,7 @@ class FsyncRecorder:
     def _fsync(self, fd: int) -> None:
         self._real(fd)
         stat = os.fstat(fd)
-        key = (stat.st_dev, stat.st_ino)
+        key = (os.readlink(f"/proc/self/fd/{fd}"), stat.st_dev, stat.st_ino)
         self.calls.append((key, stat.st_size, self.in_sync_point))
         self.durable[key] = max(self.durable.get(key, 0), stat.st_size)
 
@@ -78,7 +84,7 @@ class FsyncRecorder:
 
 def _identity(path: Path) -> Identity:
     stat = os.stat(path)
-    return (stat.st_dev, stat.st_ino)
+    return (str(path.resolve()), stat.st_dev, stat.st_ino)
 
 
 def _logs(paths: RunPaths) -> list[Path]:
