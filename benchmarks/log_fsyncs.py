@@ -3,7 +3,9 @@
 A run's append-only logs (``events.jsonl``, ``metrics.jsonl``, the trajectory logs) are
 appended without an fsync and made durable together at the end of every cycle, before every
 checkpoint and at run end (``utils.io.DurableLogs``). This script runs the same toy recipe
-twice, each in a fresh directory with its own empty teacher cache:
+(the demo recipe, ``train.cycles`` cut to ``--cycles`` and a shorter toy-teacher fit; its
+300 SFT warm-up cycles log like any other cycle) twice, each in a fresh directory with
+its own empty teacher cache:
 
   per_append   every ``append_jsonl`` fsyncs (``sync`` forced on) and the durability
                points do nothing: how the logs were written before the points existed;
@@ -14,8 +16,8 @@ their directory), and the seconds spent inside those fsyncs, and prints both arm
 fsync seconds depend on the file system (a tmpfs barely pays for one): pass ``--root`` on
 the disk the runs live on.
 
-    PYTHONPATH=src python benchmarks/log_fsyncs.py                # 20 cycles
-    PYTHONPATH=src python benchmarks/log_fsyncs.py --cycles 5 --root /var/tmp
+    PYTHONPATH=src python benchmarks/log_fsyncs.py                # 20 OPD cycles
+    PYTHONPATH=src python benchmarks/log_fsyncs.py --cycles 5 --warmup-cycles 20 --root /var/tmp
 """
 
 from __future__ import annotations
@@ -106,19 +108,16 @@ def instrumented(arm: str, paths: RunPaths, counts: Counts) -> Iterator[None]:
         io.DurableLogs.sync = real_sync  # type: ignore[method-assign]
 
 
-def run_arm(arm: str, root: Path, cycles: int) -> Counts:
+def run_arm(arm: str, root: Path, cycles: int, warmup_cycles: int) -> Counts:
     """One toy OPD run of ``cycles`` cycles under ``arm``'s log writing."""
     directory = root / arm
     os.environ["MINIVERL_CACHE_DIR"] = str(directory / "cache")
     config = demo_config().with_overrides(
         [
             f"train.cycles={cycles}",
-            "train.sft_warmup_cycles=5",
-            "train.checkpoint_every=5",
+            f"train.sft_warmup_cycles={warmup_cycles}",
             "models.toy_fit.max_steps=200",
             "models.toy_fit.extra_tasks=0",
-            "eval.every=5",
-            "eval.max_tasks=4",
         ]
     )
     trainer = OPDTrainer(config, output_dir=directory / "run", quiet=True)
@@ -133,17 +132,23 @@ def run_arm(arm: str, root: Path, cycles: int) -> Counts:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=20, help="OPD cycles per run")
+    parser.add_argument(
+        "--warmup-cycles", type=int, default=300, help="SFT warm-up cycles (the demo's: 300)"
+    )
     parser.add_argument("--root", type=Path, default=None, help="where the runs are written")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     previous = os.environ.get("MINIVERL_CACHE_DIR")
     with tempfile.TemporaryDirectory(dir=args.root, prefix="log-fsyncs-") as tmp:
-        results = {arm: run_arm(arm, Path(tmp), args.cycles) for arm in ARMS}
+        results = {arm: run_arm(arm, Path(tmp), args.cycles, args.warmup_cycles) for arm in ARMS}
     if previous is None:
         os.environ.pop("MINIVERL_CACHE_DIR", None)
     else:
         os.environ["MINIVERL_CACHE_DIR"] = previous
-    print(f"toy OPD run, {args.cycles} cycles (5 warm-up cycles, checkpoint and eval every 5)")
+    print(
+        f"toy demo recipe: {args.warmup_cycles} SFT warm-up cycles, {args.cycles} OPD cycles;"
+        f" runs under {args.root or tempfile.gettempdir()}"
+    )
     print(
         f"{'arm':<11} {'appends':>8} {'fsyncs':>7} {'fsync_s':>9} {'log_fsyncs':>11} {'log_s':>9} {'wall_s':>7}"
     )
