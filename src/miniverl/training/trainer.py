@@ -45,7 +45,7 @@ from miniverl.config.loading import load_resolved_config
 from miniverl.config.models import RunConfig
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
-from miniverl.errors import GpuMemoryError
+from miniverl.errors import GpuMemoryError, RunStorageError
 from miniverl.losses import (
     chunked_selected_position_loss,
     concat_providers,
@@ -297,7 +297,7 @@ class OPDTrainer:
         try:
             return self._train_deferred()
         except BaseException:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, RunStorageError):
                 self.sync_logs()  # what the run wrote before it stopped; its error is the news
             raise
         finally:
@@ -429,7 +429,9 @@ class OPDTrainer:
         """Oracle-trace cross-entropy before KD/OPD (training/warmup.py).
 
         ``cycles`` forces a fixed count; by default the recipe decides (a fixed count, or
-        ``train.sft_warmup_until``'s criterion and cap).
+        ``train.sft_warmup_until``'s criterion and cap). Its end is a durability point
+        (:meth:`sync_logs`), not each warm-up cycle: nothing before the first checkpoint is
+        resumed from, a run killed there is recomputed from the start.
         """
         cfg, state = self.config, self.state
         until = cfg.train.sft_warmup_until if cycles is None else None
