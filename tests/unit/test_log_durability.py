@@ -276,3 +276,27 @@ def test_a_run_fsyncs_its_logs_only_at_cycle_ends_checkpoints_and_run_end(
     log_fsyncs = sum(1 for c in fsyncs.calls if c[0] in identities)
     assert log_fsyncs < appends / 2, (log_fsyncs, appends)
     assert trainer.events.sync and trainer.metrics.sync, "appends after the run fsync again"
+
+
+def test_an_interrupted_run_leaves_its_logs_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``run_end`` event of an interrupted run, written after the last cycle end, is flushed."""
+    paths = RunPaths(tmp_path / "run")
+    fsyncs = FsyncRecorder(monkeypatch)
+    original: Callable[..., None] = OPDTrainer.run_cycle
+
+    def run_cycle(self: OPDTrainer, cycle: int) -> None:
+        if cycle == 1:
+            raise KeyboardInterrupt
+        original(self, cycle)
+
+    monkeypatch.setattr(OPDTrainer, "run_cycle", run_cycle)
+    trainer = OPDTrainer(tiny_config("train.cycles=2"), output_dir=paths.root, quiet=True)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    last = json.loads(paths.events.read_bytes().splitlines()[-1])
+    assert (last["event"], last["status"]) == ("run_end", "interrupted")
+    for log in _logs(paths):
+        assert fsyncs.durable_size(log) == log.stat().st_size, f"{log.name} left unsynced"
+    assert trainer.events.sync and trainer.metrics.sync
