@@ -431,7 +431,7 @@ class OPDTrainer:
         ``cycles`` forces a fixed count; by default the recipe decides (a fixed count, or
         ``train.sft_warmup_until``'s criterion and cap). Its end is a durability point
         (:meth:`sync_logs`), not each warm-up cycle: nothing before the first checkpoint is
-        resumed from, a run killed there is recomputed from the start.
+        resumed from (a run killed there is recomputed from the start).
         """
         cfg, state = self.config, self.state
         until = cfg.train.sft_warmup_until if cycles is None else None
