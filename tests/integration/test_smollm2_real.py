@@ -236,6 +236,40 @@ def test_kv_cached_generation_equals_generate(smollm2_dir: Path) -> None:
     assert ours == out[0, x.shape[1] :].tolist() and len(ours) > 5
 
 
+@pytest.mark.slow
+@needs_wheel
+def test_shared_prefix_prefill_keeps_greedy_ids(smollm2_dir: Path) -> None:
+    """Four chat prompts with one system prompt: the prefix runs once, ids stay the same."""
+    from miniverl.agent.protocol import format_observation
+    from miniverl.models.hf import HFBackend
+    from miniverl.models.sampling import PrefixCache
+
+    backend = HFBackend(smollm2_dir, precision="float32")
+    tok = backend.tokenizer
+    system = PROMPT.split("<|im_start|>user")[0]
+    questions = ["What is 17*23?", "Add 4 and 5.", "Is 91 prime?", "Name a colour."]
+    prompts = [
+        tok.encode(f"{system}<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")
+        for q in questions
+    ]
+    shared, per_row = PrefixCache(), PrefixCache(share_prefix=False)
+    for _ in range(2):
+        kwargs = {"max_new_tokens": [10, 6, 8, 12], "seeds": [0, 1, 2, 3], "temperature": 0.0}
+        warm = backend.generate_batch(prompts, prefix_cache=shared, **kwargs)
+        rows = backend.generate_batch(prompts, prefix_cache=per_row, **kwargs)
+        cold = backend.generate_batch(prompts, **kwargs)
+        ids = [g.token_ids for g in warm]
+        assert ids == [g.token_ids for g in rows] == [g.token_ids for g in cold]
+        assert all(len(i) >= 5 for i in ids)
+        for i, g in enumerate(warm):
+            observation = f"<|im_end|>\n<|im_start|>user\n{format_observation(str(i))}"
+            prompts[i] = prompts[i] + g.token_ids + tok.encode(observation + "<|im_end|>\n")
+            prompts[i] += tok.encode("<|im_start|>assistant\n")
+    assert shared.shared_prefix_tokens[0] >= len(tok.encode(system)) - 1
+    assert shared.shared_prefix_tokens[1] == 0
+    assert shared.prefilled_tokens[0] < per_row.prefilled_tokens[0] - 3 * 10
+
+
 # ------------------------------------------------------------------------------ chat format
 
 
