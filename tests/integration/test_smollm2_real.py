@@ -437,3 +437,51 @@ def test_one_opd_cycle_on_the_real_model_changes_only_the_student_adapter(
     assert len(rollouts) == 2 and all(r["model_id"] == str(smollm2_dir) for r in rollouts)
     events = [json.loads(line) for line in trainer.paths.events.read_text().splitlines()]
     assert any(e["event"] == "teacher_adapter_fitted" for e in events)
+
+
+@pytest.mark.slow
+@needs_wheel
+def test_one_cycle_of_the_calc_chain_recipe(smollm2_dir: Path, tmp_path: Path) -> None:
+    """``recipes/smollm2_calc_chain.yaml`` shrunk by overrides, on the real model: one warm-up
+    cycle with its criterion check, the teacher-adapter fit, one OPD cycle, the final eval."""
+    from miniverl.config.models import RunConfig
+    from miniverl.training.trainer import OPDTrainer
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "smollm2_calc_chain.yaml"
+    overrides = [
+        f"models.student.model_id={smollm2_dir}",
+        f"models.teacher.model_id={smollm2_dir}",
+        f"models.teacher_fit.cache_dir={tmp_path / 'adapters'}",
+        "models.teacher_fit.steps=1",
+        "models.teacher_fit.batch_size=1",
+        "models.teacher_fit.extra_tasks=0",
+        "models.teacher_fit.probe_tasks=0",
+        "environment.train_tasks=2",
+        "environment.eval_tasks=3",
+        "environment.test_tasks=5",
+        "rollout.max_new_tokens_per_turn=6",
+        "rollout.max_parse_errors=0",
+        "train.sft_warmup_until.max_cycles=1",
+        "train.sft_warmup_until.check_every=1",
+        "train.cycles=1",
+        "train.rollouts_per_cycle=2",
+        "train.trajectory_batch_size=2",
+        "train.checkpoint_every=1",
+        "eval.baseline=false",
+        "eval.after_warmup=false",
+        "eval.max_tasks=1",
+        "run.cpu_threads=2",
+    ]
+    config = RunConfig.from_yaml(recipe, overrides)
+    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True)
+    trainer.setup()
+    summary = trainer.train()
+    assert summary["global_optimizer_step"] == 2 and trainer.state.parameter_version == 2
+    assert summary["teacher_adapter"]["steps"] == 1
+    events = [json.loads(line) for line in trainer.paths.events.read_text().splitlines()]
+    kinds = {e["event"] for e in events}
+    assert "teacher_adapter_fitted" in kinds
+    assert {"sft_warmup_cycle", "sft_warmup_end", "rollouts_collected", "cycle_end"} <= kinds
+    rollouts = [json.loads(line) for line in trainer.paths.trajectories.read_text().splitlines()]
+    assert len(rollouts) == 4 and all(r["environment"] == "calc_chain" for r in rollouts)
+    assert summary["final"] is not None and summary["after_warmup"] is None
