@@ -355,7 +355,9 @@ def _prefill_shared_prefix(
     The prefix runs once as a ``[1, P]`` forward at positions ``0 .. P-1``; ``select``
     with row index 0 repeated ``B`` times copies its keys and values to every row, which
     is what each row would have computed for those ids alone. ``(None, None, 0)`` when
-    there is no common prefix or the backend's cache cannot be indexed.
+    there is no common prefix, or when the backend's cache cannot be indexed (a
+    sliding-window layer): the prefix forward is then discarded and every row is
+    prefilled whole.
     """
     length = shared_prefix_length(prompts) if select is not None else 0
     if select is None or length == 0:
