@@ -236,6 +236,40 @@ def test_kv_cached_generation_equals_generate(smollm2_dir: Path) -> None:
     assert ours == out[0, x.shape[1] :].tolist() and len(ours) > 5
 
 
+@pytest.mark.slow
+@needs_wheel
+def test_shared_prefix_prefill_keeps_greedy_ids(smollm2_dir: Path) -> None:
+    """Four chat prompts with one system prompt: the prefix runs once, ids stay the same."""
+    from miniverl.agent.protocol import format_observation
+    from miniverl.models.hf import HFBackend
+    from miniverl.models.sampling import PrefixCache
+
+    backend = HFBackend(smollm2_dir, precision="float32")
+    tok = backend.tokenizer
+    system = PROMPT.split("<|im_start|>user")[0]
+    questions = ["What is 17*23?", "Add 4 and 5.", "Is 91 prime?", "Name a colour."]
+    prompts = [
+        tok.encode(f"{system}<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")
+        for q in questions
+    ]
+    shared, per_row = PrefixCache(), PrefixCache(share_prefix=False)
+    for _ in range(2):
+        kwargs = {"max_new_tokens": [10, 6, 8, 12], "seeds": [0, 1, 2, 3], "temperature": 0.0}
+        warm = backend.generate_batch(prompts, prefix_cache=shared, **kwargs)
+        rows = backend.generate_batch(prompts, prefix_cache=per_row, **kwargs)
+        cold = backend.generate_batch(prompts, **kwargs)
+        ids = [g.token_ids for g in warm]
+        assert ids == [g.token_ids for g in rows] == [g.token_ids for g in cold]
+        assert all(len(i) >= 5 for i in ids)
+        for i, g in enumerate(warm):
+            observation = f"<|im_end|>\n<|im_start|>user\n{format_observation(str(i))}"
+            prompts[i] = prompts[i] + g.token_ids + tok.encode(observation + "<|im_end|>\n")
+            prompts[i] += tok.encode("<|im_start|>assistant\n")
+    assert shared.shared_prefix_tokens[0] >= len(tok.encode(system)) - 1
+    assert shared.shared_prefix_tokens[1] == 0
+    assert shared.prefilled_tokens[0] < per_row.prefilled_tokens[0] - 3 * 10
+
+
 # ------------------------------------------------------------------------------ chat format
 
 
@@ -403,3 +437,51 @@ def test_one_opd_cycle_on_the_real_model_changes_only_the_student_adapter(
     assert len(rollouts) == 2 and all(r["model_id"] == str(smollm2_dir) for r in rollouts)
     events = [json.loads(line) for line in trainer.paths.events.read_text().splitlines()]
     assert any(e["event"] == "teacher_adapter_fitted" for e in events)
+
+
+@pytest.mark.slow
+@needs_wheel
+def test_one_cycle_of_the_calc_chain_recipe(smollm2_dir: Path, tmp_path: Path) -> None:
+    """``recipes/smollm2_calc_chain.yaml`` shrunk by overrides, on the real model: one warm-up
+    cycle with its criterion check, the teacher-adapter fit, one OPD cycle, the final eval."""
+    from miniverl.config.models import RunConfig
+    from miniverl.training.trainer import OPDTrainer
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "smollm2_calc_chain.yaml"
+    overrides = [
+        f"models.student.model_id={smollm2_dir}",
+        f"models.teacher.model_id={smollm2_dir}",
+        f"models.teacher_fit.cache_dir={tmp_path / 'adapters'}",
+        "models.teacher_fit.steps=1",
+        "models.teacher_fit.batch_size=1",
+        "models.teacher_fit.extra_tasks=0",
+        "models.teacher_fit.probe_tasks=0",
+        "environment.train_tasks=2",
+        "environment.eval_tasks=3",
+        "environment.test_tasks=5",
+        "rollout.max_new_tokens_per_turn=6",
+        "rollout.max_parse_errors=0",
+        "train.sft_warmup_until.max_cycles=1",
+        "train.sft_warmup_until.check_every=1",
+        "train.cycles=1",
+        "train.rollouts_per_cycle=2",
+        "train.trajectory_batch_size=2",
+        "train.checkpoint_every=1",
+        "eval.baseline=false",
+        "eval.after_warmup=false",
+        "eval.max_tasks=1",
+        "run.cpu_threads=2",
+    ]
+    config = RunConfig.from_yaml(recipe, overrides)
+    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True)
+    trainer.setup()
+    summary = trainer.train()
+    assert summary["global_optimizer_step"] == 2 and trainer.state.parameter_version == 2
+    assert summary["teacher_adapter"]["steps"] == 1
+    events = [json.loads(line) for line in trainer.paths.events.read_text().splitlines()]
+    kinds = {e["event"] for e in events}
+    assert "teacher_adapter_fitted" in kinds
+    assert {"sft_warmup_cycle", "sft_warmup_end", "rollouts_collected", "cycle_end"} <= kinds
+    rollouts = [json.loads(line) for line in trainer.paths.trajectories.read_text().splitlines()]
+    assert len(rollouts) == 4 and all(r["environment"] == "calc_chain" for r in rollouts)
+    assert summary["final"] is not None and summary["after_warmup"] is None

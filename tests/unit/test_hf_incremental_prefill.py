@@ -85,3 +85,37 @@ def test_kept_cache_equals_full_reprefill_and_single_sequences(
             fresh = len(prompts[4]) if round_ == 1 else 0
             expected_prefill.append(sum(n for i, n in appended if i in live) + fresh)
     assert cache.prefilled_tokens == expected_prefill
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefix_once_equals_per_row_prefill(backend: HFBackend, temperature: float) -> None:
+    """Every prompt starts with one system prompt: it is prefilled once and copied to each row."""
+    tok = backend.tokenizer
+    header = tok.encode(ASSISTANT_HEADER)
+    system = tok.encode(
+        "<|im_start|>system\nYou are a careful assistant. Call the calculator tool, "
+        "then write the answer.<|im_end|>\n<|im_start|>user\n"
+    )
+    prompts = [system + tok.encode(t) + header for t in TEXTS]
+    shared, per_row = PrefixCache(), PrefixCache(share_prefix=False)
+    for round_ in range(3):
+        budgets = [2 + (i + round_) % 6 for i in range(len(prompts))]
+        seeds = [i + 10 * round_ for i in range(len(prompts))]
+        kwargs = {"max_new_tokens": budgets, "seeds": seeds, "temperature": temperature}
+        warm = backend.generate_batch(prompts, prefix_cache=shared, **kwargs)
+        rows = backend.generate_batch(prompts, prefix_cache=per_row, **kwargs)
+        cold = backend.generate_batch(prompts, **kwargs)
+        alone = [
+            backend.generate(p, max_new_tokens=b, seed=s, temperature=temperature)
+            for p, b, s in zip(prompts, budgets, seeds, strict=True)
+        ]
+        ids = [g.token_ids for g in warm]
+        assert ids == [g.token_ids for g in rows] == [g.token_ids for g in cold]
+        assert ids == [g.token_ids for g in alone]
+        for i, g in enumerate(warm):
+            observation = tok.encode(format_observation("7" * (1 + i + round_))) + header
+            prompts[i] = prompts[i] + g.token_ids + observation
+    first = shared.shared_prefix_tokens[0]
+    assert first >= len(system) and shared.shared_prefix_tokens[1:] == [0, 0]
+    assert shared.prefilled_tokens[0] == per_row.prefilled_tokens[0] - first * (len(TEXTS) - 1)
+    assert shared.prefilled_tokens[1:] == per_row.prefilled_tokens[1:]

@@ -64,7 +64,7 @@ class FirstTurnToolCall(ToyBackend):
         return super().generate(prompt_ids, **kwargs)
 
     def generate_batch(self, prompts, **kwargs):
-        self._script, self._k = self._script_for(prompts), 0
+        self._script, self._k, self._rows = self._script_for(prompts), 0, len(prompts)
         return super().generate_batch(prompts, **kwargs)
 
     def _steer(self, logits: torch.Tensor) -> torch.Tensor:
@@ -80,6 +80,8 @@ class FirstTurnToolCall(ToyBackend):
 
     def _batch_step(self, input_ids, key_mask, positions, cache):
         logits, cache = super()._batch_step(input_ids, key_mask, positions, cache)
+        if input_ids.shape[0] < self._rows:
+            return logits, cache  # the shared-prefix forward samples nothing
         return self._steer(logits), cache
 
 
@@ -158,10 +160,14 @@ def test_generate_batch_across_calls_with_dropping_rows(student: ToyBackend) -> 
 
 
 class CountingToy(ToyBackend):
-    """Records, per ``generate_batch`` call, the real tokens each row's prefill forward ran."""
+    """Records, per ``generate_batch`` call, the real tokens each prefill forward ran.
+
+    ``prefix`` is the shared-prefix forward (one row) when the call had one, ``fed`` and
+    ``positions`` the per-row prefill forward after it.
+    """
 
     def generate_batch(self, prompts, **kwargs):
-        self.calls.append({"prompts": [list(p) for p in prompts], "fed": None})
+        self.calls.append({"prompts": [list(p) for p in prompts], "fed": None, "prefix": None})
         results = super().generate_batch(prompts, **kwargs)
         self.calls[-1]["results"] = [list(g.token_ids) for g in results]
         return results
@@ -170,15 +176,26 @@ class CountingToy(ToyBackend):
         call = self.calls[-1]
         if call["fed"] is None:
             new = key_mask[:, -input_ids.shape[1] :]
-            call["fed"] = [
+            fed = [
                 [int(t) for t, m in zip(row, mask, strict=True) if m]
                 for row, mask in zip(input_ids.tolist(), new.tolist(), strict=True)
             ]
-            call["positions"] = [
+            where = [
                 [int(p) for p, m in zip(row, mask, strict=True) if m]
                 for row, mask in zip(positions.tolist(), new.tolist(), strict=True)
             ]
+            if len(fed) < len(call["prompts"]):
+                call["prefix"], call["prefix_positions"] = fed[0], where[0]
+            else:
+                call["fed"], call["positions"] = fed, where
         return super()._batch_step(input_ids, key_mask, positions, cache)
+
+
+def _common_prefix(prompts: list[list[int]]) -> int:
+    n = 0
+    while n < min(map(len, prompts)) - 1 and len({p[n] for p in prompts}) == 1:
+        n += 1
+    return n
 
 
 def test_each_round_prefills_only_the_new_tokens() -> None:
@@ -190,11 +207,18 @@ def test_each_round_prefills_only_the_new_tokens() -> None:
     )
     calls = backend.calls
     assert len(calls) >= 3
-    assert calls[0]["fed"] == calls[0]["prompts"]
+    first = calls[0]["prompts"]
+    shared = _common_prefix(first)
+    assert shared >= 40, "every calculator episode starts with the system prompt"
+    assert calls[0]["prefix"] == first[0][:shared]
+    assert calls[0]["prefix_positions"] == list(range(shared))
+    assert calls[0]["fed"] == [p[shared:] for p in first]
+    assert calls[0]["positions"] == [list(range(shared, len(p))) for p in first]
+    assert all(call["prefix"] is None for call in calls[1:])
     previous: dict[tuple[int, ...], int] = {}
     for prompt, result in zip(calls[0]["prompts"], calls[0]["results"], strict=True):
         previous[tuple(prompt + result)] = len(prompt) + len(result) - 1
-    per_round = [sum(len(p) for p in calls[0]["prompts"])]
+    per_round = [shared + sum(len(p) - shared for p in first)]
     for call in calls[1:]:
         expected_fed, expected_positions, nxt = [], [], {}
         for prompt, result in zip(call["prompts"], call["results"], strict=True):
@@ -210,3 +234,59 @@ def test_each_round_prefills_only_the_new_tokens() -> None:
     full = [sum(len(p) for p in call["prompts"]) for call in calls]
     assert sum(per_round[1:]) < sum(full[1:]) // 3
     assert max(len(t.turns) for t in trajectories) >= 3
+
+
+def _shared_prefix_prompts(tok) -> list[list[int]]:
+    """Prompts that all start with the calculator system prompt, one of them only one id longer.
+
+    The shortest row caps the shared length one short of itself, so the other rows have
+    more of the common ids to prefill on their own.
+    """
+    header = tok.encode(ASSISTANT_HEADER)
+    system = tok.encode(calculator().system_prompt())
+    prompts = [system + tok.encode(t.prompt) + header for t in calculator_tasks(5, seed=4)]
+    return [*prompts, system[:-1]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefix_equals_per_row_prefill_across_rounds(
+    student: ToyBackend, temperature: float
+) -> None:
+    tok = student.tokenizer
+    header = tok.encode(ASSISTANT_HEADER)
+    prompts = _shared_prefix_prompts(tok)
+    shared, per_row = PrefixCache(), PrefixCache(share_prefix=False)
+    expected = len(prompts[-1]) - 1
+    for round_ in range(3):
+        budgets = [2 + (i + round_) % 5 for i in range(len(prompts))]
+        seeds = [i + 10 * round_ for i in range(len(prompts))]
+        kwargs = {"max_new_tokens": budgets, "seeds": seeds, "temperature": temperature}
+        warm = student.generate_batch(prompts, prefix_cache=shared, **kwargs)
+        rows = student.generate_batch(prompts, prefix_cache=per_row, **kwargs)
+        cold = student.generate_batch(prompts, **kwargs)
+        alone = [
+            student.generate(p, max_new_tokens=b, seed=s, temperature=temperature)
+            for p, b, s in zip(prompts, budgets, seeds, strict=True)
+        ]
+        ids = [g.token_ids for g in warm]
+        assert ids == [g.token_ids for g in rows] == [g.token_ids for g in cold]
+        assert ids == [g.token_ids for g in alone]
+        for i, g in enumerate(warm):
+            observation = format_observation('{"result": ' + "3" * (1 + i) + "}")
+            prompts[i] = prompts[i] + g.token_ids + tok.encode(observation) + header
+    assert shared.shared_prefix_tokens == [expected, 0, 0]
+    assert per_row.shared_prefix_tokens == [0, 0, 0]
+    first = sum(len(p) for p in _shared_prefix_prompts(tok))
+    assert per_row.prefilled_tokens[0] == first
+    assert shared.prefilled_tokens[0] == first - expected * (len(prompts) - 1)
+    assert shared.prefilled_tokens[1:] == per_row.prefilled_tokens[1:]
+
+
+def test_shared_prefix_length_caps_and_needs_two_rows() -> None:
+    from miniverl.models.sampling import shared_prefix_length
+
+    assert shared_prefix_length([[1, 2, 3, 4]]) == 0
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5]]) == 3
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 4]]) == 3
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2]]) == 1
+    assert shared_prefix_length([[1, 2], [2, 2]]) == 0

@@ -82,9 +82,11 @@ class RolloutRunner:
         model_id: str | None = None,
         model_revision: str | None = None,
         incremental_prefill: bool = True,
+        share_prefix: bool = True,
     ) -> None:
         self.backend = backend
         self.incremental_prefill = incremental_prefill
+        self.share_prefix = share_prefix
         self.environment = environment
         self.config = config or RolloutConfig()
         self.tokenizer: TokenizerLike = tokenizer or backend.tokenizer
@@ -191,7 +193,10 @@ class RolloutRunner:
         :class:`~miniverl.models.sampling.PrefixCache`, when the backend has
         ``supports_prefix_cache`` and ``incremental_prefill`` is on), so the next round
         prefills only each episode's new ids: its last sampled id, the tool result and the
-        next assistant header; ``incremental_prefill=False`` re-prefills whole transcripts. Each episode samples from the seeds it would use alone, so the
+        next assistant header; ``incremental_prefill=False`` re-prefills whole transcripts.
+        In the first round the ids every episode's prompt starts with (system prompt, tool
+        protocol) are prefilled once for the group (``share_prefix``, on by default). Each
+        episode samples from the seeds it would use alone, so the
         trajectories equal :meth:`rollout`'s, episode for episode (up to float rounding of
         the batched kernels). ``batch_size == 1`` or a backend without ``generate_batch``
         runs :meth:`rollout` one episode at a time. ``split(decode, requests)`` may wrap
@@ -267,7 +272,7 @@ class RolloutRunner:
             return {}
         from miniverl.models.sampling import PrefixCache
 
-        return {"prefix_cache": PrefixCache()}
+        return {"prefix_cache": PrefixCache(share_prefix=self.share_prefix)}
 
     def _start_episode(
         self,

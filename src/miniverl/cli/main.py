@@ -542,6 +542,14 @@ def train(
             help="Continue from checkpoints/NAME explicitly (e.g. an older one when the latest is damaged); newer ones are moved aside, never deleted.",
         ),
     ] = None,
+    cold_start: Annotated[
+        Path | None,
+        typer.Option(
+            "--cold-start",
+            metavar="DIR",
+            help="Start a new run from a saved cold start (cold_start.json + student.safetensors, e.g. a benchmark's seed-<n>/cold-start) weights-only instead of the SFT warm-up; refused unless it was made under the same backend, student model, adapter settings and environment.",
+        ),
+    ] = None,
     no_report: NoReport = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
@@ -557,6 +565,11 @@ def train(
 
     given = list(overrides or [])
     resume = resume or resume_from is not None
+    if resume and cold_start is not None:
+        raise ConfigError(
+            "--cold-start starts a new run and --resume continues one; pass one of them",
+            hint="a resumed run already holds the weights it started from",
+        )
     config = RunConfig.from_yaml(recipe, given)
     if resume and not given:
         root = output or Path(config.run.output_dir or Path("runs") / config.run.name)
@@ -574,6 +587,7 @@ def train(
         resume_from=resume_from,
         quiet=quiet,
         verbose=verbose,
+        cold_start=cold_start,
     )
     with run_lock(trainer.paths.root):
         if not resume:

@@ -124,13 +124,21 @@ class PrefixCache:
     it; any other prompt is prefilled whole. Rows are matched by content, not by caller
     identity, so reusing a row can never attend to another episode's tokens: equal ids at
     equal positions have equal keys and values. ``prefilled_tokens`` logs, per call, how
-    many real tokens the prefill forward ran (the figure the benchmark and tests watch).
+    many real tokens the prefill forwards ran (the figure the benchmark and tests watch),
+    the shared prefix counted once.
+
+    ``share_prefix``: when a call finds no row in the cache and every prompt starts with
+    the same ids, those ids are prefilled once at batch size 1 and their keys and values
+    are copied to every row (:func:`shared_prefix_length`); ``shared_prefix_tokens`` logs
+    that length per call (0 when nothing was shared).
     """
 
     cache: Any = None
     key_mask: torch.Tensor | None = None
     fed: list[tuple[int, ...]] = field(default_factory=list)
     prefilled_tokens: list[int] = field(default_factory=list)
+    share_prefix: bool = True
+    shared_prefix_tokens: list[int] = field(default_factory=list)
 
     def take(
         self,
@@ -202,7 +210,10 @@ def run_batched_generation(
       extends ids already in the cache prefills only the new ids: they are left-padded
       into one block appended after the cached slots, at positions ``cached length + 0,
       1, ...``, with ``key_mask`` hiding the pads, the gaps between earlier blocks and any
-      other row's slots. The cache of this call is kept for the next one.
+      other row's slots. The cache of this call is kept for the next one. When no row is
+      in the cache yet, the ids all prompts start with are prefilled once at batch size 1
+      and copied to every row (``PrefixCache.share_prefix``), and each row prefills only
+      the rest of its prompt in the same way.
     - Every row draws from its **own** ``torch.Generator`` seeded with ``seeds[r]`` and
       consumes one draw per sampled id, exactly like :func:`run_generation`: the ids of a
       row do not depend on which other rows share its batch (up to float rounding of the
@@ -243,6 +254,10 @@ def run_batched_generation(
             if prefix_cache is not None
             else (None, None, [0] * rows)
         )
+        shared = 0
+        if prefix_cache is not None and prefix_cache.share_prefix and cache is None:
+            cache, past_mask, shared = _prefill_shared_prefix(step, prompts, select_cache, device)
+            cached = [shared] * rows
         new = [list(p[n:]) for p, n in zip(prompts, cached, strict=True)]
         width = max(len(ids) for ids in new)
         ids = torch.full((rows, width), int(pad_token_id), dtype=torch.long)
@@ -260,7 +275,8 @@ def run_batched_generation(
         if past_mask is not None:
             key_mask = torch.cat([past_mask.to(key_mask.dtype), key_mask], dim=1)
         if prefix_cache is not None:
-            prefix_cache.prefilled_tokens.append(sum(len(tokens) for tokens in new))
+            prefix_cache.prefilled_tokens.append(shared + sum(len(tokens) for tokens in new))
+            prefix_cache.shared_prefix_tokens.append(shared)
         logits, cache = step(ids.to(device), key_mask, positions.to(device), cache)
         while True:
             column = torch.full((rows, 1), int(pad_token_id), dtype=torch.long)
@@ -309,6 +325,52 @@ def run_batched_generation(
             )
         )
     return results
+
+
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the ids every prompt starts with, capped one short of the shortest prompt.
+
+    The cap leaves every row at least one id of its own to prefill, because a row's first
+    logits come from its last prompt position. 0 for fewer than two prompts (nothing to
+    share).
+    """
+    if len(prompts) < 2:
+        return 0
+    limit = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts[1:]):
+        n += 1
+    return n
+
+
+def _prefill_shared_prefix(
+    step: BatchStepFn,
+    prompts: Sequence[Sequence[int]],
+    select: CacheSelectFn | None,
+    device: str | torch.device,
+) -> tuple[Any, torch.Tensor | None, int]:
+    """``(cache [B rows, P slots], past key_mask [B, P] of ones, P)`` for the common prefix.
+
+    The prefix runs once as a ``[1, P]`` forward at positions ``0 .. P-1``; ``select``
+    with row index 0 repeated ``B`` times copies its keys and values to every row, which
+    is what each row would have computed for those ids alone. ``(None, None, 0)`` when
+    there is no common prefix, or when the backend's cache cannot be indexed (a
+    sliding-window layer): the prefix forward is then discarded and every row is
+    prefilled whole.
+    """
+    length = shared_prefix_length(prompts) if select is not None else 0
+    if select is None or length == 0:
+        return None, None, 0
+    ids = torch.tensor([list(prompts[0][:length])], dtype=torch.long, device=device)
+    ones = torch.ones((1, length), dtype=torch.long, device=device)
+    positions = torch.arange(length, dtype=torch.long, device=device).unsqueeze(0)
+    _, cache = step(ids, ones, positions, None)
+    rows = torch.zeros(len(prompts), dtype=torch.long, device=device)
+    expanded = select(cache, rows, torch.arange(length, dtype=torch.long, device=device))
+    if expanded is None:
+        return None, None, 0
+    return expanded, torch.ones((len(prompts), length), dtype=torch.long, device=device), length
 
 
 def sample_rows(
@@ -549,5 +611,6 @@ __all__ = [
     "run_generation",
     "sample_next_token",
     "sample_rows",
+    "shared_prefix_length",
     "trainable_state",
 ]

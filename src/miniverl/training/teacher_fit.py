@@ -997,6 +997,83 @@ def prepare_toy_teacher(
 
 COLD_START_STUDENT = "student.safetensors"
 COLD_START_MARKER = "cold_start.json"
+COLD_START_IDENTITY = "recipe_identity"
+"""Marker key of :func:`cold_start_identity`: what the saved weights are valid for."""
+COLD_START_HINT = (
+    "start from a cold start exported under the same backend, student model, adapter settings "
+    "and environment (a benchmark seed's cold-start directory of this recipe), or leave out "
+    "--cold-start to warm up from scratch"
+)
+
+
+def _model_identity(model_id: str) -> dict[str, Any]:
+    """The fetch marker's GGUF digest, else the resolved local directory, else the hub id.
+
+    A relative and an absolute path to one directory are the same model.
+    """
+    identity = base_identity(model_id)
+    path = Path(model_id).expanduser()
+    if "model_id" in identity and path.is_dir():
+        return {"model_dir": str(path.resolve())}
+    return identity
+
+
+def cold_start_identity(cfg: RunConfig) -> dict[str, Any]:
+    """What a cold start's student weights only make sense under, as JSON-ready values.
+
+    The backend, the student's base model (:func:`_model_identity`), revision, tokenizer,
+    adapter shape and toy architecture decide which tensors the weights are and what they
+    sit on; the environment and its params decide the protocol the warm-up taught.
+    Objective, learning rates, cycles and seeds may differ (benchmark arms vary exactly those).
+    """
+    student = cfg.models.student
+    return {
+        "backend": cfg.models.backend,
+        "student_model": _model_identity(student.model_id),
+        "student_revision": student.revision,
+        "student_tokenizer": student.tokenizer_id,
+        "student_lora": student.lora.model_dump(mode="json"),
+        "student_toy": None if student.toy is None else student.toy.model_dump(mode="json"),
+        "environment": cfg.environment.name,
+        "environment_params": json.loads(json.dumps(dict(cfg.environment.params))),
+    }
+
+
+def check_cold_start(directory: Path, cfg: RunConfig) -> dict[str, Any]:
+    """The marker of the cold start in ``directory``, refused unless it fits ``cfg``.
+
+    Reads only ``cold_start.json``, so a run can call it before writing anything. Raises
+    :class:`CheckpointError` when the marker is missing or unreadable, or when its
+    :func:`cold_start_identity` differs from ``cfg``'s (every differing field is named).
+    A marker written without an identity is checked only by the name and shape checks of
+    the weights load.
+    """
+    marker_path = directory / COLD_START_MARKER
+    if not marker_path.is_file():
+        raise CheckpointError(
+            f"{marker_path} not found: {directory} is not a cold start",
+            hint="pass a directory holding cold_start.json and student.safetensors, e.g. "
+            "<benchmark output>/seed-<n>/cold-start",
+        )
+    marker = read_json(marker_path, error=CheckpointError)
+    recorded = marker.get(COLD_START_IDENTITY)
+    if recorded is None:
+        return marker
+    if not isinstance(recorded, dict):
+        raise CheckpointError(f"{marker_path}: {COLD_START_IDENTITY} is not a mapping")
+    expected = cold_start_identity(cfg)
+    differ = [
+        f"{key}: cold start {recorded.get(key)!r}, this run {value!r}"
+        for key, value in expected.items()
+        if recorded.get(key) != value
+    ]
+    if differ:
+        raise CheckpointError(
+            f"cold start {directory} was made for another recipe or base model: "
+            + "; ".join(differ),
+            hint=COLD_START_HINT,
+        )
+    return marker
 
 
 def save_cold_start(
@@ -1009,8 +1086,13 @@ def save_cold_start(
     config_digest: str,
     evaluations: dict[str, Any],
     toy_teacher_report: dict[str, Any] | None,
+    identity: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the student's trainable weights (and ``toy_teacher``, when given) to ``directory``."""
+    """Write the student's trainable weights (and ``toy_teacher``, when given) to ``directory``.
+
+    ``identity`` (:func:`cold_start_identity` of the run) is what :func:`check_cold_start`
+    compares a later run against.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     marker: dict[str, Any] = {
         "student_sha256": save_tensors(
@@ -1022,6 +1104,8 @@ def save_cold_start(
         "evaluations": evaluations,
         "toy_teacher": toy_teacher_report,
     }
+    if identity is not None:
+        marker[COLD_START_IDENTITY] = identity
     if toy_teacher is not None:
         marker["toy_teacher_sha256"] = save_teacher(toy_teacher, directory / TOY_TEACHER_FILE)
     write_json(directory / COLD_START_MARKER, marker)
@@ -1370,6 +1454,7 @@ def prepare_teacher_adapter(
 
 __all__ = [
     "CACHE_ENV",
+    "COLD_START_IDENTITY",
     "COLD_START_MARKER",
     "COLD_START_STUDENT",
     "CORRUPTION_KINDS",
@@ -1379,7 +1464,9 @@ __all__ = [
     "LoadedColdStart",
     "ToyFitReport",
     "cache_root",
+    "check_cold_start",
     "code_sha256",
+    "cold_start_identity",
     "corrupt_call",
     "corrupt_call_text",
     "dagger_examples",

@@ -109,6 +109,8 @@ from miniverl.training.teacher_fit import (
     COLD_START_MARKER,
     COLD_START_STUDENT,
     TOY_TEACHER_FILE,
+    check_cold_start,
+    cold_start_identity,
     load_cold_start,
     load_teacher,
     prepare_teacher_adapter,
@@ -148,6 +150,8 @@ class OPDTrainer:
         self.resume = resume or resume_from is not None
         self.resume_from = resume_from
         self.cold_start = Path(cold_start) if cold_start is not None else None
+        if self.cold_start is not None:
+            check_cold_start(self.cold_start, config)
         self.console = make_console(quiet)
         self.progress = ProgressReporter(self.console, progress)
         self.events = EventLog(self.paths.events, self.console, verbose=verbose)
@@ -479,6 +483,7 @@ class OPDTrainer:
             config_digest=self.config.digest(),
             evaluations=self.state.eval_results,
             toy_teacher_report=self.toy_teacher_report,
+            identity=cold_start_identity(self.config),
         )
 
     def load_shared_cold_start(self) -> None:
