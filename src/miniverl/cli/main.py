@@ -519,7 +519,7 @@ def _print_outcome(summary: dict[str, Any], run_dir: Path, *, smoke_test: bool =
 
 @app.command(
     rich_help_panel=RUN,
-    short_help="Train from a recipe: sft, offline_kd or opd (on models.device: CPU for the toy backend and small models, a CUDA GPU for larger ones).",
+    short_help="Train from a recipe in any run.mode: sft, offline_kd, opd, seqkd, kd_oracle or gkd_mix (on models.device: CPU for the toy backend and small models, a CUDA GPU for larger ones).",
 )
 @handles_errors
 def train(
