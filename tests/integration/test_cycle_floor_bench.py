@@ -84,3 +84,43 @@ def test_tiny_run_reports_every_phase(tmp_path: Path) -> None:
         assert name in result.stdout
     assert report["sft"]["update"]["ratio"] > 0
     assert "SFT cycle" in result.stdout
+
+
+@pytest.mark.slow
+def test_real_cycle_tiny_phases_add_up_and_the_ratio_is_printed(tmp_path: Path) -> None:
+    """``--real-cycle --tiny`` runs the SmolLM2 cycle-cost code on the toy recipe: every OPD
+    cycle is rollouts + scoring + update + a non-negative rest, and OPD ÷ SFT is printed."""
+    out = tmp_path / "cycle.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    flags = ["--real-cycle", "--tiny", "--cache-dir", str(tmp_path / "c"), "--json", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text(encoding="utf-8"))["real_cycle"]
+    assert report["opd_cycles"] and report["sft_cycles"]
+    for cycle in report["opd_cycles"]:
+        parts = [cycle[name] for name in ("rollouts", "scoring", "update")]
+        assert all(p > 0 for p in parts), cycle
+        assert cycle["other"] >= 0, cycle
+        assert sum(parts) + cycle["other"] == pytest.approx(cycle["cycle"])
+        assert cycle["other"] < 0.5 * cycle["cycle"], "the three phases miss most of the cycle"
+    for cycle in report["sft_cycles"]:
+        assert cycle["oracle traces"] >= 0 and cycle["update"] > 0
+        assert cycle["oracle traces"] + cycle["update"] == pytest.approx(cycle["cycle"])
+    ratio = report["opd"]["cycle_s"] / report["sft"]["cycle_s"]
+    assert report["opd_over_sft"] == pytest.approx(ratio)
+    assert f"OPD cycle / SFT cycle = {ratio:.2f}x" in result.stdout
+    for name in ("rollouts", "scoring", "update", "other", "SFT cycle"):
+        assert name in result.stdout
+    decode = report["decode"]
+    assert decode["sampled_ids_per_cycle"] > 0 and decode["weight_bytes"] > 0
+    assert decode["fraction"] == pytest.approx(
+        decode["tokens_per_s"] / decode["bandwidth_limit_tokens_per_s"]
+    )
+    assert "bandwidth limit" in result.stdout
