@@ -644,6 +644,17 @@ def with_other(timings: list[dict[str, float]]) -> list[dict[str, float]]:
     return [{**t, "other": t["cycle"] - sum(t[name] for name in PHASES)} for t in timings]
 
 
+def per_cycle_work(clocks: list[PhaseClock]) -> dict[str, float]:
+    """Trajectories, trajectory ids and supervised positions the updates saw, per cycle."""
+    samples = [s for c in clocks for s in c.samples]
+    n = len(clocks)
+    return {
+        "trajectories": len(samples) / n,
+        "ids": sum(len(s.trajectory.token_ids) for s in samples) / n,
+        "positions": sum(s.num_positions for s in samples) / n,
+    }
+
+
 def cycle_cost(args: argparse.Namespace) -> dict[str, Any]:
     """One OPD cycle against one SFT cycle on the same tasks, phase by phase (seconds)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -674,6 +685,10 @@ def cycle_cost(args: argparse.Namespace) -> dict[str, Any]:
         sft_out = sft_report(sft, sft_clocks, student, cfg, args.rate_budget)
         trajectories = [t for c in opd_clocks for t in c.trajectories]
         sampled = sum(t.generated_token_count for t in trajectories) / len(opd_clocks)
+        work = {
+            "opd": per_cycle_work(opd_clocks),
+            "sft": per_cycle_work(sft_clocks),
+        }
         rows = min(
             cfg.rollout.batch_size or cfg.train.rollouts_per_cycle, cfg.train.rollouts_per_cycle
         )
@@ -691,6 +706,9 @@ def cycle_cost(args: argparse.Namespace) -> dict[str, Any]:
             "sft": sft_out,
             "sft_cycles": sft,
             "opd_over_sft": opd_out["cycle_s"] / sft_out["cycle_s"],
+            "work": work,
+            "opd_over_sft_per_id": (opd_out["cycle_s"] / work["opd"]["ids"])
+            / (sft_out["cycle_s"] / work["sft"]["ids"]),
             "decode": {
                 "sampled_ids_per_cycle": sampled,
                 "rows": rows,
@@ -712,11 +730,15 @@ def print_cycle_cost(report: dict[str, Any]) -> None:
         f"{opd['trajectories_per_cycle']:.1f} rollouts per OPD cycle, mean {opd['mean_tokens']:.0f} "
         f"ids, {d['sampled_ids_per_cycle']:.0f} sampled ids per cycle"
     )
-    print(f"{'phase':<11} {'seconds':>9} {'share':>6} {'floor':>9} {'ratio':>7}")
+    print(
+        f"{'phase':<11} {'seconds':>9} {'share':>6} {'floor':>9} {'ratio':>7}  "
+        "floor = matmul FLOPs at the best F.linear rate of the phase's shapes"
+    )
     for name, p in opd["phases"].items():
         print(
             f"{name:<11} {p['achieved_s']:>9.3f} {100 * p['achieved_s'] / cycle:>5.0f}% "
-            f"{p['floor_s']:>9.4f} {p['ratio']:>6.1f}x"
+            f"{p['floor_s']:>9.4f} {p['ratio']:>6.1f}x  "
+            f"{p['best_rate'] / 1e9:.2f} GFLOP/s at {p['best_shape']}"
         )
     print(f"{'other':<11} {report['other_s']:>9.3f} {100 * report['other_s'] / cycle:>5.0f}%")
     print(f"{'OPD cycle':<11} {cycle:>9.3f}")
@@ -725,9 +747,19 @@ def print_cycle_cost(report: dict[str, Any]) -> None:
         f"{'SFT cycle':<11} {sft['cycle_s']:>9.3f}   (oracle traces {sft['oracle_traces_s']:.3f} s, "
         f"update {u['achieved_s']:.3f} s, update floor {u['floor_s']:.4f} s, {u['ratio']:.1f}x)"
     )
-    print(f"OPD cycle / SFT cycle = {report['opd_over_sft']:.2f}x")
+    w = report["work"]
+    for name in ("opd", "sft"):
+        print(
+            f"{name.upper()} update saw {w[name]['trajectories']:.1f} trajectories, "
+            f"{w[name]['ids']:.0f} ids, {w[name]['positions']:.0f} supervised positions per cycle"
+        )
     print(
-        f"decode: {d['tokens_per_s']:.2f} sampled ids/s at batch {d['rows']} against the "
+        f"OPD cycle / SFT cycle = {report['opd_over_sft']:.2f}x "
+        f"(per trajectory id: {report['opd_over_sft_per_id']:.2f}x)"
+    )
+    print(
+        f"decode: {d['tokens_per_s']:.2f} sampled ids/s over the rollouts phase (prefill and "
+        f"tools included) at batch {d['rows']} against the "
         f"bandwidth limit {d['bandwidth_limit_tokens_per_s']:.2f} ({100 * d['fraction']:.0f}%; "
         f"{d['weight_bytes'] / 1e6:.1f} MB of weights per decode step, "
         f"{d['bandwidth_GBps']:.2f} GB/s copy bandwidth)"
