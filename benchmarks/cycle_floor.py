@@ -23,7 +23,9 @@ blocks costs ``2 * L * (4 h^2 + 3 h i)`` FLOPs, its attention over ``c`` earlier
             head ``2 V h G`` (one row per sampled id);
   scoring   the teacher's blocks and attention over ``T`` ids, its head on ``S`` rows;
   update    3 x (the student's blocks and attention over ``T`` ids plus its head on ``S``
-            rows): forward, input gradients and weight gradients.
+            rows): forward, input gradients and weight gradients; for a LoRA student (frozen
+            base weights, ``update_passes``) the blocks and head count 2 x (no weight
+            gradients of the base matrices; the rank-r adapters are left out), attention 3 x.
 
 Padding is not counted: the floor is the useful work. The matmul rate is measured in the same
 run, at the thread count the run uses, with ``F.linear`` at every matrix shape the phase runs:
@@ -136,6 +138,20 @@ def forward_flops(s: dict[str, int], fed: int, head_rows: int) -> int:
     """Blocks and causal attention over ``fed`` ids, the LM head on ``head_rows`` rows."""
     attention = 4 * s["L"] * s["h"] * (fed * (fed - 1) // 2)
     return block_flops(s) * fed + attention + 2 * s["V"] * s["h"] * head_rows
+
+
+def update_passes(cfg: Any) -> int:
+    """Matmul passes of an update over the weight matrices: forward, input gradients, and
+    weight gradients unless the base weights are frozen (an ``hf`` student with LoRA)."""
+    frozen = cfg.models.backend == "hf" and cfg.models.student.lora.enabled
+    return 2 if frozen else 3
+
+
+def update_flops(s: dict[str, int], fed: int, head_rows: int, passes: int) -> int:
+    """Forward plus backward: ``passes`` x the matrices, 3 x the attention (its backward
+    computes the gradients of both operands)."""
+    attention = 4 * s["L"] * s["h"] * (fed * (fed - 1) // 2)
+    return passes * (forward_flops(s, fed, head_rows) - attention) + 3 * attention
 
 
 # ------------------------------------------------------------------------- matmul rates
@@ -367,8 +383,9 @@ def opd_report(
     scoring_flops = sum(
         forward_flops(teacher, len(s.trajectory.token_ids), s.num_positions) for s in samples
     )
-    update_flops = sum(
-        3 * forward_flops(student, len(s.trajectory.token_ids), s.num_positions) for s in samples
+    update_total = sum(
+        update_flops(student, len(s.trajectory.token_ids), s.num_positions, update_passes(cfg))
+        for s in samples
     )
     mean_len = max(1, round(statistics.mean(lengths)))
     decode_rows = min(
@@ -387,9 +404,10 @@ def opd_report(
     matmul_only = {
         "rollouts": matmul_only_seconds(student, tokens, head, rates["rollouts"], decode_rows),
         "scoring": matmul_only_seconds(teacher, tokens, positions, rates["scoring"], score_rows),
-        "update": 3 * matmul_only_seconds(student, tokens, positions, rates["update"], update_rows),
+        "update": update_passes(cfg)
+        * matmul_only_seconds(student, tokens, positions, rates["update"], update_rows),
     }
-    flops = {"rollouts": rollout_flops, "scoring": scoring_flops, "update": update_flops}
+    flops = {"rollouts": rollout_flops, "scoring": scoring_flops, "update": update_total}
     phases = {}
     for name in PHASES:
         floor = _floor(flops[name] / n_cycles, rates[name])
@@ -427,7 +445,7 @@ def sft_report(
     rates = phase_rates(student, rows, budget)
     flops = (
         sum(
-            3 * forward_flops(student, len(s.trajectory.token_ids), s.num_positions)
+            update_flops(student, len(s.trajectory.token_ids), s.num_positions, update_passes(cfg))
             for s in samples
         )
         / n_cycles

@@ -124,3 +124,41 @@ def test_real_cycle_tiny_phases_add_up_and_the_ratio_is_printed(tmp_path: Path) 
         decode["tokens_per_s"] / decode["bandwidth_limit_tokens_per_s"]
     )
     assert "bandwidth limit" in result.stdout
+
+
+def test_frozen_weights_update_flops_equal_torch_flop_counter() -> None:
+    """Only the first norm trains (as with LoRA, no base matrix gets a weight gradient): the
+    update's matmuls are forward plus input gradients, ``update_flops(..., passes=2)``."""
+    floor = _script()
+    backend = ToyBackend(TOY_STUDENT, ToyTokenizer(), model_id="toy", seed=0)
+    for name, param in backend.module.named_parameters():
+        param.requires_grad_(name == "layers.0.attn_norm.weight")
+    assert any(p.requires_grad for p in backend.module.parameters())
+    tokens, head_rows = 37, 5
+    ids = torch.arange(tokens).remainder(TOY_STUDENT.vocab_size)[None]
+    with FlopCounterMode(display=False) as counter:
+        hidden, _ = backend.module(ids)
+        backend.module.project(hidden[0, :head_rows]).square().sum().backward()
+    counts = counter.get_flop_counts()["Global"]
+    matmuls = sum(n for op, n in counts.items() if "mm" in str(op) and "bmm" not in str(op))
+    shape = floor.shape_of(backend)
+    attention = 4 * shape["L"] * shape["h"] * (tokens * (tokens - 1) // 2)
+    assert matmuls == floor.update_flops(shape, tokens, head_rows, 2) - 3 * attention
+
+
+def test_a_lora_student_updates_in_two_matmul_passes() -> None:
+    from miniverl.config.models import RunConfig
+    from miniverl.config.presets import demo_config
+
+    floor = _script()
+    recipe = RunConfig.from_yaml(ROOT / "recipes" / "smollm2_calc_chain.yaml")
+    assert floor.update_passes(recipe) == 2
+    full = recipe.with_overrides(
+        [
+            "models.runtime=dual_model",
+            "models.student.lora.enabled=false",
+            "models.teacher_fit.enabled=false",
+        ]
+    )
+    assert floor.update_passes(full) == 3
+    assert floor.update_passes(demo_config()) == 3
