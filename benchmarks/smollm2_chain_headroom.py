@@ -7,7 +7,9 @@ initialisation, ``lora_B = 0``) and after ``--cycles`` oracle-SFT warm-up cycles
 recipe's ``train.rollouts_per_cycle`` oracle traces each (state N). The teacher adapter is
 neither fitted nor used. Also printed: the mean number of sampled ids and of turns per
 episode, and how many episodes ended with a final answer at all (right or wrong), which
-separates "does not follow the tool protocol" from "follows it and computes wrong".
+separates "does not follow the tool protocol" from "follows it and computes wrong", how the
+episodes ended (``termination_reason``), and the last 300 characters of the first episode of
+each k at state N.
 
     miniverl models fetch smollm2-135m-instruct --dir models/smollm2-135m-instruct
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/smollm2_chain_headroom.py \\
@@ -22,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -99,6 +102,8 @@ def greedy_by_k(trainer: OPDTrainer, picked: dict[int, list[Task]]) -> dict[str,
             "final_answers": sum(int(bool(tr.spans_of("assistant_final"))) for tr in rows),
             "mean_sampled_ids": statistics.mean(tr.generated_token_count for tr in rows),
             "mean_turns": statistics.mean(len(tr.turns) for tr in rows),
+            "endings": dict(Counter(str(tr.termination_reason) for tr in rows)),
+            "last_chars": trainer.tokenizer.decode(rows[0].token_ids)[-300:],
         }
     return {"seconds": seconds, "by_k": by_k}
 
@@ -141,6 +146,11 @@ def print_headroom(report: dict[str, Any]) -> None:
                 f"{r['mean_sampled_ids']:.0f} ids)"
             )
         print(f"{k:>2}  {cells[0]:>22}  {cells[1]:>22}")
+    for state in ("state_0", "state_n"):
+        endings = {k: r["endings"] for k, r in report[state]["by_k"].items()}
+        print(f"episode endings by k, {state.replace('_n', f'_{n}')}: {endings}")
+    for k, r in report["state_n"]["by_k"].items():
+        print(f"k={k}, state {n}, end of the first episode: {r['last_chars']!r}")
     print(
         f"greedy evaluation {report['state_0']['seconds']:.0f} s (state 0), "
         f"{report['state_n']['seconds']:.0f} s (state {n})"
