@@ -289,6 +289,25 @@ def time_sft_cycle(trainer: OPDTrainer) -> tuple[dict[str, float], PhaseClock]:
     }, clock
 
 
+def time_cycle_pairs(
+    trainer: OPDTrainer, repeats: int, first_cycle: int
+) -> tuple[list[dict[str, float]], list[PhaseClock], list[dict[str, float]], list[PhaseClock]]:
+    """``repeats`` SFT/OPD cycle pairs, interleaved so that drifts of machine load hit both:
+    OPD seconds and clocks, then SFT seconds and clocks."""
+    opd: list[dict[str, float]] = []
+    sft: list[dict[str, float]] = []
+    opd_clocks: list[PhaseClock] = []
+    sft_clocks: list[PhaseClock] = []
+    for cycle in range(first_cycle, first_cycle + repeats):
+        seconds, clock = time_sft_cycle(trainer)
+        sft.append(seconds)
+        sft_clocks.append(clock)
+        seconds, clock = time_opd_cycle(trainer, cycle)
+        opd.append(seconds)
+        opd_clocks.append(clock)
+    return opd, opd_clocks, sft, sft_clocks
+
+
 # ----------------------------------------------------------------------------- the toy
 
 
@@ -327,18 +346,7 @@ def toy_floor(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.untimed):
             trainer.run_cycle(cycle)
             cycle += 1
-        opd: list[dict[str, float]] = []
-        sft: list[dict[str, float]] = []
-        opd_clocks: list[PhaseClock] = []
-        sft_clocks: list[PhaseClock] = []
-        for _ in range(args.repeats):
-            seconds, clock = time_sft_cycle(trainer)
-            sft.append(seconds)
-            sft_clocks.append(clock)
-            seconds, clock = time_opd_cycle(trainer, cycle)
-            cycle += 1
-            opd.append(seconds)
-            opd_clocks.append(clock)
+        opd, opd_clocks, sft, sft_clocks = time_cycle_pairs(trainer, args.repeats, cycle)
         student = shape_of(trainer.student)
         teacher = shape_of(trainer.teacher)
         cfg = trainer.config
@@ -686,17 +694,7 @@ def cycle_cost(args: argparse.Namespace) -> dict[str, Any]:
             recipe = str(CHAIN_RECIPE.relative_to(ROOT))
         threads = torch.get_num_threads()
         trainer.run_sft_warmup(cycles=args.warmup_cycles)
-        opd: list[dict[str, float]] = []
-        sft: list[dict[str, float]] = []
-        opd_clocks: list[PhaseClock] = []
-        sft_clocks: list[PhaseClock] = []
-        for cycle in range(args.repeats):
-            seconds, clock = time_sft_cycle(trainer)
-            sft.append(seconds)
-            sft_clocks.append(clock)
-            seconds, clock = time_opd_cycle(trainer, cycle)
-            opd.append(seconds)
-            opd_clocks.append(clock)
+        opd, opd_clocks, sft, sft_clocks = time_cycle_pairs(trainer, args.repeats, 0)
         opd = with_other(opd)
         student, teacher, cfg = shape_of(trainer.student), shape_of(trainer.teacher), trainer.config
         opd_out = opd_report(opd, opd_clocks, student, teacher, cfg, args.rate_budget)
