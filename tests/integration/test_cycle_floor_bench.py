@@ -31,6 +31,20 @@ def _script():
     return module
 
 
+def _run_tiny(tmp_path: Path, out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``cycle_floor.py --tiny [flags]`` in a subprocess on this checkout's ``src``, one thread."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    args = [*flags, "--tiny", "--cache-dir", str(tmp_path / "c"), "--json", str(out)]
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+
+
 @pytest.mark.parametrize("config", [TOY_STUDENT, TOY_TEACHER], ids=["student", "teacher"])
 def test_block_and_head_flops_equal_torch_flop_counter(config) -> None:
     floor = _script()
@@ -52,27 +66,7 @@ def test_block_and_head_flops_equal_torch_flop_counter(config) -> None:
 @pytest.mark.slow
 def test_tiny_run_reports_every_phase(tmp_path: Path) -> None:
     out = tmp_path / "floor.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT / "src"),
-        "OMP_NUM_THREADS": "1",
-    }
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--tiny",
-            "--cache-dir",
-            str(tmp_path / "c"),
-            "--json",
-            str(out),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    result = _run_tiny(tmp_path, out)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(out.read_text(encoding="utf-8"))["toy"]
     for name in ("rollouts", "scoring", "update"):
@@ -91,16 +85,7 @@ def test_real_cycle_tiny_phases_add_up_and_the_ratio_is_printed(tmp_path: Path) 
     """``--real-cycle --tiny`` runs the SmolLM2 cycle-cost code on the toy recipe: every OPD
     cycle is rollouts + scoring + update + a non-negative rest, and OPD ÷ SFT is printed."""
     out = tmp_path / "cycle.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    flags = ["--real-cycle", "--tiny", "--cache-dir", str(tmp_path / "c"), "--json", str(out)]
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), *flags],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    result = _run_tiny(tmp_path, out, "--real-cycle")
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(out.read_text(encoding="utf-8"))["real_cycle"]
     assert report["opd_cycles"] and report["sft_cycles"]
