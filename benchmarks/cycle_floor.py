@@ -208,7 +208,8 @@ class PhaseClock:
     """Times ``rollout_batch``, the source's ``samples`` and ``optimize`` inside one cycle."""
 
     def __init__(self) -> None:
-        self.seconds = dict.fromkeys(("rollouts", "samples", "update"), 0.0)
+        self.seconds = dict.fromkeys(("rollouts", "samples", "update", "decode"), 0.0)
+        self.decode_steps = 0
         self.trajectories: list[Any] = []
         self.samples: list[Any] = []
 
@@ -238,13 +239,29 @@ class PhaseClock:
             clock.samples.extend(s for s in samples if s.trainable)
             return timed("update", original_optimize)(updater, samples, *args, **kwargs)
 
+        student = trainer.student
+        original_step = getattr(student, "_batch_step", None)
+
+        def batch_step(input_ids: torch.Tensor, *args: Any) -> Any:
+            if input_ids.shape[1] != 1:
+                return original_step(input_ids, *args)
+            t0 = time.perf_counter()
+            out = original_step(input_ids, *args)
+            clock.seconds["decode"] += time.perf_counter() - t0
+            clock.decode_steps += 1
+            return out
+
         RolloutRunner.rollout_batch = rollout_batch  # type: ignore[method-assign]
         PolicyUpdater.optimize = optimize  # type: ignore[method-assign]
+        if original_step is not None:
+            student._batch_step = batch_step
         try:
             yield
         finally:
             RolloutRunner.rollout_batch = original_rollout  # type: ignore[method-assign]
             PolicyUpdater.optimize = original_optimize  # type: ignore[method-assign]
+            if original_step is not None:
+                del student._batch_step
 
     def phases(self) -> dict[str, float]:
         return {
@@ -354,9 +371,67 @@ def toy_floor(args: argparse.Namespace) -> dict[str, Any]:
             "threads": threads,
             "student": student,
             "teacher": teacher,
-            "opd": opd_report(opd, opd_clocks, student, teacher, cfg, args.rate_budget),
+            "opd": opd_report(
+                opd, opd_clocks, student, teacher, cfg, args.rate_budget, trainer.student
+            ),
             "sft": sft_report(sft, sft_clocks, student, cfg, args.rate_budget),
         }
+
+
+def decode_step_ops(backend: Any, rows: int, past: int) -> int:
+    """aten ops one batched decode step of ``backend`` dispatches (``rows`` rows, ``past``
+    cached slots, logits included), counted below autograd by a dispatch mode."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    ids = torch.ones((rows, past), dtype=torch.long)
+    mask = torch.ones((rows, past + 1), dtype=torch.long)
+    position = torch.full((rows, 1), past, dtype=torch.long)
+    with torch.inference_mode():
+        _, cache = backend._batch_step(
+            ids, mask[:, :past], torch.arange(past).expand(rows, past), None
+        )
+        with Count():
+            backend._batch_step(ids[:, :1], mask, position, cache)
+    return Count.ops
+
+
+def small_op_seconds(rows: int, width: int, reps: int = 2000) -> float:
+    """Median seconds of one ``[rows, width]`` float add: the cost of an op whose arithmetic
+    is nothing (dispatch, allocation, kernel launch on the CPU)."""
+    a, b = torch.randn(rows, width), torch.randn(rows, width)
+    times = []
+    with torch.inference_mode():
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                torch.add(a, b)
+            times.append((time.perf_counter() - t0) / reps)
+    return statistics.median(times)
+
+
+def decode_report(
+    clocks: list[PhaseClock], student_backend: Any, rows: int, past: int
+) -> dict[str, Any]:
+    """What the rollout phase's decode steps cost against the ops they dispatch."""
+    steps = sum(c.decode_steps for c in clocks)
+    seconds = sum(c.seconds["decode"] for c in clocks)
+    ops = decode_step_ops(student_backend, rows, past)
+    per_op = small_op_seconds(rows, shape_of(student_backend)["h"])
+    return {
+        "steps_per_cycle": steps / len(clocks),
+        "seconds_per_cycle": seconds / len(clocks),
+        "seconds_per_step": seconds / max(1, steps),
+        "ops_per_step": ops,
+        "small_op_s": per_op,
+        "dispatch_floor_per_step_s": ops * per_op,
+    }
 
 
 def _median(rows: list[dict[str, float]], key: str) -> float:
@@ -380,7 +455,10 @@ def opd_report(
     teacher: dict[str, int],
     cfg: Any,
     budget: float,
+    student_backend: Any = None,
 ) -> dict[str, Any]:
+    """Per phase achieved ÷ floor; with ``student_backend`` (a toy backend) also the decode
+    steps against the ops they dispatch (:func:`decode_report`)."""
     trajectories = [t for c in clocks for t in c.trajectories]
     samples = [s for c in clocks for s in c.samples]
     n_cycles = len(clocks)
@@ -429,6 +507,9 @@ def opd_report(
         }
     total_floor = sum(p["floor_s"] for p in phases.values())
     return {
+        "decode": None
+        if student_backend is None
+        else decode_report(clocks, student_backend, decode_rows, mean_len),
         "cycles": n_cycles,
         "trajectories_per_cycle": len(trajectories) / n_cycles,
         "mean_tokens": statistics.mean(lengths),
@@ -504,6 +585,16 @@ def print_toy(report: dict[str, Any]) -> None:
     print(
         f"{'SFT cycle':<10} {1e3 * sft['cycle_s']:>8.2f}ms {1e3 * u['floor_s']:>8.3f}ms "
         f"{sft['cycle_ratio']:>6.1f}x  (oracle traces {1e3 * sft['oracle_traces_s']:.2f} ms, no matmuls)"
+    )
+    d = opd["decode"]
+    if d is None:
+        return
+    print(
+        f"rollout decode steps: {d['steps_per_cycle']:.1f} per cycle, "
+        f"{1e3 * d['seconds_per_cycle']:.2f} ms of the phase; {1e6 * d['seconds_per_step']:.0f} us "
+        f"a step for {d['ops_per_step']} aten ops ({1e6 * d['seconds_per_step'] / d['ops_per_step']:.2f} "
+        f"us an op); an op with no arithmetic ([rows, h] add) takes {1e6 * d['small_op_s']:.2f} us, "
+        f"so dispatch alone is {1e6 * d['dispatch_floor_per_step_s']:.0f} us a step"
     )
 
 

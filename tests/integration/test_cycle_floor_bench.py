@@ -78,6 +78,16 @@ def test_tiny_run_reports_every_phase(tmp_path: Path) -> None:
         assert name in result.stdout
     assert report["sft"]["update"]["ratio"] > 0
     assert "SFT cycle" in result.stdout
+    decode = report["opd"]["decode"]
+    assert decode["steps_per_cycle"] >= 1 and decode["seconds_per_step"] > 0
+    assert decode["seconds_per_cycle"] == pytest.approx(
+        decode["steps_per_cycle"] * decode["seconds_per_step"]
+    )
+    assert decode["ops_per_step"] >= 15 + 2  # the 2-layer student's 15 matmuls and 2 attentions
+    assert decode["dispatch_floor_per_step_s"] == pytest.approx(
+        decode["ops_per_step"] * decode["small_op_s"]
+    )
+    assert "rollout decode steps" in result.stdout
 
 
 @pytest.mark.slow

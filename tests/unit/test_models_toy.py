@@ -274,3 +274,62 @@ def test_fit_toy_model_memorizes_and_stops_early() -> None:
     assert early.stopped_early and early.steps_run == 10 and calls == [5, 10]
     with pytest.raises(TrajectoryError, match="position 0"):
         fit_toy_model(make(SMALL), [([1, 2, 3], [0])], steps=1)
+
+
+def test_two_continuations_of_one_cache_do_not_see_each_other() -> None:
+    """A cache's new slots are written in place; a second continuation of the same cache
+    must get buffers of its own, or it overwrites the first one's slots."""
+    backend = make(SMALL)
+    prefix, a, b, c, d = PROMPT[:12], PROMPT[12:15], PROMPT[15:18], PROMPT[18:21], PROMPT[21:24]
+    with torch.no_grad():
+        _, cache = backend.module(torch.tensor([prefix]))
+        _, after_a = backend.module(torch.tensor([a]), cache)  # regrown: spare slots
+        _, after_b = backend.module(torch.tensor([b]), after_a)  # in place
+        _, _after_c = backend.module(torch.tensor([c]), after_a)  # must not write over b
+        tail, extended = backend.module(torch.tensor([d]), after_b)
+        whole, _ = backend.module(torch.tensor([prefix + a + b + d]))
+    assert (cache.length, after_a.length, after_b.length, extended.length) == (12, 15, 18, 21)
+    torch.testing.assert_close(tail[0], whole[0, 18:], atol=1e-5, rtol=1e-5)
+    keys, _ = extended[0]
+    assert keys.shape[2] == 21
+
+
+def test_decode_appends_in_place_and_regrows_rarely() -> None:
+    backend = make(SMALL)
+    with torch.no_grad():
+        _, cache = backend.module(torch.tensor([PROMPT[:8]]))
+        storages = set()
+        for token in PROMPT[8:24]:
+            _, cache = backend.module(torch.tensor([[token]]), cache)
+            storages.add(cache[0][0].untyped_storage().data_ptr())
+    assert cache.length == 24
+    assert len(storages) == 1  # one regrowth to 9 + 32 slots, then every step writes in place
+
+
+def test_rotation_is_the_textbook_formula_bit_for_bit() -> None:
+    from miniverl.models.toy import Rotary
+
+    rotary = Rotary(head_dim=16, max_seq_len=8, theta=10000.0)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 20, 16, generator=generator)
+    x[0, 0, 0, :4] = -0.0
+    rope = rotary.tables(0, 20, None, torch.float32)  # past max_seq_len: extended on demand
+    t = torch.arange(20, dtype=torch.float32)
+    freqs = torch.outer(t, rotary.inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    rotated = torch.cat([-x[..., 8:], x[..., :8]], dim=-1)
+    expected = x * emb.cos() + rotated * emb.sin()
+    assert torch.equal(Rotary.rotate(x, rope), expected)
+
+
+def test_rollout_past_the_rotary_table_leaves_training_forwards_working() -> None:
+    """Generation runs in inference mode; a rotary table it extends must stay usable by a
+    training forward that saves slices of it for backward."""
+    backend = make(dataclasses.replace(SMALL, max_seq_len=16))
+    backend.generate(PROMPT[:10], max_new_tokens=30, temperature=1.0, seed=0)
+    assert backend.module.rotary.cos.shape[0] >= 16
+    assert not backend.module.rotary.cos.is_inference()
+    ids = (PROMPT * 2)[:30]
+    hidden = backend.hidden_states_at(ids, list(range(29)), with_grad=True)
+    hidden.sum().backward()
+    assert backend.module.layers[0].attn.q_proj.weight.grad is not None

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -199,3 +200,15 @@ def test_encode_on_adversarial_strings_and_the_documented_fingerprint() -> None:
     assert TOK.fingerprint == (
         "c33777a2eedc9cf5866f210604586d6bc96ff22cb162ad2580396d9bf8effd86"
     )  # as in docs/trajectory-schema.md
+
+
+def test_decode_fast_path_equals_piece_by_piece_and_checks_ids() -> None:
+    tok = ToyTokenizer()
+    ids = tok.encode('<|im_start|>assistant\n<tool_call>{"a": 12}</tool_call>')
+    assert tok.decode(ids) == "".join(tok.id_to_token(i) for i in ids)
+    assert tok.decode(tuple(ids)) == tok.decode(torch.tensor(ids)) == tok.decode(ids)
+    mixed = ids + tok.encode("é") + ids[:3]
+    assert tok.decode(mixed) == tok.decode(ids) + "é" + tok.decode(ids[:3])
+    for bad in (-1, tok.vocab_size):
+        with pytest.raises(ValueError, match="outside the toy vocabulary"):
+            tok.decode([*ids, bad])

@@ -279,8 +279,8 @@ def run_batched_generation(
             prefix_cache.shared_prefix_tokens.append(shared)
         logits, cache = step(ids.to(device), key_mask, positions.to(device), cache)
         while True:
-            column = torch.full((rows, 1), int(pad_token_id), dtype=torch.long)
-            alive = torch.zeros((rows, 1), dtype=torch.long)
+            column = [int(pad_token_id)] * rows
+            fed = [0] * rows
             drawn = sample_rows(
                 logits.reshape(rows, -1, logits.shape[-1])[:, -1],
                 [r for r in range(rows) if active[r]],
@@ -300,14 +300,16 @@ def run_batched_generation(
                 elif len(sampled[r]) >= max_new_tokens[r]:
                     active[r] = False
                 else:
-                    column[r, 0] = token
-                    alive[r, 0] = 1
+                    column[r] = token
+                    fed[r] = 1
             if not any(active):
                 break
-            key_mask = torch.cat([key_mask, alive.to(device)], dim=1)
+            alive = torch.tensor(fed, dtype=torch.long)
+            key_mask = torch.cat([key_mask, alive.unsqueeze(1).to(device)], dim=1)
             step_positions = next_position.unsqueeze(1).clone()
-            next_position += alive[:, 0]
-            logits, cache = step(column.to(device), key_mask, step_positions.to(device), cache)
+            next_position += alive
+            ids = torch.tensor(column, dtype=torch.long).unsqueeze(1)
+            logits, cache = step(ids.to(device), key_mask, step_positions.to(device), cache)
         if prefix_cache is not None:
             prefix_cache.cache, prefix_cache.key_mask = cache, key_mask
             prefix_cache.fed = [tuple(prompts[r]) + tuple(sampled[r][:-1]) for r in range(rows)]
@@ -401,7 +403,9 @@ def sample_rows(
             )
             for r in rows
         }
-    block = last.detach().index_select(0, torch.tensor(rows, device=last.device))
+    block = last.detach()
+    if list(rows) != list(range(block.shape[0])):
+        block = block.index_select(0, torch.tensor(rows, device=last.device))
     probs = torch.softmax(block.to("cpu", torch.float64) / temperature, dim=-1)
     if not bool(torch.isfinite(probs).all()):
         raise BackendError(

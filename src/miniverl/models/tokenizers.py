@@ -227,7 +227,21 @@ class ToyTokenizer:
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Concatenate pieces; runs of byte pieces are decoded as UTF-8 (invalid -> U+FFFD)."""
+        """Concatenate pieces; runs of byte pieces are decoded as UTF-8 (invalid -> U+FFFD).
+
+        Ids with no byte piece among them (nearly every rollout turn; the batched decode
+        loop decodes each row's ids once per sampled id to look for stop strings) are
+        joined in one pass.
+        """
+        pieces = self._id_to_piece
+        if (
+            isinstance(ids, list | tuple)
+            and ids
+            and min(ids) >= 0
+            and max(ids) < len(pieces)
+            and self._id_to_byte.keys().isdisjoint(ids)
+        ):
+            return "".join([pieces[i] for i in ids])
         parts: list[str] = []
         pending = bytearray()
         for raw in ids:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -44,8 +45,103 @@ from miniverl.models.toy_config import ToyModelConfig
 if TYPE_CHECKING:
     from miniverl.schemas.text import TokenizerLike
 
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]
-"""Per layer ``(keys, values)``, each ``[B, num_heads, t_past, head_dim]``."""
+
+# ------------------------------------------------------------------------------ the KV cache
+
+
+@dataclass
+class _KVBuffers:
+    """Per layer key and value buffers ``[B, num_heads, capacity, head_dim]``; ``length``
+    slots are written (by the cache that extended them furthest)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+
+def _regrown(buffer: torch.Tensor, length: int, capacity: int) -> torch.Tensor:
+    """A fresh ``[B, heads, capacity, d]`` buffer holding ``buffer``'s first ``length`` slots."""
+    b, heads, _, d = buffer.shape
+    out = buffer.new_empty((b, heads, capacity, d))
+    out[:, :, :length] = buffer[:, :, :length]
+    return out
+
+
+class KVCache:
+    """Keys and values of every layer, ``[B, num_heads, length, head_dim]``, in buffers with spare slots.
+
+    A decode step writes its one new slot per layer in place; concatenating instead copies
+    every layer's whole cache once per sampled id (O(T^2) bytes an episode, which dominates
+    the decode steps of long ``calc_chain`` episodes, docs/performance.md). ``cache[i]`` is
+    layer ``i``'s ``(keys, values)``: views
+    ``buffer[:, :, :length]``, which attention reads exactly as it reads contiguous tensors
+    (``tests/unit/test_models_toy.py``). A cache's length never changes: a forward returns a
+    new cache over the same buffers. Extending a cache whose buffers another cache has
+    already extended (two continuations of one prefix) copies them first, so neither
+    continuation can see the other's slots.
+    """
+
+    def __init__(self, buffers: _KVBuffers, length: int) -> None:
+        self._buffers = buffers
+        self._length = length
+
+    @classmethod
+    def of(cls, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> KVCache:
+        """A cache over exactly these per-layer ``(keys, values)`` (no copy, no spare slots)."""
+        keys = [k for k, _ in layers]
+        length = keys[0].shape[2]
+        return cls(_KVBuffers(keys, [v for _, v in layers], length), length)
+
+    @property
+    def length(self) -> int:
+        """Slots per row (cached positions, padding included)."""
+        return self._length
+
+    def __len__(self) -> int:
+        return len(self._buffers.keys)
+
+    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self._length
+        return self._buffers.keys[layer][:, :, :n], self._buffers.values[layer][:, :, :n]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return (self[i] for i in range(len(self)))
+
+    def writable(self, new: int) -> _KVBuffers:
+        """Buffers that take slots ``length .. length + new - 1`` without touching another cache's.
+
+        Grown to twice what is needed (at least 32 spare slots) when short, so a decode
+        of ``T`` ids copies the cache O(log T) times.
+        """
+        buffers, needed = self._buffers, self._length + new
+        if buffers.length == self._length and needed <= buffers.capacity:
+            return buffers
+        capacity = needed + max(needed, 32)
+        return _KVBuffers(
+            [_regrown(k, self._length, capacity) for k in buffers.keys],
+            [_regrown(v, self._length, capacity) for v in buffers.values],
+            self._length,
+        )
+
+
+class _LayerSlots(NamedTuple):
+    """Where one layer's attention writes the keys and values of its new positions."""
+
+    buffers: _KVBuffers
+    layer: int
+    offset: int
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``[B, heads, t, d]`` at slots ``offset ..``; the layer's keys and values so far."""
+        end = self.offset + keys.shape[2]
+        k_buf, v_buf = self.buffers.keys[self.layer], self.buffers.values[self.layer]
+        k_buf[:, :, self.offset : end] = keys
+        v_buf[:, :, self.offset : end] = values
+        return k_buf[:, :, :end], v_buf[:, :, :end]
 
 
 # ------------------------------------------------------------------------------- the model
@@ -60,6 +156,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
         x32 = x.to(torch.promote_types(x.dtype, torch.float32))
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * self.weight).to(x.dtype)
@@ -117,16 +215,25 @@ class Rotary(nn.Module):
         self._build(max_seq_len)
 
     def _build(self, length: int) -> None:
-        t = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
-        freqs = torch.outer(t, self.inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        """The tables for ``length`` positions; ``sin`` carries the rotation's signs.
+
+        Built outside inference mode even when a rollout extends them, so that a later
+        training forward may save slices of them for backward.
+        """
+        with torch.inference_mode(False):
+            t = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
+            freqs = torch.outer(t, self.inv_freq)
+            emb = torch.cat([freqs, freqs], dim=-1)
+            half = emb.shape[-1] // 2
+            sin = emb.sin()
+            sin[:, :half] = -sin[:, :half]
+            self.register_buffer("cos", emb.cos(), persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
 
     def tables(
         self, offset: int, t: int, positions: torch.Tensor | None, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` for positions ``offset .. offset + t - 1``: ``[t, head_dim]``.
+        """``(cos, signed sin)`` for positions ``offset .. offset + t - 1``: ``[t, head_dim]``.
 
         ``positions`` (``[B, t]`` long) overrides that with each row's own positions
         (``[B, 1, t, head_dim]``), which is how a left-padded batch keeps every row's real
@@ -145,11 +252,14 @@ class Rotary(nn.Module):
 
     @staticmethod
     def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Rotate ``x: [B, heads, t, head_dim]`` by a :meth:`tables` pair."""
-        cos, sin = rope
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        """Rotate ``x: [B, heads, t, head_dim]`` by a :meth:`tables` pair.
+
+        ``x * cos + cat(-x2, x1) * sin`` with the halves swapped by one ``roll`` and the
+        minus sign kept in the table: ``x2 * (-s)`` rounds exactly as ``-(x2 * s)``, so this
+        is the textbook rotation bit for bit, in three fewer ops per call.
+        """
+        cos, signed_sin = rope
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
     def forward(
         self, x: torch.Tensor, offset: int, positions: torch.Tensor | None = None
@@ -175,23 +285,23 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        past: tuple[torch.Tensor, torch.Tensor] | None,
+        past: _LayerSlots | None,
         allowed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """``rope``: the forward's :meth:`Rotary.tables`; ``allowed``: ``[B, 1, t, t_past + t]``
-        bool attention mask of a padded batch."""
+        """``rope``: the forward's :meth:`Rotary.tables`; ``past``: where the cached keys and
+        values are and the new ones go; ``allowed``: ``[B, 1, t, t_past + t]`` bool
+        attention mask of a padded batch."""
         b, t, h = x.shape
 
         def heads(proj: ToyLinear) -> torch.Tensor:
             return proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
 
-        offset = 0 if past is None else past[0].shape[2]
+        offset = 0 if past is None else past.offset
         q = Rotary.rotate(heads(self.q_proj), rope)
         k = Rotary.rotate(heads(self.k_proj), rope)
         v = heads(self.v_proj)
         if past is not None:
-            k = torch.cat([past[0], k], dim=2)
-            v = torch.cat([past[1], v], dim=2)
+            k, v = past.append(k, v)
         if allowed is not None:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         elif t == 1:
@@ -232,7 +342,7 @@ class Block(nn.Module):
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        past: tuple[torch.Tensor, torch.Tensor] | None,
+        past: _LayerSlots | None,
         allowed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         attn_out, kv = self.attn(self.attn_norm(x), rope, past, allowed)
@@ -310,13 +420,19 @@ class ToyDecoder(nn.Module):
             self_slot[:, total - t :] = torch.eye(t, dtype=torch.bool, device=input_ids.device)
             allowed = ((key_mask.bool()[:, None, :] & causal) | self_slot).unsqueeze(1)
         x = self.embed(input_ids)
-        offset = 0 if cache is None else cache[0][0].shape[2]
-        rope = self.rotary.tables(offset, input_ids.shape[1], positions, x.dtype)
-        new_cache: KVCache = []
+        t = input_ids.shape[1]
+        offset = 0 if cache is None else cache.length
+        rope = self.rotary.tables(offset, t, positions, x.dtype)
+        buffers = None if cache is None else cache.writable(t)
+        layers = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, rope, None if cache is None else cache[i], allowed)
-            new_cache.append(kv)
-        return self.norm(x), new_cache
+            slots = None if buffers is None else _LayerSlots(buffers, i, offset)
+            x, kv = layer(x, rope, slots, allowed)
+            layers.append(kv)
+        if buffers is None:
+            return self.norm(x), KVCache.of(layers)
+        buffers.length = offset + t
+        return self.norm(x), KVCache(buffers, offset + t)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., H] -> [..., V]`` logits."""
@@ -328,13 +444,15 @@ class ToyDecoder(nn.Module):
 
 def _select_cache(cache: KVCache, rows: torch.Tensor, slots: torch.Tensor) -> KVCache:
     """Batch rows ``rows`` and cache slots ``slots`` of every layer's ``[B, heads, S, d]``."""
-    return [
-        (
-            k.index_select(0, rows).index_select(2, slots),
-            v.index_select(0, rows).index_select(2, slots),
-        )
-        for k, v in cache
-    ]
+    return KVCache.of(
+        [
+            (
+                k.index_select(0, rows).index_select(2, slots),
+                v.index_select(0, rows).index_select(2, slots),
+            )
+            for k, v in cache
+        ]
+    )
 
 
 class ToyBackend:
@@ -439,7 +557,7 @@ class ToyBackend:
         stop_sequences: tuple[str, ...] = (),
     ) -> GenerationResult:
         module = self.module
-        with eval_mode(module):
+        with eval_mode(module), torch.inference_mode():
             return run_generation(
                 self._step,
                 prompt_ids,
@@ -470,7 +588,7 @@ class ToyBackend:
         earlier call's ids prefills only its new ids (see :class:`PrefixCache`).
         """
         module = self.module
-        with eval_mode(module):
+        with eval_mode(module), torch.inference_mode():
             return run_batched_generation(
                 self._batch_step,
                 prompts,
