@@ -308,8 +308,8 @@ def run_batched_generation(
             key_mask = torch.cat([key_mask, alive.unsqueeze(1).to(device)], dim=1)
             step_positions = next_position.unsqueeze(1).clone()
             next_position += alive
-            ids = torch.tensor(column, dtype=torch.long).unsqueeze(1)
-            logits, cache = step(ids.to(device), key_mask, step_positions.to(device), cache)
+            step_ids = torch.tensor(column, dtype=torch.long).unsqueeze(1)
+            logits, cache = step(step_ids.to(device), key_mask, step_positions.to(device), cache)
         if prefix_cache is not None:
             prefix_cache.cache, prefix_cache.key_mask = cache, key_mask
             prefix_cache.fed = [tuple(prompts[r]) + tuple(sampled[r][:-1]) for r in range(rows)]
