@@ -3,7 +3,8 @@
 ``context-pilot/cells/`` are benchmark cell records (their payload SHA-256 is checked, so an
 edited cell fails); ``turn-only-pilot/seed-N/`` holds a training run's ``eval.json`` and greedy
 evaluation trajectories, from which the calc_chain endpoints are recomputed here with the
-run's own config.
+run's own config. The LOG's table rows and contrast lines are rebuilt here and must appear in
+it verbatim.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 from typer.testing import CliRunner
 
 from miniverl.cli.main import app
@@ -22,32 +22,22 @@ from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
 from miniverl.evaluation.cell_runner import _eval_trajectories, chain_endpoints
 from miniverl.evaluation.cells import _digest
+from miniverl.evaluation.stats import t_interval, t_test_p
 
 ROOT = Path(__file__).resolve().parents[2] / "results" / "positive_control"
 LOG = (ROOT / "LOG.md").read_text(encoding="utf-8")
-
-# (solved, success at k = 1, 2, 3, result-copy accuracy), as the LOG's table prints them
-QUOTED: dict[tuple[int, str], tuple[int, tuple[str, str, str], str]] = {
-    (1, "cold start"): (27, ("0.80", "0.55", "0.00"), "0.844"),
-    (1, "offline_kd"): (23, ("0.60", "0.50", "0.05"), "0.766"),
-    (1, "context"): (0, ("0", "0", "0"), "0.000"),
-    (1, "turn_only"): (17, ("0.85", "0.00", "0.00"), "0.364"),
-    (2, "cold start"): (17, ("0.80", "0.05", "0.00"), "0.818"),
-    (2, "offline_kd"): (17, ("0.75", "0.10", "0.00"), "0.815"),
-    (2, "context"): (0, ("0", "0", "0"), "0.000"),
-    (2, "turn_only"): (17, ("0.85", "0.00", "0.00"), "0.680"),
-}
+SEEDS = sorted(int(p.name.split("-")[1]) for p in (ROOT / "context-pilot").glob("seed-*"))
+TASKS = 60
 
 
 def _cell(seed: int, name: str) -> dict[str, Any]:
-    record = json.loads((ROOT / "context-pilot" / "cells" / f"s{seed}-a0-{name}.json").read_text())
-    assert _digest(record["payload"]) == record["payload_sha256"], (
-        "cell edited after it was written"
-    )
+    path = ROOT / "context-pilot" / "cells" / f"s{seed}-a0-{name}.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    assert _digest(record["payload"]) == record["payload_sha256"], f"{path} edited"
     return record["payload"]
 
 
-def _turn_only(seed: int) -> dict[str, Any]:
+def _turn_only(seed: int) -> tuple[int, dict[str, Any]]:
     run = ROOT / "turn-only-pilot" / f"seed-{seed}"
     config = RunConfig.from_yaml(run / "config.original.yaml")
     assert config.models.oracle_teacher.off_path == "turn_only"
@@ -56,82 +46,94 @@ def _turn_only(seed: int) -> dict[str, Any]:
     tasks = {t.task_id: t for split in splits.values() for t in split}
     final = chain_endpoints(_eval_trajectories(run)["final"], tasks)
     assert final is not None
-    stored = json.loads((run / "eval.json").read_text())["final"]
+    stored = json.loads((run / "eval.json").read_text(encoding="utf-8"))["final"]
+    assert stored["tasks"] == TASKS == final["episodes"]
     assert round(final["success"] * final["episodes"]) == stored["solved"]
-    return {**final, "solved": stored["solved"], "tasks": stored["tasks"]}
+    return stored["solved"], final
 
 
-def _figures(endpoints: dict[str, Any], solved: int, digits: int) -> tuple[Any, ...]:
-    by_k = tuple(
-        "0" if digits == 0 else f"{endpoints['success_by_k'][k]:.{digits}f}"
-        for k in ("1", "2", "3")
-    )
-    return solved, by_k, f"{endpoints['result_copy_accuracy']:.3f}"
+def _text(solved: int, endpoints: dict[str, Any]) -> str:
+    by_k = " / ".join(f"{endpoints['success_by_k'][k]:.2f}" for k in ("1", "2", "3"))
+    return f"{solved}/{TASKS} ({by_k}; {endpoints['result_copy_accuracy']:.3f})"
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_every_quoted_cell_recomputes(seed: int) -> None:
-    cold = _cell(seed, "cold-start")
-    start = cold["start_endpoints"]
-    assert (
-        _figures(start, round(start["success"] * start["episodes"]), 2)
-        == QUOTED[(seed, "cold start")]
-    )
-    offline = _cell(seed, "offline_kd")
-    assert (
-        _figures(offline["endpoints"], offline["final_solved"], 2) == QUOTED[(seed, "offline_kd")]
-    )
-    opd = _cell(seed, "opd")
+def _row(seed: int) -> tuple[str, dict[str, int]]:
+    """The LOG's table row for ``seed`` and the solved counts of its four columns."""
+    start = _cell(seed, "cold-start")["start_endpoints"]
+    cold = round(start["success"] * start["episodes"])
+    offline, opd = _cell(seed, "offline_kd"), _cell(seed, "opd")
     assert opd["arm_overrides"] == ["run.mode=opd", "loss.divergence=forward_kl"]
-    assert all(v == 0 for v in opd["endpoints"]["success_by_k"].values())
-    assert _figures(opd["endpoints"], opd["final_solved"], 0) == QUOTED[(seed, "context")]
-    turn = _turn_only(seed)
-    assert turn["tasks"] == 60
-    assert _figures(turn, turn["solved"], 2) == QUOTED[(seed, "turn_only")]
-    for cell in (offline["endpoints"], opd["endpoints"], turn):
-        assert cell["recovery_rate"] == 0.0
+    turn_solved, turn = _turn_only(seed)
+    for endpoints in (offline["endpoints"], opd["endpoints"], turn):
+        assert endpoints["recovery_rate"] == 0.0  # the LOG: "0.0 in every cell"
+    cells = [
+        _text(cold, start),
+        _text(offline["final_solved"], offline["endpoints"]),
+        _text(opd["final_solved"], opd["endpoints"]),
+        _text(turn_solved, turn),
+    ]
+    solved = {
+        "cold start": cold,
+        "offline_kd": offline["final_solved"],
+        "context": opd["final_solved"],
+        "turn_only": turn_solved,
+    }
+    return f"| {seed} | " + " | ".join(cells) + " |", solved
+
+
+def _contrast(name: str, diffs: list[float]) -> str:
+    low, high = t_interval(diffs)
+    mean = sum(diffs) / len(diffs)
+    return (
+        f"`opd` with `{name}` − `offline_kd`: {mean:+.1f} pp, 95% t-interval [{low:+.1f}, {high:+.1f}] "
+        f"over {len(diffs)} seeds, p = {t_test_p(diffs):.3f}"
+    )
+
+
+def test_every_table_row_recomputes() -> None:
+    assert SEEDS == [1, 2, 3, 4, 5]
+    for seed in SEEDS:
+        row, _ = _row(seed)
+        assert row in LOG, row
+
+
+def test_the_contrasts_recompute() -> None:
+    solved = [_row(seed)[1] for seed in SEEDS]
+    for arm in ("turn_only", "context"):
+        diffs = [100.0 * (s[arm] - s["offline_kd"]) / TASKS for s in solved]
+        line = _contrast(arm, diffs)
+        assert line in LOG, line
 
 
 def test_the_turn_only_runs_differ_from_the_opd_cell_only_in_off_path() -> None:
     """Each turn_only run took the opd cell's config (``config.submitted.yaml``, the cell's
     ``context`` teacher) and changed one field on the command line."""
-    for seed in (1, 2):
+    for seed in SEEDS:
         run = ROOT / "turn-only-pilot" / f"seed-{seed}"
         submitted = RunConfig.from_yaml(run / "config.submitted.yaml")
         ran = RunConfig.from_yaml(run / "config.original.yaml")
         assert submitted.models.oracle_teacher.off_path == "context"
         assert ran.models.oracle_teacher.off_path == "turn_only"
         assert ran.with_overrides(["models.oracle_teacher.off_path=context"]) == submitted
-        command = json.loads((run / "command.json").read_text())
+        command = json.loads((run / "command.json").read_text(encoding="utf-8"))
         assert command["overrides"] == ["models.oracle_teacher.off_path=turn_only"]
         assert submitted.run.mode == "opd" and submitted.loss.divergence == "forward_kl"
         assert submitted.train.cycles == 400 and submitted.train.lr == 0.001
-
-
-def test_the_log_quotes_exactly_these_figures() -> None:
-    for (seed, column), (solved, by_k, copy) in QUOTED.items():
-        text = f"{solved}/60 ({' / '.join(by_k)}; {copy})"
-        assert text in LOG, (seed, column, text)
+        assert submitted.run.seed == _cell(seed, "opd")["run_seed"] == seed
 
 
 def test_rerunning_the_pilot_on_a_copy_reuses_every_cell(tmp_path: Path) -> None:
     copy = tmp_path / "context-pilot"
     shutil.copytree(ROOT / "context-pilot", copy)
     recipe = ROOT.parents[1] / "recipes" / "toy_calc_chain_oracle.yaml"
-    result = CliRunner().invoke(
-        app,
-        [
-            "benchmark",
-            str(recipe),
-            "--arms",
-            "offline_kd,opd",
-            "--seeds",
-            "1,2",
-            "--output",
-            str(copy),
-            "--quiet",
-            "models.oracle_teacher.off_path=context",
-        ],
-    )
+    seeds = ",".join(str(s) for s in SEEDS)
+    args = ["benchmark", str(recipe), "--arms", "offline_kd,opd", "--seeds", seeds]
+    args += ["--output", str(copy), "--quiet", "models.oracle_teacher.off_path=context"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "6 of 6 cells were stored and reused" in result.output
+    n = 3 * len(SEEDS)
+    assert f"{n} of {n} cells were stored and reused" in result.output
+
+
+def test_the_log_names_every_seed() -> None:
+    assert f"seeds {SEEDS[0]}–{SEEDS[-1]}" in LOG
