@@ -137,3 +137,32 @@ def test_rerunning_the_pilot_on_a_copy_reuses_every_cell(tmp_path: Path) -> None
 
 def test_the_log_names_every_seed() -> None:
     assert f"seeds {SEEDS[0]}–{SEEDS[-1]}" in LOG
+
+
+TEST_RUN = ROOT / "test-turn-only"
+
+
+def test_the_pre_registered_test_split_run_is_frozen_and_its_finished_cells_intact() -> None:
+    """The test-split run of the positive control is stored in pieces as its cells finish: its
+    protocol frozen before any cell ran (bytes and SHA-256), every stored cell under the same
+    plan and unedited, every stored cold start the weights its cell names."""
+    from miniverl.utils.hashing import sha256_bytes, sha256_file
+
+    frozen = json.loads((TEST_RUN / "protocol.json").read_text(encoding="utf-8"))
+    assert sha256_bytes((TEST_RUN / frozen["stored_as"]).read_bytes()) == frozen["sha256"]
+    content = frozen["content"]
+    assert content["seeds"] == list(range(1, 9)) and content["arms"] == ["offline_kd", "opd"]
+    assert content["endpoints"] == ["all", "k=2"]
+    assert content["primary_contrasts"] == [["opd", "offline_kd"]]
+    plan = json.loads((TEST_RUN / "plan.json").read_text(encoding="utf-8"))["plan_digest"]
+    cells = sorted((TEST_RUN / "cells").glob("*.json"))
+    for path in cells:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        assert record["plan_digest"] == plan, path.name
+        assert _digest(record["payload"]) == record["payload_sha256"], path.name
+        payload = record["payload"]
+        assert payload["seed"] in content["seeds"]
+        if path.name.endswith("-cold-start.json"):
+            weights = TEST_RUN / f"seed-{payload['seed']}" / "cold-start" / "student.safetensors"
+            assert sha256_file(weights) == payload["student_sha256"]
+    assert f"{len(cells)} of the run's 24 cells" in LOG
