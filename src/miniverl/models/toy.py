@@ -75,8 +75,7 @@ class KVCache:
     """Keys and values of every layer, ``[B, num_heads, length, head_dim]``, in buffers with spare slots.
 
     A decode step writes its one new slot per layer in place; concatenating instead copies
-    every layer's whole cache once per sampled id (O(T^2) bytes an episode, which dominates
-    the decode steps of long ``calc_chain`` episodes, docs/performance.md). ``cache[i]`` is
+    every layer's whole cache once per sampled id, O(T^2) bytes an episode. ``cache[i]`` is
     layer ``i``'s ``(keys, values)``: views
     ``buffer[:, :, :length]``, which attention reads exactly as it reads contiguous tensors
     (``tests/unit/test_models_toy.py``). A cache's length never changes: a forward returns a
