@@ -9,6 +9,7 @@ it verbatim.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -57,6 +58,7 @@ def _text(solved: int, endpoints: dict[str, Any]) -> str:
     return f"{solved}/{TASKS} ({by_k}; {endpoints['result_copy_accuracy']:.3f})"
 
 
+@functools.cache
 def _row(seed: int) -> tuple[str, dict[str, int]]:
     """The LOG's table row for ``seed`` and the solved counts of its four columns."""
     start = _cell(seed, "cold-start")["start_endpoints"]

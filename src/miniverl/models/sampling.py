@@ -280,7 +280,7 @@ def run_batched_generation(
         logits, cache = step(ids.to(device), key_mask, positions.to(device), cache)
         while True:
             column = [int(pad_token_id)] * rows
-            fed = [0] * rows
+            alive_rows = [0] * rows
             drawn = sample_rows(
                 logits.reshape(rows, -1, logits.shape[-1])[:, -1],
                 [r for r in range(rows) if active[r]],
@@ -301,10 +301,10 @@ def run_batched_generation(
                     active[r] = False
                 else:
                     column[r] = token
-                    fed[r] = 1
+                    alive_rows[r] = 1
             if not any(active):
                 break
-            alive = torch.tensor(fed, dtype=torch.long)
+            alive = torch.tensor(alive_rows, dtype=torch.long)
             key_mask = torch.cat([key_mask, alive.unsqueeze(1).to(device)], dim=1)
             step_positions = next_position.unsqueeze(1).clone()
             next_position += alive

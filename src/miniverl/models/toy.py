@@ -76,9 +76,9 @@ class KVCache:
 
     A decode step writes its one new slot per layer in place; concatenating instead copies
     every layer's whole cache once per sampled id, O(T^2) bytes an episode. ``cache[i]`` is
-    layer ``i``'s ``(keys, values)``: views
-    ``buffer[:, :, :length]``, which attention reads exactly as it reads contiguous tensors
-    (``tests/unit/test_models_toy.py``). A cache's length never changes: a forward returns a
+    layer ``i``'s ``(keys, values)``: views ``buffer[:, :, :length]``, which attention reads
+    exactly as it reads contiguous tensors (``tests/unit/test_models_toy.py``). A cache's
+    length never changes: a forward returns a
     new cache over the same buffers. Extending a cache whose buffers another cache has
     already extended (two continuations of one prefix) copies them first, so neither
     continuation can see the other's slots.
