@@ -142,12 +142,13 @@ def test_the_log_names_every_seed() -> None:
 
 
 TEST_RUN = ROOT / "test-turn-only"
+TEST_TASKS = 1200
 
 
-def test_the_pre_registered_test_split_run_is_frozen_and_its_finished_cells_intact() -> None:
-    """The test-split run of the positive control is stored in pieces as its cells finish: its
-    protocol frozen before any cell ran (bytes and SHA-256), every stored cell under the same
-    plan and unedited, every stored cold start the weights its cell names."""
+def test_the_pre_registered_test_split_run_is_frozen_and_its_cells_intact() -> None:
+    """The test-split run of the positive control: its protocol frozen before any cell ran
+    (bytes and SHA-256), all 24 cells under one plan and unedited, every cold start the
+    weights its cell names."""
     from miniverl.utils.hashing import sha256_bytes, sha256_file
 
     frozen = json.loads((TEST_RUN / "protocol.json").read_text(encoding="utf-8"))
@@ -158,6 +159,7 @@ def test_the_pre_registered_test_split_run_is_frozen_and_its_finished_cells_inta
     assert content["primary_contrasts"] == [["opd", "offline_kd"]]
     plan = json.loads((TEST_RUN / "plan.json").read_text(encoding="utf-8"))["plan_digest"]
     cells = sorted((TEST_RUN / "cells").glob("*.json"))
+    assert len(cells) == 3 * len(content["seeds"])
     for path in cells:
         record = json.loads(path.read_text(encoding="utf-8"))
         assert record["plan_digest"] == plan, path.name
@@ -167,4 +169,86 @@ def test_the_pre_registered_test_split_run_is_frozen_and_its_finished_cells_inta
         if path.name.endswith("-cold-start.json"):
             weights = TEST_RUN / f"seed-{payload['seed']}" / "cold-start" / "student.safetensors"
             assert sha256_file(weights) == payload["student_sha256"]
-    assert f"{len(cells)} of the run's 24 cells" in LOG
+
+
+def _k2(endpoints: dict[str, Any]) -> str:
+    return f"{round(endpoints['success_by_k']['2'] * 200)}/200"
+
+
+def _run_lines(bench: dict[str, Any]) -> list[str]:
+    """The LOG's per-seed rows and contrast lines of the test-split run, from ``benchmark.json``."""
+    rows = {(r["seed"], r["arm"]): r for r in bench["rows"]}
+    lines = []
+    for cold in sorted(bench["cold_starts"], key=lambda c: c["seed"]):
+        seed, start = cold["seed"], cold["start_endpoints"]
+        cells = [f"{round(start['success'] * TEST_TASKS)}/{TEST_TASKS}, {_k2(start)}"]
+        for arm in ("offline_kd", "opd"):
+            r = rows[(seed, arm)]
+            e = r["endpoints"]
+            cells.append(
+                f"{r['final_solved']}/{TEST_TASKS}, {_k2(e)}; {e['recovery_rate']:.3f}; "
+                f"{e['result_copy_accuracy']:.3f}"
+            )
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    for c in bench["contrasts"]:
+        low, high = c["interval"]
+        holm = f", Holm p = {c['p_holm']:.3f}" if c["p_holm"] is not None else ""
+        lines.append(
+            f"`opd` − `offline_kd`, {c['endpoint']}{' (primary)' if c['primary'] else ''}: "
+            f"{100 * c['mean_difference']:+.1f} pp, 95% t-interval [{100 * low:+.1f}, "
+            f"{100 * high:+.1f}] over {len(c['seeds'])} seed means, p = {c['p_value']:.3f}{holm}; "
+            f"MDE {100 * c['mde']:.1f} pp"
+        )
+    return lines
+
+
+
+
+def test_rerunning_the_test_split_run_reuses_every_cell_and_gives_the_logged_figures(
+    tmp_path: Path,
+) -> None:
+    copy = tmp_path / "test-turn-only"
+    shutil.copytree(TEST_RUN, copy)
+    recipe = ROOT.parents[1] / "recipes" / "toy_calc_chain_oracle.yaml"
+    args = ["benchmark", str(recipe), "--arms", "offline_kd,opd", "--seeds", "1,2,3,4,5,6,7,8"]
+    args += ["--output", str(copy), "--protocol", str(copy / "protocol.yaml"), "--quiet"]
+    args += ["models.oracle_teacher.off_path=turn_only", "eval.split=test", "eval.max_tasks=1200"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "24 of 24 cells were stored and reused" in result.output
+    bench = json.loads((copy / "benchmark.json").read_text(encoding="utf-8"))
+    family = [c for c in bench["contrasts"] if c["primary"]]
+    assert [c["endpoint"] for c in family] == ["all", "k=2"]
+    assert all(c["holm_family"] and c["p_holm"] is not None for c in family)
+    for line in _run_lines(bench):
+        assert line in LOG, line
+    k2 = {(r["seed"], r["arm"]): r["endpoints"]["success_by_k"]["2"] for r in bench["rows"]}
+    cold = {c["seed"]: c["start_endpoints"]["success_by_k"]["2"] for c in bench["cold_starts"]}
+
+    def seeds(keep: Any) -> str:
+        return ", ".join(str(s) for s in sorted(cold) if keep(s))
+
+    assert f"0/200 at k = 2 on seeds {seeds(lambda s: k2[(s, 'opd')] == 0)}\n" in LOG
+    assert f"at k = 2 on seeds {seeds(lambda s: k2[(s, 'opd')] < cold[s])}, while" in LOG
+    assert f"cold start's k = 2 on seeds {seeds(lambda s: k2[(s, 'offline_kd')] > cold[s])}." in LOG
+    rows = {(r["seed"], r["arm"]): r["endpoints"] for r in bench["rows"]}
+    assert max(e["recovery_rate"] for e in rows.values()) <= 0.005  # "at most 0.005"
+    assert all(
+        rows[(s, "opd")]["result_copy_accuracy"] < rows[(s, "offline_kd")]["result_copy_accuracy"]
+        for s in cold
+    )  # "below `offline_kd`'s on every seed"
+    docs = ROOT.parents[1] / "docs" / "benchmark.md"
+    readme = ROOT.parents[1] / "README.md"
+    flat = {path: " ".join(path.read_text(encoding="utf-8").split()) for path in (docs, readme)}
+    for line in _run_lines(bench)[len(cold) :]:
+        assert line in flat[docs], line
+    solved = {(r["seed"], r["arm"]): r["final_solved"] for r in bench["rows"]}
+    lower_all = sum(solved[(s, "opd")] < solved[(s, "offline_kd")] for s in cold)
+    lower_k2 = sum(k2[(s, "opd")] < k2[(s, "offline_kd")] for s in cold)
+    everywhere = "all 8" if lower_all == len(cold) else f"{lower_all} of {len(cold)}"
+    claim = f"on {everywhere} seeds over all k and on {lower_k2} of {len(cold)} at k = 2"
+    assert claim in flat[readme] and claim in flat[docs], claim
+    zero = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight"]
+    at_zero = sum(k2[(s, "opd")] == 0 for s in cold)
+    assert f"ends at 0/200 on {zero[at_zero]} seeds" in flat[docs]
+    assert "at most 0.005 in every cell" in flat[docs]

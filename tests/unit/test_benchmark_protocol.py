@@ -154,3 +154,18 @@ def _as_mapping() -> dict[str, Any]:
     import yaml
 
     return yaml.safe_load(PROTOCOL)
+
+
+def test_a_protocol_endpoint_outside_the_default_ones_is_computed_and_held_in_the_family(
+    tmp_path: Path,
+) -> None:
+    """k = 2 is not among the endpoints every benchmark reports (k = 3, k = 5, all): a protocol
+    naming it still gets its contrast, in the Holm family; the primary pair's other endpoints
+    are secondary."""
+    content = {**_as_mapping(), "endpoints": ["all", "k=2"]}
+    result = _run(tmp_path / "bench", _write(tmp_path / "p.json", json.dumps(content)), [])
+    opd = [c for c in result["contrasts"] if c["arm"] == "opd" and c["reference"] == "offline_kd"]
+    assert [c["endpoint"] for c in opd] == ["all", "k=2", "k=3", "k=5"]
+    assert [c["primary"] for c in opd] == [True, True, False, False]
+    assert [c["holm_family"] for c in opd] == [True, True, False, False]
+    assert all(not c["primary"] for c in result["contrasts"] if c not in opd)

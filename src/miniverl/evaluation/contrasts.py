@@ -145,19 +145,24 @@ def all_contrasts(
     ks: Sequence[int | None] = (*PRIMARY_KS, None),
     primary_endpoints: Sequence[int | None] = PRIMARY_KS,
 ) -> list[dict[str, Any]]:
-    """Every contrast of :func:`contrast_pairs` on every endpoint in ``ks``, primary first.
+    """Every contrast of :func:`contrast_pairs` on every endpoint of ``primary_endpoints``
+    and then of ``ks``, the primary pairs first.
 
-    The primary family is every primary contrast on every endpoint of ``primary_endpoints``;
-    its rows carry ``p_holm``, Holm's adjusted p over the family (:func:`holm_family`).
+    The primary family is every primary contrast on every endpoint of ``primary_endpoints``
+    (a pre-registered protocol's endpoints, which ``ks`` need not hold: they are always
+    computed); only its rows are ``primary``, and they carry ``p_holm``, Holm's adjusted p over
+    the family (:func:`holm_family`). A primary pair on any other endpoint is secondary.
     """
+    family = [endpoint_label(k) for k in primary_endpoints]
+    endpoints = list(dict.fromkeys([*primary_endpoints, *ks]))
     out = []
     for arm, reference, primary in contrast_pairs(arms):
-        for k in ks:
+        for k in endpoints:
             row = contrast(
                 cells, arm, reference, k, resamples=resamples, bootstrap_seed=bootstrap_seed
             )
-            out.append({**row, "primary": primary})
-    return holm_family(out, [endpoint_label(k) for k in primary_endpoints])
+            out.append({**row, "primary": primary and endpoint_label(k) in family})
+    return holm_family(out, family)
 
 
 def holm_family(rows: list[dict[str, Any]], endpoints: Sequence[str]) -> list[dict[str, Any]]:
