@@ -252,3 +252,24 @@ def test_rerunning_the_test_split_run_reuses_every_cell_and_gives_the_logged_fig
     at_zero = sum(k2[(s, "opd")] == 0 for s in cold)
     assert f"ends at 0/200 on {zero[at_zero]} seeds" in flat[docs]
     assert "at most 0.005 in every cell" in flat[docs]
+
+
+def test_the_turn_only_ablation_table_is_the_stored_output() -> None:
+    import re
+
+    text = (ROOT / "turn-only-pilot" / "target_ablation.txt").read_text(encoding="utf-8")
+    pattern = re.compile(
+        r"\s*(\w+): (\d+)/8 episodes fitted, (?:loss ([\d.]+) -> ([\d.]+) nats/token|no position kept); "
+        r"greedy eval solved (\d+) -> (\d+) of 60"
+    )
+    lines = text.splitlines()
+    assert len(lines) == 6
+    for line in lines:
+        match = pattern.match(line)
+        assert match is not None, line
+        name, episodes, first, last, before, after = match.groups()
+        loss = f"{first} → {last}" if first else "no position kept"
+        row = f"| `{name}` | {episodes}/8 | {loss} | {before} → {after} |"
+        assert row in LOG, row
+    assert "{'on_path': 272, 'early_answer': 4, 'later': 54}" in lines[0]
+    assert "330 positions of the batch (272 on the oracle's path, 4 at the start" in LOG
