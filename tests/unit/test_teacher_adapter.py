@@ -246,3 +246,58 @@ def test_dagger_rows_fit_the_hf_adapter_through_the_shared_path(
     with_rows = teacher_fit.fit_digest(teacher_fit.fit_payload(config, fp, rows))
     fewer = teacher_fit.fit_digest(teacher_fit.fit_payload(config, fp, rows[:-1]))
     assert with_rows != fewer
+
+
+def _saved_fit(tiny_dir: Path, cache: Path, out: Path) -> tuple[Path, dict[str, Any]]:
+    report = _trainer(_config(tiny_dir, cache), out).prepare_teacher_adapter()
+    assert report is not None and report["reused"] is False
+    return Path(report["directory"]), report
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("base", {"model_id": "/elsewhere/another-base"}),
+        ("tokenizer_fingerprint", "another-tokenizer"),
+        ("lora", {"enabled": True, "r": 8}),
+    ],
+)
+def test_a_saved_adapter_fitted_for_another_base_or_tokenizer_is_refused(
+    tiny_dir: Path, tmp_path: Path, field: str, value: Any
+) -> None:
+    """A directory whose fit names another base, tokenizer or adapter shape is a typed error
+    naming the field, before a tensor is loaded; the live adapter is left as it was."""
+    import json
+
+    cache = tmp_path / "adapters"
+    saved, _ = _saved_fit(tiny_dir, cache, tmp_path / "a")
+    report_path = saved / teacher_fit.REPORT_FILE
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    report["payload"][field] = value
+    report_path.write_text(json.dumps(report), encoding="utf-8")
+    trainer = _trainer(_config(tiny_dir, cache), tmp_path / "b")
+    before = {k: v.clone() for k, v in trainer.student.adapter_state(TEACHER_ADAPTER).items()}
+    with pytest.raises(
+        CheckpointError, match=f"fitted for another base model or tokenizer \\({field}: saved"
+    ) as err:
+        trainer.prepare_teacher_adapter()
+    assert str(saved) in err.value.hint and "refitted" in err.value.hint
+    after = trainer.student.adapter_state(TEACHER_ADAPTER)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_adapter_tensors_of_another_shape_are_a_typed_error(tiny_dir: Path, tmp_path: Path) -> None:
+    """An adapter file of the right names but another rank (a file copied in by hand) is a
+    CheckpointError naming the tensor and both shapes, not a raw copy error."""
+    from safetensors.torch import save_file
+
+    saved, _ = _saved_fit(tiny_dir, tmp_path / "adapters", tmp_path / "a")
+    state = teacher_fit.load_file(str(saved / teacher_fit.ADAPTER_FILE))
+    key = next(k for k in state if "lora_A" in k)
+    state[key] = torch.zeros(state[key].shape[0] + 1, state[key].shape[1])
+    other = tmp_path / "other.safetensors"
+    save_file(state, str(other))
+    trainer = _trainer(_config(tiny_dir, tmp_path / "adapters"), tmp_path / "b")
+    with pytest.raises(CheckpointError, match="other shapes than this model's") as err:
+        teacher_fit._load_adapter(trainer.teacher, other)
+    assert key in str(err.value) and "delete that directory" in err.value.hint

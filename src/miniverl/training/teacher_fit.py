@@ -1337,6 +1337,28 @@ def _adapter_tensors(view: Any) -> dict[str, torch.Tensor]:
     }
 
 
+IDENTITY_FIELDS = ("base", "revision", "precision", "tokenizer_fingerprint", "lora")
+"""The fields of a saved fit's payload that say which base, tokenizer and adapter shape it fits."""
+
+
+def check_fit_identity(saved: Mapping[str, Any], payload: Mapping[str, Any], where: Path) -> None:
+    """Refuse a saved adapter whose fit names another base model, tokenizer or adapter shape.
+
+    The cache directory is named by the digest of the whole payload, so a lookup never
+    lands on another base's adapter by itself; a directory copied or renamed by hand can,
+    and its tensors may even have the right shapes (a fine-tune of the same architecture).
+    """
+    differing = [k for k in IDENTITY_FIELDS if saved.get(k) != payload.get(k)]
+    if differing:
+        detail = "; ".join(
+            f"{k}: saved {saved.get(k)!r}, now {payload.get(k)!r}" for k in differing
+        )
+        raise CheckpointError(
+            f"the teacher adapter in {where} was fitted for another base model or tokenizer ({detail})",
+            hint=f"delete {where}: the adapter is refitted for this base on the next run",
+        )
+
+
 def _load_adapter(view: Any, path: Path) -> None:
     state = load_file(str(path))
     live = dict(view.owner.model.named_parameters())
@@ -1345,6 +1367,14 @@ def _load_adapter(view: Any, path: Path) -> None:
         raise CheckpointError(
             f"{path} does not hold exactly the teacher adapter's tensors",
             hint="delete that directory; the adapter is refitted on the next run",
+        )
+    wrong = [k for k, v in state.items() if tuple(v.shape) != tuple(live[k].shape)]
+    if wrong:
+        raise CheckpointError(
+            f"{path} holds adapter tensors of other shapes than this model's "
+            f"({wrong[0]}: {tuple(state[wrong[0]].shape)} against {tuple(live[wrong[0]].shape)})",
+            hint="it was fitted for another base model or adapter rank; delete that directory "
+            "and the adapter is refitted on the next run",
         )
     with torch.no_grad():
         for key, value in state.items():
@@ -1385,6 +1415,7 @@ def prepare_teacher_adapter(
                 f"{adapter_path} does not match the SHA-256 in {report_path}",
                 hint=f"delete {directory}; the adapter is refitted on the next run",
             )
+        check_fit_identity(report.get("payload") or {}, payload, directory)
         _load_adapter(view, adapter_path)
         report = {**report, "reused": True, "directory": str(directory)}
         events.emit(
