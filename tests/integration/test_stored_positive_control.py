@@ -202,8 +202,6 @@ def _run_lines(bench: dict[str, Any]) -> list[str]:
     return lines
 
 
-
-
 def test_rerunning_the_test_split_run_reuses_every_cell_and_gives_the_logged_figures(
     tmp_path: Path,
 ) -> None:
@@ -273,3 +271,77 @@ def test_the_turn_only_ablation_table_is_the_stored_output() -> None:
         assert row in LOG, row
     assert "{'on_path': 272, 'early_answer': 4, 'later': 54}" in lines[0]
     assert "330 positions of the batch (272 on the oracle's path, 4 at the start" in LOG
+
+
+FIRST_ERRORS = (
+    ("operand_copy", "wrong operator or right operand (operand copy)"),
+    ("result_copy", "wrong left operand at step 2 or later (result copy)"),
+    ("malformed", "malformed or refused call"),
+    ("early_answer", "final answer before the last step"),
+    ("answer_copy", "wrong final answer after every step"),
+    ("no_answer", "no final answer"),
+)
+
+
+def _first_error_lines(run: Path, arms: tuple[str, ...], seeds: list[int]) -> list[str]:
+    """The LOG's first-error table of a test-split run: each kind summed over the seeds, per arm,
+    then the episodes with an error and the seeds on which each arm beyond the first had more
+    malformed first errors than the first arm."""
+
+    def cell(seed: int, arm: str) -> dict[str, Any]:
+        record = json.loads((run / "cells" / f"s{seed}-a0-{arm}.json").read_text("utf-8"))
+        assert _digest(record["payload"]) == record["payload_sha256"]
+        return record["payload"]["endpoints"]
+
+    cells = {(s, a): cell(s, a) for s in seeds for a in arms}
+    lines = []
+    for kind, label in FIRST_ERRORS:
+        sums = [sum(cells[(s, a)]["first_error_kinds"][kind] for s in seeds) for a in arms]
+        lines.append(f"| {label} | " + " | ".join(str(v) for v in sums) + " |")
+    erred = [
+        sum(round(cells[(s, a)]["error_rate"] * cells[(s, a)]["episodes"]) for s in seeds)
+        for a in arms
+    ]
+    assert erred == [
+        sum(sum(cells[(s, a)]["first_error_kinds"].values()) for s in seeds) for a in arms
+    ]
+    lines.append("| episodes with an error | " + " | ".join(str(v) for v in erred) + " |")
+    for arm in arms[1:]:
+        more = [
+            s
+            for s in seeds
+            if cells[(s, arm)]["first_error_kinds"]["malformed"]
+            > cells[(s, arms[0])]["first_error_kinds"]["malformed"]
+        ]
+        lines.append(
+            f"`{arm}` more malformed first errors than `{arms[0]}` on {len(more)} of {len(seeds)} seeds"
+        )
+    return lines
+
+
+def _first_error_sums(run: Path, arm: str, seeds: list[int]) -> dict[str, int]:
+    sums = dict.fromkeys((k for k, _ in FIRST_ERRORS), 0)
+    for seed in seeds:
+        record = json.loads((run / "cells" / f"s{seed}-a0-{arm}.json").read_text("utf-8"))
+        for kind in sums:
+            sums[kind] += record["payload"]["endpoints"]["first_error_kinds"][kind]
+    return sums
+
+
+def test_the_first_error_table_of_the_turn_only_run_recomputes() -> None:
+    seeds = list(range(1, 9))
+    for line in _first_error_lines(TEST_RUN, ("offline_kd", "opd"), seeds):
+        assert line in LOG, line
+    kd, opd = (_first_error_sums(TEST_RUN, arm, seeds) for arm in ("offline_kd", "opd"))
+    d = {k: opd[k] - kd[k] for k in kd}
+    flat = " ".join(LOG.split())
+    claim = (
+        f"OPD's {sum(d.values())} extra erring episodes are malformed calls ({d['malformed']:+d}) "
+        f"and wrong result copies ({d['result_copy']:+d}), while early answers "
+        f"({d['early_answer']:+d}) and wrong final answers ({d['answer_copy']:+d}) fall."
+    ).replace("-", "−")
+    assert claim in flat, claim
+    assert (
+        d["no_answer"] == 0 == opd["no_answer"]
+        and abs(d["operand_copy"]) < 0.01 * kd["operand_copy"]
+    )  # "the same in both arms"
