@@ -345,3 +345,6 @@ def test_the_first_error_table_of_the_turn_only_run_recomputes() -> None:
         d["no_answer"] == 0 == opd["no_answer"]
         and abs(d["operand_copy"]) < 0.01 * kd["operand_copy"]
     )  # "the same in both arms"
+    more = _first_error_lines(TEST_RUN, ("offline_kd", "opd"), seeds)[-1].split(" on ")[-1]
+    docs = ROOT.parents[1] / "docs" / "benchmark.md"
+    assert f"malformed calls (more on {more})" in " ".join(docs.read_text("utf-8").split())
