@@ -27,6 +27,9 @@ blocks costs ``2 * L * (4 h^2 + 3 h i)`` FLOPs, its attention over ``c`` earlier
             base weights, ``update_passes``) the blocks and head count 2 x (no weight
             gradients of the base matrices; the rank-r adapters are left out), attention 3 x.
 
+The logs are fsynced as in a run (:func:`defer_log_fsyncs`): once at the end of each cycle,
+inside the cycle's time but outside every phase, never once per metrics line.
+
 Padding is not counted: the floor is the useful work. The matmul rate is measured in the same
 run, at the thread count the run uses, with ``F.linear`` at every matrix shape the phase runs:
 rows = the phase's tokens per forward (rollouts: the decode batch, one token per row; scoring:
@@ -328,6 +331,14 @@ def time_cycle_pairs(
 # ----------------------------------------------------------------------------- the toy
 
 
+def defer_log_fsyncs(trainer: OPDTrainer) -> OPDTrainer:
+    """Log durability as in a run: ``OPDTrainer._train_locked`` turns the per-append fsync of
+    ``events`` and ``metrics`` off and ``run_cycle`` fsyncs every log once at its end, so a
+    phase timed here must not pay an fsync per metrics line that a run never pays."""
+    trainer.events.sync = trainer.metrics.sync = False
+    return trainer
+
+
 def toy_trainer(root: Path, args: argparse.Namespace) -> OPDTrainer:
     overrides = [
         f"train.cycles={10**6}",
@@ -346,7 +357,7 @@ def toy_trainer(root: Path, args: argparse.Namespace) -> OPDTrainer:
     trainer = OPDTrainer(config, output_dir=root / "run", quiet=True)
     trainer.setup()
     trainer._prepare_toy_teacher()
-    return trainer
+    return defer_log_fsyncs(trainer)
 
 
 def toy_floor(args: argparse.Namespace) -> dict[str, Any]:
@@ -753,7 +764,7 @@ def chain_trainer(root: Path, args: argparse.Namespace) -> OPDTrainer:
     trainer = OPDTrainer(config, output_dir=root / "run", quiet=True)
     trainer.setup()
     trainer.teacher_adapter_report = trainer.prepare_teacher_adapter()
-    return trainer
+    return defer_log_fsyncs(trainer)
 
 
 def with_other(timings: list[dict[str, float]]) -> list[dict[str, float]]:

@@ -157,3 +157,44 @@ def test_a_lora_student_updates_in_two_matmul_passes() -> None:
     )
     assert floor.update_passes(full) == 3
     assert floor.update_passes(demo_config()) == 3
+
+
+def test_the_timed_cycle_fsyncs_its_logs_as_a_run_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No fsync inside a timed phase (a run defers them), one per log at the cycle's end."""
+    import argparse
+
+    from miniverl.agent.loop import RolloutRunner
+    from miniverl.training.trainer import PolicyUpdater
+
+    floor = _script()
+    monkeypatch.setenv("MINIVERL_CACHE_DIR", str(tmp_path / "c"))
+    trainer = floor.toy_trainer(tmp_path, argparse.Namespace(tiny=True, cache_dir=None))
+    trainer.run_sft_warmup(cycles=1)
+    where: list[str] = []
+    phase = ["cycle"]
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        where.append(phase[0])
+        real_fsync(fd)
+
+    def timed(name: str, fn):  # type: ignore[no-untyped-def]
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            phase[0] = name
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                phase[0] = "cycle"
+
+        return wrapper
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(
+        RolloutRunner, "rollout_batch", timed("rollouts", RolloutRunner.rollout_batch)
+    )
+    monkeypatch.setattr(PolicyUpdater, "optimize", timed("update", PolicyUpdater.optimize))
+    trainer.run_cycle(0)
+    assert "update" not in where and "rollouts" not in where, where
+    assert where.count("cycle") >= 2  # events and metrics at the cycle's end
