@@ -348,3 +348,98 @@ def test_the_first_error_table_of_the_turn_only_run_recomputes() -> None:
     more = _first_error_lines(TEST_RUN, ("offline_kd", "opd"), seeds)[-1].split(" on ")[-1]
     docs = ROOT.parents[1] / "docs" / "benchmark.md"
     assert f"malformed calls (more on {more})" in " ".join(docs.read_text("utf-8").split())
+
+
+CONTEXT_RUN = ROOT / "test-context"
+CONTEXT_ARMS = ("offline_kd", "opd", "offline_kd_reverse_kl", "opd_reverse_kl", "gkd_mix")
+
+
+def _context_bench(tmp_path: Path) -> dict[str, Any]:
+    """``benchmark.json`` of a rerun of the context run over a copy of its stored cells."""
+    copy = tmp_path / "test-context"
+    shutil.copytree(CONTEXT_RUN, copy)
+    recipe = ROOT.parents[1] / "recipes" / "toy_calc_chain_oracle.yaml"
+    args = ["benchmark", str(recipe), "--arms", ",".join(CONTEXT_ARMS)]
+    args += ["--seeds", "1,2,3,4,5,6,7,8", "--output", str(copy)]
+    args += ["--protocol", str(copy / "protocol.yaml"), "--quiet"]
+    args += ["models.oracle_teacher.off_path=context", "eval.split=test", "eval.max_tasks=1200"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    n = 8 * (1 + len(CONTEXT_ARMS))
+    assert f"{n} of {n} cells were stored and reused" in result.output
+    return json.loads((copy / "benchmark.json").read_text(encoding="utf-8"))
+
+
+def _context_lines(bench: dict[str, Any]) -> list[str]:
+    """The LOG's per-seed rows, per-arm summary rows and contrast lines of the context run."""
+    rows = {(r["seed"], r["arm"]): r for r in bench["rows"]}
+    seeds = sorted(c["seed"] for c in bench["cold_starts"])
+    lines = []
+    for cold in sorted(bench["cold_starts"], key=lambda c: c["seed"]):
+        seed, start = cold["seed"], cold["start_endpoints"]
+        cells = [f"{round(start['success'] * TEST_TASKS)}, {_k2(start)}"]
+        for arm in CONTEXT_ARMS:
+            r = rows[(seed, arm)]
+            cells.append(f"{r['final_solved']}, {_k2(r['endpoints'])}")
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    for arm in CONTEXT_ARMS:
+        cells = [rows[(s, arm)] for s in seeds]
+        e = [c["endpoints"] for c in cells]
+        b = [c["budget"] for c in cells]
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        lines.append(
+            f"| `{arm}` | {100 * mean([x['success'] for x in e]):.1f}% | "
+            f"{100 * mean([x['success_by_k']['2'] for x in e]):.1f}% | "
+            f"{max(x['recovery_rate'] for x in e):.3f} | "
+            f"{mean([x['result_copy_accuracy'] for x in e]):.3f} | "
+            f"{mean([x['cpu_seconds'] for x in b]):.0f} | "
+            f"{mean([x['student_generated_tokens'] for x in b]):,.0f} | "
+            f"{mean([x['teacher_scored_tokens'] for x in b]):,.0f} |"
+        )
+    for c in bench["contrasts"]:
+        low, high = c["interval"]
+        holm = f", Holm p = {c['p_holm']:.3f}" if c["p_holm"] is not None else ""
+        lines.append(
+            f"`{c['arm']}` − `{c['reference']}`, {c['endpoint']}"
+            f"{' (primary)' if c['primary'] else ''}: {100 * c['mean_difference']:+.1f} pp, "
+            f"95% t-interval [{100 * low:+.1f}, {100 * high:+.1f}] over {len(c['seeds'])} seed "
+            f"means, p = {c['p_value']:.3f}{holm}; MDE {100 * c['mde']:.1f} pp"
+        )
+    return lines
+
+
+def _unterminated(run: Path) -> dict[str, tuple[int, dict[int, int]]]:
+    """Per eval tag: episodes with a turn that opens a ``<tool_call>`` block and never closes it,
+    and the index of the first such turn -> episodes."""
+    from miniverl.models.tokenizers import ToyTokenizer
+
+    tokenizer = ToyTokenizer()
+    out = {}
+    for tag, trajectories in _eval_trajectories(run).items():
+        turns_at: dict[int, int] = {}
+        for trajectory in trajectories:
+            text = tokenizer.decode(trajectory.token_ids)
+            for index, turn in enumerate(text.split("<|im_start|>assistant\n")[1:]):
+                body = turn.split("<|im_end|>")[0]
+                if body.startswith("<tool_call>") and "</tool_call>" not in body:
+                    turns_at[index] = turns_at.get(index, 0) + 1
+                    break
+        out[tag] = (sum(turns_at.values()), dict(sorted(turns_at.items())))
+    return out
+
+
+def test_the_unterminated_call_table_recomputes_from_the_pilot_trajectories() -> None:
+    total = sum(_unterminated(ROOT / "turn-only-pilot" / f"seed-{s}")["final"][0] for s in SEEDS)
+    malformed_first = sum(_turn_only(s)[1]["first_error_kinds"]["malformed"] for s in SEEDS)
+    claim = (
+        f"(in at least {total - malformed_first} of the {total} episodes: only "
+        f"{malformed_first} of the five runs' episodes have a malformed call as their first error)"
+    )
+    assert claim in " ".join(LOG.split()), claim
+    for seed in SEEDS:
+        counts = _unterminated(ROOT / "turn-only-pilot" / f"seed-{seed}")
+        (before, _), (after, turns) = counts["baseline"], counts["final"]
+        where = ", ".join(f"{k}: {v}" for k, v in turns.items())
+        row = f"| {seed} | {before}/{TASKS} | {after}/{TASKS} | {where} |"
+        assert row in LOG, row
+        assert before == 0 and min(turns, default=2) >= 2  # "No cold start"; "index 2 or more"
