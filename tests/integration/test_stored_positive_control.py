@@ -443,3 +443,101 @@ def test_the_unterminated_call_table_recomputes_from_the_pilot_trajectories() ->
         row = f"| {seed} | {before}/{TASKS} | {after}/{TASKS} | {where} |"
         assert row in LOG, row
         assert before == 0 and min(turns, default=2) >= 2  # "No cold start"; "index 2 or more"
+    finals = [_unterminated(ROOT / "turn-only-pilot" / f"seed-{s}")["final"][0] for s in SEEDS]
+    readme = " ".join((ROOT.parents[1] / "README.md").read_text("utf-8").split())
+    claim = f"in {min(finals)} to {max(finals)} of {TASKS} validation episodes per seed"
+    assert claim in readme, claim
+
+
+def test_the_context_run_is_frozen_and_its_cells_intact() -> None:
+    """Its protocol frozen before any cell ran (bytes and SHA-256), all 48 cells under one plan
+    and unedited, every cold start the weights its cell names; byte-identical to the turn_only
+    run's cold start of the same seed where both ran on this CPU type (the LOG's list)."""
+    from miniverl.utils.hashing import sha256_bytes, sha256_file
+
+    frozen = json.loads((CONTEXT_RUN / "protocol.json").read_text(encoding="utf-8"))
+    assert sha256_bytes((CONTEXT_RUN / frozen["stored_as"]).read_bytes()) == frozen["sha256"]
+    content = frozen["content"]
+    assert content["seeds"] == list(range(1, 9)) and content["arms"] == list(CONTEXT_ARMS)
+    assert content["endpoints"] == ["all", "k=2"]
+    assert content["primary_contrasts"] == [
+        ["opd", "offline_kd"],
+        ["opd_reverse_kl", "offline_kd_reverse_kl"],
+    ]
+    plan = json.loads((CONTEXT_RUN / "plan.json").read_text(encoding="utf-8"))["plan_digest"]
+    cells = sorted((CONTEXT_RUN / "cells").glob("*.json"))
+    assert len(cells) == (1 + len(CONTEXT_ARMS)) * len(content["seeds"])
+    for path in cells:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        assert record["plan_digest"] == plan, path.name
+        assert _digest(record["payload"]) == record["payload_sha256"], path.name
+        payload = record["payload"]
+        if path.name.endswith("-cold-start.json"):
+            seed = payload["seed"]
+            weights = CONTEXT_RUN / f"seed-{seed}" / "cold-start" / "student.safetensors"
+            assert sha256_file(weights) == payload["student_sha256"]
+            other = TEST_RUN / f"seed-{seed}" / "cold-start" / "student.safetensors"
+            same = sha256_file(other) == payload["student_sha256"]
+            assert same == (seed in (1, 2, 3, 5, 6, 7)), seed
+    assert "The cold starts of seeds 1, 2, 3, 5, 6 and 7 are byte-identical" in " ".join(
+        LOG.split()
+    )
+
+
+def test_rerunning_the_context_run_reuses_every_cell_and_gives_the_logged_figures(
+    tmp_path: Path,
+) -> None:
+    bench = _context_bench(tmp_path)
+    family = [c for c in bench["contrasts"] if c["primary"]]
+    assert [(c["arm"], c["endpoint"]) for c in family] == [
+        ("opd", "all"),
+        ("opd", "k=2"),
+        ("opd_reverse_kl", "all"),
+        ("opd_reverse_kl", "k=2"),
+    ]
+    assert all(c["holm_family"] and c["p_holm"] < 0.05 for c in family)  # "All four ... reject"
+    for line in _context_lines(bench):
+        assert line in LOG, line
+    for line in _first_error_lines(CONTEXT_RUN, CONTEXT_ARMS, list(range(1, 9))):
+        assert line in LOG, line
+    rows = {(r["seed"], r["arm"]): r for r in bench["rows"]}
+    seeds = range(1, 9)
+    assert all(rows[(s, "opd")]["final_solved"] == 0 for s in seeds)  # "0 of 1,200 ... every seed"
+    assert all(rows[(s, "opd_reverse_kl")]["endpoints"]["success_by_k"]["2"] == 0 for s in seeds)
+    assert max(r["endpoints"]["recovery_rate"] for r in rows.values()) <= 0.006
+    cpu = {k: r["budget"]["cpu_seconds"] for k, r in rows.items()}
+    for arm in ("offline_kd", "offline_kd_reverse_kl", "gkd_mix"):
+        assert all(cpu[(s, arm)] < cpu[(s, "opd")] for s in seeds), arm  # "less ... every seed"
+    more = sum(cpu[(s, "opd_reverse_kl")] > cpu[(s, "opd")] for s in seeds)
+    assert f"`opd_reverse_kl` more on {more} of 8;" in " ".join(LOG.split())
+    opd_errors = _first_error_sums(CONTEXT_RUN, "opd", list(seeds))
+    assert opd_errors["early_answer"] == 0 and sum(opd_errors.values()) == 9600
+    flat = {
+        path.name: " ".join(path.read_text(encoding="utf-8").split())
+        for path in (ROOT.parents[1] / "docs" / "benchmark.md", ROOT.parents[1] / "README.md")
+    }
+    for line in _context_lines(bench)[-16:]:
+        assert line in flat["benchmark.md"], line
+    fewer = all(
+        rows[(s, "opd_reverse_kl")]["final_solved"]
+        < rows[(s, "offline_kd_reverse_kl")]["final_solved"]
+        for s in seeds
+    )
+    gkd_lower = sum(rows[(s, "gkd_mix")]["final_solved"] for s in seeds) < sum(
+        rows[(s, "offline_kd")]["final_solved"] for s in seeds
+    )
+    assert fewer and gkd_lower
+    turn_only = [
+        json.loads((TEST_RUN / "cells" / f"s{s}-a0-{a}.json").read_text("utf-8"))["payload"]
+        for s in seeds
+        for a in ("offline_kd", "opd")
+    ]
+    worst = max(
+        [r["endpoints"]["recovery_rate"] for r in rows.values()]
+        + [c["endpoints"]["recovery_rate"] for c in turn_only]
+    )
+    assert (
+        worst < 0.01
+        and "recovery rate stays below 1% in every cell of both runs" in flat["README.md"]
+    )
+    assert "At `context`, `opd` solves no test task on any seed" in flat["README.md"]
