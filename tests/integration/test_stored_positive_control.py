@@ -190,16 +190,19 @@ def _run_lines(bench: dict[str, Any]) -> list[str]:
                 f"{e['result_copy_accuracy']:.3f}"
             )
         lines.append(f"| {seed} | " + " | ".join(cells) + " |")
-    for c in bench["contrasts"]:
-        low, high = c["interval"]
-        holm = f", Holm p = {c['p_holm']:.3f}" if c["p_holm"] is not None else ""
-        lines.append(
-            f"`opd` − `offline_kd`, {c['endpoint']}{' (primary)' if c['primary'] else ''}: "
-            f"{100 * c['mean_difference']:+.1f} pp, 95% t-interval [{100 * low:+.1f}, "
-            f"{100 * high:+.1f}] over {len(c['seeds'])} seed means, p = {c['p_value']:.3f}{holm}; "
-            f"MDE {100 * c['mde']:.1f} pp"
-        )
-    return lines
+    return lines + [_contrast_line(c) for c in bench["contrasts"]]
+
+
+def _contrast_line(c: dict[str, Any]) -> str:
+    """One contrast of ``benchmark.json`` as the LOG and the docs quote it."""
+    low, high = c["interval"]
+    holm = f", Holm p = {c['p_holm']:.3f}" if c["p_holm"] is not None else ""
+    return (
+        f"`{c['arm']}` − `{c['reference']}`, {c['endpoint']}"
+        f"{' (primary)' if c['primary'] else ''}: {100 * c['mean_difference']:+.1f} pp, "
+        f"95% t-interval [{100 * low:+.1f}, {100 * high:+.1f}] over {len(c['seeds'])} seed "
+        f"means, p = {c['p_value']:.3f}{holm}; MDE {100 * c['mde']:.1f} pp"
+    )
 
 
 def test_rerunning_the_test_split_run_reuses_every_cell_and_gives_the_logged_figures(
@@ -396,16 +399,7 @@ def _context_lines(bench: dict[str, Any]) -> list[str]:
             f"{mean([x['student_generated_tokens'] for x in b]):,.0f} | "
             f"{mean([x['teacher_scored_tokens'] for x in b]):,.0f} |"
         )
-    for c in bench["contrasts"]:
-        low, high = c["interval"]
-        holm = f", Holm p = {c['p_holm']:.3f}" if c["p_holm"] is not None else ""
-        lines.append(
-            f"`{c['arm']}` − `{c['reference']}`, {c['endpoint']}"
-            f"{' (primary)' if c['primary'] else ''}: {100 * c['mean_difference']:+.1f} pp, "
-            f"95% t-interval [{100 * low:+.1f}, {100 * high:+.1f}] over {len(c['seeds'])} seed "
-            f"means, p = {c['p_value']:.3f}{holm}; MDE {100 * c['mde']:.1f} pp"
-        )
-    return lines
+    return lines + [_contrast_line(c) for c in bench["contrasts"]]
 
 
 def _unterminated(run: Path) -> dict[str, tuple[int, dict[int, int]]]:
