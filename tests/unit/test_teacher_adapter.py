@@ -301,3 +301,14 @@ def test_adapter_tensors_of_another_shape_are_a_typed_error(tiny_dir: Path, tmp_
     with pytest.raises(CheckpointError, match="other shapes than this model's") as err:
         teacher_fit._load_adapter(trainer.teacher, other)
     assert key in str(err.value) and "delete that directory" in err.value.hint
+
+
+def test_the_identity_check_compares_the_payload_as_fit_json_stores_it(tmp_path: Path) -> None:
+    """A tuple in the live payload is a list once saved; that alone is not another base."""
+    saved = {"base": {"model_id": "m"}, "lora": {"target_modules": ["q_proj", "v_proj"]}}
+    live = {"base": {"model_id": "m"}, "lora": {"target_modules": ("q_proj", "v_proj")}}
+    teacher_fit.check_fit_identity(saved, live, tmp_path)
+    with pytest.raises(CheckpointError, match="lora: saved"):
+        teacher_fit.check_fit_identity(
+            saved, {**live, "lora": {"target_modules": ("q_proj",)}}, tmp_path
+        )

@@ -1348,11 +1348,10 @@ def check_fit_identity(saved: Mapping[str, Any], payload: Mapping[str, Any], whe
     lands on another base's adapter by itself; a directory copied or renamed by hand can,
     and its tensors may even have the right shapes (a fine-tune of the same architecture).
     """
-    differing = [k for k in IDENTITY_FIELDS if saved.get(k) != payload.get(k)]
+    now = json.loads(json.dumps(dict(payload)))  # as fit.json stores it (tuples become lists)
+    differing = [k for k in IDENTITY_FIELDS if saved.get(k) != now.get(k)]
     if differing:
-        detail = "; ".join(
-            f"{k}: saved {saved.get(k)!r}, now {payload.get(k)!r}" for k in differing
-        )
+        detail = "; ".join(f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}" for k in differing)
         raise CheckpointError(
             f"the teacher adapter in {where} was fitted for another base model or tokenizer ({detail})",
             hint=f"delete {where}: the adapter is refitted for this base on the next run",
