@@ -521,6 +521,9 @@ def test_rerunning_the_context_run_reuses_every_cell_and_gives_the_logged_figure
         rows[(s, "offline_kd")]["final_solved"] for s in seeds
     )
     assert fewer and gkd_lower
+    lowest = sorted(rows[(s, "opd_reverse_kl")]["final_solved"] for s in seeds)[:2]
+    claim = f"on every seed (on two seeds {lowest[1]} and {lowest[0]} of 1,200)"
+    assert all(claim in text for text in (*flat.values(), " ".join(LOG.split()))), claim
     turn_only = [
         json.loads((TEST_RUN / "cells" / f"s{s}-a0-{a}.json").read_text("utf-8"))["payload"]
         for s in seeds
