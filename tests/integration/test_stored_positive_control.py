@@ -286,28 +286,34 @@ FIRST_ERRORS = (
 )
 
 
+def _stored_cell(run: Path, seed: int, arm: str) -> dict[str, Any]:
+    """The payload of one stored test-split cell, its SHA-256 checked."""
+    record = json.loads((run / "cells" / f"s{seed}-a0-{arm}.json").read_text("utf-8"))
+    assert _digest(record["payload"]) == record["payload_sha256"]
+    return record["payload"]
+
+
+def _first_error_sums(run: Path, arm: str, seeds: list[int]) -> dict[str, int]:
+    """Each first-error kind of ``arm`` summed over ``seeds``."""
+    kinds = [_stored_cell(run, s, arm)["endpoints"]["first_error_kinds"] for s in seeds]
+    return {kind: sum(k[kind] for k in kinds) for kind, _ in FIRST_ERRORS}
+
+
 def _first_error_lines(run: Path, arms: tuple[str, ...], seeds: list[int]) -> list[str]:
     """The LOG's first-error table of a test-split run: each kind summed over the seeds, per arm,
     then the episodes with an error and the seeds on which each arm beyond the first had more
     malformed first errors than the first arm."""
-
-    def cell(seed: int, arm: str) -> dict[str, Any]:
-        record = json.loads((run / "cells" / f"s{seed}-a0-{arm}.json").read_text("utf-8"))
-        assert _digest(record["payload"]) == record["payload_sha256"]
-        return record["payload"]["endpoints"]
-
-    cells = {(s, a): cell(s, a) for s in seeds for a in arms}
-    lines = []
-    for kind, label in FIRST_ERRORS:
-        sums = [sum(cells[(s, a)]["first_error_kinds"][kind] for s in seeds) for a in arms]
-        lines.append(f"| {label} | " + " | ".join(str(v) for v in sums) + " |")
+    cells = {(s, a): _stored_cell(run, s, a)["endpoints"] for s in seeds for a in arms}
+    sums = [_first_error_sums(run, a, seeds) for a in arms]
+    lines = [
+        f"| {label} | " + " | ".join(str(arm_sums[kind]) for arm_sums in sums) + " |"
+        for kind, label in FIRST_ERRORS
+    ]
     erred = [
         sum(round(cells[(s, a)]["error_rate"] * cells[(s, a)]["episodes"]) for s in seeds)
         for a in arms
     ]
-    assert erred == [
-        sum(sum(cells[(s, a)]["first_error_kinds"].values()) for s in seeds) for a in arms
-    ]
+    assert erred == [sum(arm_sums.values()) for arm_sums in sums]
     lines.append("| episodes with an error | " + " | ".join(str(v) for v in erred) + " |")
     for arm in arms[1:]:
         more = [
@@ -322,18 +328,10 @@ def _first_error_lines(run: Path, arms: tuple[str, ...], seeds: list[int]) -> li
     return lines
 
 
-def _first_error_sums(run: Path, arm: str, seeds: list[int]) -> dict[str, int]:
-    sums = dict.fromkeys((k for k, _ in FIRST_ERRORS), 0)
-    for seed in seeds:
-        record = json.loads((run / "cells" / f"s{seed}-a0-{arm}.json").read_text("utf-8"))
-        for kind in sums:
-            sums[kind] += record["payload"]["endpoints"]["first_error_kinds"][kind]
-    return sums
-
-
 def test_the_first_error_table_of_the_turn_only_run_recomputes() -> None:
     seeds = list(range(1, 9))
-    for line in _first_error_lines(TEST_RUN, ("offline_kd", "opd"), seeds):
+    lines = _first_error_lines(TEST_RUN, ("offline_kd", "opd"), seeds)
+    for line in lines:
         assert line in LOG, line
     kd, opd = (_first_error_sums(TEST_RUN, arm, seeds) for arm in ("offline_kd", "opd"))
     d = {k: opd[k] - kd[k] for k in kd}
@@ -348,7 +346,7 @@ def test_the_first_error_table_of_the_turn_only_run_recomputes() -> None:
         d["no_answer"] == 0 == opd["no_answer"]
         and abs(d["operand_copy"]) < 0.01 * kd["operand_copy"]
     )  # "the same in both arms"
-    more = _first_error_lines(TEST_RUN, ("offline_kd", "opd"), seeds)[-1].split(" on ")[-1]
+    more = lines[-1].split(" on ")[-1]
     docs = ROOT.parents[1] / "docs" / "benchmark.md"
     assert f"malformed calls (more on {more})" in " ".join(docs.read_text("utf-8").split())
 
@@ -423,7 +421,9 @@ def _unterminated(run: Path) -> dict[str, tuple[int, dict[int, int]]]:
 
 
 def test_the_unterminated_call_table_recomputes_from_the_pilot_trajectories() -> None:
-    total = sum(_unterminated(ROOT / "turn-only-pilot" / f"seed-{s}")["final"][0] for s in SEEDS)
+    counted = {s: _unterminated(ROOT / "turn-only-pilot" / f"seed-{s}") for s in SEEDS}
+    finals = [counted[s]["final"][0] for s in SEEDS]
+    total = sum(finals)
     malformed_first = sum(_turn_only(s)[1]["first_error_kinds"]["malformed"] for s in SEEDS)
     claim = (
         f"(in at least {total - malformed_first} of the {total} episodes: only "
@@ -431,13 +431,11 @@ def test_the_unterminated_call_table_recomputes_from_the_pilot_trajectories() ->
     )
     assert claim in " ".join(LOG.split()), claim
     for seed in SEEDS:
-        counts = _unterminated(ROOT / "turn-only-pilot" / f"seed-{seed}")
-        (before, _), (after, turns) = counts["baseline"], counts["final"]
+        (before, _), (after, turns) = counted[seed]["baseline"], counted[seed]["final"]
         where = ", ".join(f"{k}: {v}" for k, v in turns.items())
         row = f"| {seed} | {before}/{TASKS} | {after}/{TASKS} | {where} |"
         assert row in LOG, row
         assert before == 0 and min(turns, default=2) >= 2  # "No cold start"; "index 2 or more"
-    finals = [_unterminated(ROOT / "turn-only-pilot" / f"seed-{s}")["final"][0] for s in SEEDS]
     readme = " ".join((ROOT.parents[1] / "README.md").read_text("utf-8").split())
     claim = f"in {min(finals)} to {max(finals)} of {TASKS} validation episodes per seed"
     assert claim in readme, claim
@@ -524,11 +522,7 @@ def test_rerunning_the_context_run_reuses_every_cell_and_gives_the_logged_figure
     lowest = sorted(rows[(s, "opd_reverse_kl")]["final_solved"] for s in seeds)[:2]
     claim = f"on every seed (on two seeds {lowest[1]} and {lowest[0]} of 1,200)"
     assert all(claim in text for text in (*flat.values(), " ".join(LOG.split()))), claim
-    turn_only = [
-        json.loads((TEST_RUN / "cells" / f"s{s}-a0-{a}.json").read_text("utf-8"))["payload"]
-        for s in seeds
-        for a in ("offline_kd", "opd")
-    ]
+    turn_only = [_stored_cell(TEST_RUN, s, a) for s in seeds for a in ("offline_kd", "opd")]
     worst = max(
         [r["endpoints"]["recovery_rate"] for r in rows.values()]
         + [c["endpoints"]["recovery_rate"] for c in turn_only]
