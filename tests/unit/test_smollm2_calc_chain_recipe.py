@@ -44,3 +44,9 @@ def test_the_recipe_holds_what_its_header_says() -> None:
     until = config.train.sft_warmup_until
     assert config.train.sft_warmup_cycles == 0 and until is not None
     assert (until.metric, until.k) == ("success_at_k", 1)
+    dagger = models.teacher_fit.dagger
+    assert dagger.enabled and dagger.tasks == 64
+    gate = config.eval
+    assert gate.teacher_gate_tasks == 32 and gate.teacher_gate_required
+    thresholds = (gate.teacher_gate_on_path, gate.teacher_gate_off_path, gate.teacher_gate_recovery)
+    assert thresholds == (0.95, 0.9, 0.8)

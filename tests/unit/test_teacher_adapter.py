@@ -312,3 +312,116 @@ def test_the_identity_check_compares_the_payload_as_fit_json_stores_it(tmp_path:
         teacher_fit.check_fit_identity(
             saved, {**live, "lora": {"target_modules": ("q_proj",)}}, tmp_path
         )
+
+
+def test_an_hf_teacher_adapter_is_gated_on_held_out_student_states(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """The held-out state gate scores the fitted adapter (not only the toy teacher); a failed
+    gate refuses the arms unless ``eval.teacher_gate_required`` is false, which is recorded."""
+    from miniverl.errors import TeacherGateError
+    from miniverl.evaluation.cell_runner import gate_subject
+    from miniverl.evaluation.teacher_gate import (
+        STATE_GATE_FILE,
+        cold_start_teacher_gate,
+        refuse_failed_gates,
+    )
+
+    base = _config(tiny_dir, tmp_path / "adapters").model_dump(mode="json")
+    base["environment"] = {
+        "name": "calc_chain",
+        "difficulty": "mixed",
+        "params": {"train_k": [1], "eval_k": [1], "test_k": [1]},
+        "train_tasks": 2,
+        "eval_tasks": 2,
+    }
+    base["rollout"] = {"max_turns": 4, "max_new_tokens_per_turn": 6}
+    base["train"].update(cycles=0)
+    base["eval"].update(teacher_gate_tasks=2, teacher_gate_recovery=1.0, baseline=False)
+    gates = {}
+    for required in (True, False):
+        base["eval"]["teacher_gate_required"] = required
+        trainer = OPDTrainer(
+            RunConfig.from_mapping(base), output_dir=tmp_path / f"run-{required}", quiet=True
+        )
+        trainer.train()
+        gates[required] = cold_start_teacher_gate(gate_subject(trainer))
+        stored = (trainer.paths.root / STATE_GATE_FILE).read_text()
+        assert '"recovery_rate"' in stored
+    for gate in gates.values():
+        assert not gate.get("skipped")
+        states = gate["states"]
+        assert states["thresholds"] == {"recovery_rate": 1.0}
+        assert states["on_path_agreement"] is not None
+    assert gates[False].pop("required") is False and gates[False] == gates[True]
+    assert gates[True]["passed"] is False  # a random 2-layer teacher recovers nothing
+    refuse_failed_gates([{"seed": 1, "teacher_gate": {**gates[True], "required": False}}])
+    with pytest.raises(TeacherGateError, match="teacher gate failed for seed 1"):
+        refuse_failed_gates([{"seed": 1, "teacher_gate": gates[True]}])
+
+
+def test_a_dagger_adapter_fits_the_students_labelled_states_and_is_named_by_them(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "adapters"
+    config = _config(tiny_dir, cache, dagger={"enabled": True, "rollouts_per_task": 2})
+    seen: list[list[str]] = []
+    real = teacher_fit.dagger_examples
+
+    def spy(student, environment, train, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append([t.task_id for t in train])
+        return real(student, environment, train, *args, **kwargs)
+
+    monkeypatch.setattr(teacher_fit, "dagger_examples", spy)
+    first = _trainer(config, tmp_path / "a")
+    report = first.prepare_teacher_adapter()
+    assert report is not None and report["reused"] is False
+    assert seen == [[t.task_id for t in first.splits["train"]]]
+    assert report["dagger_episodes"] == 2 * len(first.splits["train"])
+    fitted_rows = report["oracle_traces"] + report["corrective_traces"] + report["dagger_states"]
+    assert report["dagger_states"] > 0 and report["cost"]["examples"] == fitted_rows
+    live = teacher_fit.tensors_sha256(first.student.trainable_state_dict())
+    assert report["payload"]["dagger_student_sha256"] == live
+
+    again = _trainer(config, tmp_path / "b").prepare_teacher_adapter()
+    assert again is not None and again["reused"] and again["digest"] == report["digest"]
+    assert len(seen) == 1  # a reused adapter rolls nothing out
+
+    moved = _trainer(config, tmp_path / "c")
+    with torch.no_grad():
+        next(iter(moved.student.trainable_parameters())).add_(0.01)
+    other = moved.prepare_teacher_adapter()
+    assert other is not None and other["digest"] != report["digest"] and not other["reused"]
+
+    resumed = _trainer(config, tmp_path / "d")
+    with torch.no_grad():
+        next(iter(resumed.student.trainable_parameters())).add_(0.02)
+    resumed.dagger_student_sha256 = live
+    back = resumed.prepare_teacher_adapter()
+    assert back is not None and back["reused"] and back["digest"] == report["digest"]
+    resumed.dagger_student_sha256 = "0" * 64
+    with pytest.raises(CheckpointError, match="no longer the live one"):
+        resumed.prepare_teacher_adapter()
+
+
+def test_a_resumed_run_finds_its_dagger_adapter_by_the_checkpointed_student(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    import json
+
+    config = _config(tiny_dir, tmp_path / "adapters", dagger={"enabled": True})
+    run = tmp_path / "run"
+    trainer = OPDTrainer(config, output_dir=run, quiet=True)
+    trainer.train()
+    labelled = trainer.teacher_adapter_report["payload"]["dagger_student_sha256"]
+    assert labelled != teacher_fit.tensors_sha256(trainer.student.trainable_state_dict())
+    state = json.loads((run / "checkpoints" / "final" / "state.json").read_text())
+    assert state["teacher_adapter_student_sha256"] == labelled
+    (run / "eval.json").unlink()  # killed after the final checkpoint
+    resumed = OPDTrainer(config, output_dir=run, resume=True, quiet=True)
+    resumed.setup()
+    resumed.load_from_checkpoint()
+    assert resumed.dagger_student_sha256 == labelled
+    report = resumed.prepare_teacher_adapter()
+    assert report is not None and report["reused"]
+    assert report["payload"]["dagger_student_sha256"] == labelled

@@ -181,7 +181,8 @@ DEFAULT_NOISE_KINDS: dict[str, float] = {
 
 
 class DaggerConfig(_Section):
-    """Student-state fitting data for the toy teacher (``training/teacher_fit.py``).
+    """Student-state fitting data for a fitted teacher (``training/teacher_fit.py``): the toy
+    teacher (``models.toy_fit.dagger``) or the hf teacher adapter (``models.teacher_fit.dagger``).
 
     The cold-start student is rolled out on training tasks; every assistant turn it played
     is labelled with the oracle's next action from that state (after an error: the
@@ -315,6 +316,8 @@ class OracleTeacherConfig(_Section):
 class TeacherFitConfig(_Section):
     """The HF analogue of ``toy_fit``: a teacher LoRA adapter fitted on the shared backbone."""
 
+    omitted_at_default: ClassVar[tuple[str, ...]] = ("dagger",)
+
     enabled: bool = Field(
         False,
         description="shared_backbone only: give the teacher its own frozen LoRA adapter (shaped by models.teacher.lora), fitted on oracle and corrective traces of tasks disjoint from eval/test.",
@@ -339,6 +342,10 @@ class TeacherFitConfig(_Section):
     cache_dir: str = Field(
         "models/teacher-adapters",
         description="Fitted adapters are saved here under the digest of the fit config and reused.",
+    )
+    dagger: DaggerConfig = Field(
+        default_factory=DaggerConfig,
+        description="Labelled states of the warmed-up student on training tasks added to the adapter's fitting rows (DAgger-style); the student's weights then enter the adapter's digest, so each cold start gets its own adapter.",
     )
 
 
@@ -726,6 +733,7 @@ class EvalConfig(_Section):
         "teacher_gate_on_path",
         "teacher_gate_off_path",
         "teacher_gate_recovery",
+        "teacher_gate_required",
     )
 
     split: Literal["eval", "test"] = Field(
@@ -766,6 +774,10 @@ class EvalConfig(_Section):
         ge=0,
         le=1,
         description="Held-out state gate: minimum fraction of student episodes with a deviation that the teacher, continuing greedily from the first state after it, solves. None: not required.",
+    )
+    teacher_gate_required: bool = Field(
+        True,
+        description="The benchmark refuses to run arms on a cold start whose teacher gate failed. false: the gate is still measured and stored (teacher_gate.required: false in the cold-start cell), and the arms run on an ungated teacher; say so wherever the result is quoted.",
     )
     baseline: bool = Field(True, description="Evaluate before training.")
     after_warmup: bool = Field(True, description="Evaluate after the SFT warm-up.")

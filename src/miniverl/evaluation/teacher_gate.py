@@ -816,19 +816,19 @@ def cold_start_teacher_gate(subject: GateSubject) -> dict[str, Any]:
     ``{value, threshold, passed, actions, off_path_accuracy, oracle_state_accuracy}`` after
     :func:`run_teacher_gate` (recorded in the run directory and its event log), or
     ``{skipped: true, reason, threshold, passed: None, value: None}`` where no gate can be
-    computed: a backend other than toy, no teacher, or an environment without an oracle to
-    say what the correct next action is. A skipped gate never refuses a benchmark; the
-    stop-or-go check reports it as not measured, with the reason.
+    computed: no teacher, or an environment without an oracle to say what the correct next
+    action is. A skipped gate never refuses a benchmark; the stop-or-go check reports it as
+    not measured, with the reason. The teacher is any backend that scores rows (the toy
+    teacher, the smoothed oracle, an hf teacher adapter on the shared backbone). With
+    ``eval.teacher_gate_required: false`` the record carries ``required: false``: the
+    figures are measured and stored, and :func:`refuse_failed_gates` lets the arms run on
+    an ungated teacher.
     """
     cfg = subject.config
     threshold = float(cfg.eval.teacher_gate_threshold)
     reason = None
     tasks = list(subject.eval_tasks)[: cfg.eval.teacher_gate_tasks]
-    if cfg.models.backend != "toy":
-        reason = (
-            f"the gate is computed for the toy backend only (models.backend: {cfg.models.backend})"
-        )
-    elif subject.teacher is None:
+    if subject.teacher is None:
         reason = "the cold start has no teacher"
     elif not tasks:
         reason = "the eval split holds no tasks"
@@ -883,14 +883,17 @@ def cold_start_teacher_gate(subject: GateSubject) -> dict[str, Any]:
             "failures": failures,
         }
         out["passed"] = not failures
+    if not cfg.eval.teacher_gate_required:
+        out["required"] = False
     return out
 
 
 def refuse_failed_gates(cold_starts: Sequence[dict[str, Any]]) -> None:
-    """Raise :class:`TeacherGateError` when any seed's recorded gate failed (skipped gates pass)."""
+    """Raise :class:`TeacherGateError` when any seed's recorded gate failed (skipped gates,
+    and gates recorded with ``required: false``, pass)."""
     for cold in cold_starts:
         gate = cold.get("teacher_gate") or {}
-        if gate.get("passed") is False:
+        if gate.get("passed") is False and gate.get("required", True):
             raise TeacherGateError(
                 f"teacher gate failed for seed {cold.get('seed')}: the teacher reproduces the correct "
                 f"next action at {gate.get('value', 0.0):.3f} of {gate.get('actions')} student-visited "

@@ -530,6 +530,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         "eval.batch_size": dropped("decode batching; verl's rollout engine batches by itself"),
         "eval.teacher_gate_threshold": n_a("miniverl benchmark's teacher gate; verl has none"),
         "eval.teacher_gate_tasks": n_a("miniverl benchmark's teacher gate; verl has none"),
+        "eval.teacher_gate_required": n_a("miniverl benchmark's teacher gate; verl has none"),
     }
     return rules
 

@@ -270,6 +270,9 @@ class CheckpointState(RunRecord):
     source: dict[str, Any] | None = None
     offline_kd: dict[str, Any] | None = None
     toy_teacher: dict[str, Any] | None = None
+    teacher_adapter_student_sha256: str | None = None
+    """The student weights a DAgger-fitted teacher adapter labelled (``models.teacher_fit.dagger``):
+    a resumed run's student has moved on, and the adapter is found by this identity."""
     miniverl_version: str | None = None
 
     @field_validator("rng")

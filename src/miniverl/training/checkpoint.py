@@ -705,6 +705,7 @@ def write_training_checkpoint(
     source: StatefulSource,
     toy_teacher: dict[str, Any] | None,
     paths: RunPaths,
+    teacher_adapter_student_sha256: str | None = None,
     config_digest: str,
     logs: DurableLogs | None = None,
 ) -> Path:
@@ -736,6 +737,8 @@ def write_training_checkpoint(
         "toy_teacher": toy_teacher,
         "miniverl_version": __version__,
     }
+    if teacher_adapter_student_sha256 is not None:
+        state["teacher_adapter_student_sha256"] = teacher_adapter_student_sha256
     return save_checkpoint(
         directory,
         trainable=student.trainable_state_dict(),

@@ -1391,12 +1391,20 @@ def prepare_teacher_adapter(
     chunk_size: int,
     events: EventLog,
     progress: ProgressReporter,
+    student: CausalLMBackend | None = None,
+    student_sha256: str | None = None,
 ) -> dict[str, Any] | None:
     """Load the adapter of this fit config if saved, else fit and save it; returns a report.
 
     ``view`` is the teacher backend (an adapter view of the shared base, or anything else,
     for which this is a no-op); ``runner`` plays the oracle traces of the fit;
-    ``chunk_size`` is the loss projection chunk (rows) of the fit's cross-entropy.
+    ``chunk_size`` is the loss projection chunk (rows) of the fit's cross-entropy. With
+    ``models.teacher_fit.dagger.enabled``, ``student`` (the warmed-up student) is rolled out
+    on training tasks and its labelled states join the rows (:func:`dagger_examples`, the
+    toy teacher's path); the digest then holds the student's trainable weights
+    (``student_sha256`` where the live student is no longer the labelled one, as in a
+    resumed run), and the rollouts run only when the adapter is fitted, not when a saved
+    one is reused.
     """
     cfg = config
     fit = cfg.models.teacher_fit
@@ -1404,6 +1412,15 @@ def prepare_teacher_adapter(
         return None
     examples, counts = fit_examples(cfg, splits=splits, environment=environment, runner=runner)
     payload = fit_payload(cfg, tokenizer_fingerprint, examples)
+    if fit.dagger.enabled:
+        if student is None:
+            raise ConfigError(
+                "models.teacher_fit.dagger needs the student whose states it labels",
+                hint="fit the adapter through OPDTrainer (after the SFT warm-up), or set "
+                "models.teacher_fit.dagger.enabled: false",
+            )
+        live = tensors_sha256(student.trainable_state_dict())
+        payload["dagger_student_sha256"] = student_sha256 or live
     digest = fit_digest(payload)
     directory = Path(fit.cache_dir).expanduser() / digest
     adapter_path, report_path = directory / ADAPTER_FILE, directory / REPORT_FILE
@@ -1423,6 +1440,27 @@ def prepare_teacher_adapter(
         return report
 
     started, cpu_started = time.perf_counter(), time.process_time()
+    if fit.dagger.enabled:
+        assert student is not None
+        if payload["dagger_student_sha256"] != live:
+            raise CheckpointError(
+                f"the teacher adapter {digest[:12]} is not in {directory.parent}, and the student "
+                "whose states it labels is no longer the live one (a resumed run)",
+                hint="restore that adapter directory, or start the run again from its cold start",
+            )
+        with progress.task("rolling out the student for the adapter fit", 1):
+            rows, dagger_counts = dagger_examples(
+                student,
+                environment,
+                splits["train"],
+                fit.dagger,
+                cfg.rollout,
+                seed=derive_seed(cfg.run.seed, "teacher-adapter-dagger"),
+                batch_size=cfg.eval.batch_size,
+                split=oom_splitter(events, "dagger rollout"),
+            )
+        examples = examples + [(list(ids), list(targets)) for ids, targets in rows]
+        counts = {**counts, **dagger_counts}
     with progress.task("fitting teacher adapter", fit.steps) as advance:
         history = fit_adapter(
             view,

@@ -161,6 +161,7 @@ class OPDTrainer:
         self.budget_cap = budget_cap  # compute-matched benchmark arms: stop when it is spent
         self.toy_teacher_report: dict[str, Any] | None = None
         self.teacher_adapter_report: dict[str, Any] | None = None
+        self.dagger_student_sha256: str | None = None
         self.live: LiveSinks | None = None
         self.last_cycle_summary: dict[str, Any] = {}
         self._is_setup = False
@@ -410,7 +411,12 @@ class OPDTrainer:
         )
 
     def prepare_teacher_adapter(self) -> dict[str, Any] | None:
-        """HF shared backbone only: load or fit the teacher's LoRA adapter (training/teacher_fit.py)."""
+        """HF shared backbone only: load or fit the teacher's LoRA adapter (training/teacher_fit.py).
+
+        With ``models.teacher_fit.dagger`` the adapter labels the student's states as they are
+        before the first cycle; a resumed run names that student by the checkpoint's
+        ``teacher_adapter_student_sha256``.
+        """
         return prepare_teacher_adapter(
             self.teacher,
             config=self.config,
@@ -421,7 +427,13 @@ class OPDTrainer:
             chunk_size=self.state.chunk_size,
             events=self.events,
             progress=self.progress,
+            student=self.student,
+            student_sha256=self.dagger_student_sha256,
         )
+
+    def _adapter_student_sha256(self) -> str | None:
+        report = self.teacher_adapter_report or {}
+        return (report.get("payload") or {}).get("dagger_student_sha256")
 
     def _fitted_toy_teacher(self) -> CausalLMBackend | None:
         """The fitted toy teacher (its weights travel with the run); None for hf or an oracle."""
@@ -665,6 +677,7 @@ class OPDTrainer:
             source=self.source,
             toy_teacher=self.toy_teacher_report,
             paths=self.paths,
+            teacher_adapter_student_sha256=self._adapter_student_sha256(),
             config_digest=self.config.digest(),
             logs=self.logs,
         )
@@ -692,6 +705,7 @@ class OPDTrainer:
             self.toy_teacher_report = report = saved.get("toy_teacher") or {}
             weights = self.paths.root / TOY_TEACHER_FILE
             load_teacher(fitted, weights, report.get("weights_sha256"))
+        self.dagger_student_sha256 = saved.get("teacher_adapter_student_sha256")
         self.student.load_trainable_state_dict(loaded.trainable)
         load_optimizer_state(self.optimizer, loaded.optimizer, saved["optimizer"])
         state = self.state
