@@ -102,7 +102,7 @@ def test_a_protocol_that_does_not_fit_the_run_is_refused_with_every_problem(
     bad = _write(
         tmp_path / "protocol.yaml",
         PROTOCOL.replace("seeds: [1, 2, 3]", "seeds: [1, 2]")
-        .replace("[[opd, offline_kd]]", "[[opd, sft_only]]")
+        .replace("[[opd, offline_kd]]", "[[opd, kd_oracle]]")
         .replace("lr_grid: {grid: [0.001], split: eval}\n", "")
         .replace("k=5", "k5"),
     )
@@ -169,3 +169,26 @@ def test_a_protocol_endpoint_outside_the_default_ones_is_computed_and_held_in_th
     assert [c["primary"] for c in opd] == [True, True, False, False]
     assert [c["holm_family"] for c in opd] == [True, True, False, False]
     assert all(not c["primary"] for c in result["contrasts"] if c not in opd)
+
+
+def test_the_protocols_primary_contrasts_are_the_pairs_tested(tmp_path: Path) -> None:
+    """A protocol naming its own pairs gets exactly those as the Holm family (here two pairs
+    over two endpoints: four tests), not the default pairs."""
+    pairs = [["opd", "offline_kd"], ["opd", "sft_only"]]
+    content = {**_as_mapping(), "endpoints": ["all", "k=3"], "primary_contrasts": pairs}
+    result = _run(tmp_path / "bench", _write(tmp_path / "p.json", json.dumps(content)), [])
+    family = [
+        (c["arm"], c["reference"], c["endpoint"]) for c in result["contrasts"] if c["primary"]
+    ]
+    assert family == [
+        ("opd", "offline_kd", "all"),
+        ("opd", "offline_kd", "k=3"),
+        ("opd", "sft_only", "all"),
+        ("opd", "sft_only", "k=3"),
+    ]
+    assert all(
+        c["holm_family"] and c["p_holm"] is not None for c in result["contrasts"] if c["primary"]
+    )
+    with pytest.raises(ProtocolError, match="distinct pairs of two different arms"):
+        twice = {**content, "primary_contrasts": [*pairs, ["opd", "sft_only"]]}
+        _run(tmp_path / "again", _write(tmp_path / "q.json", json.dumps(twice)), [])

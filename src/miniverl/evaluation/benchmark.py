@@ -178,7 +178,6 @@ def run_benchmark(
             f"{root} already holds a benchmark", hint="choose another --output directory"
         )
 
-    from miniverl.evaluation.contrasts import contrast_pairs
     from miniverl.evaluation.protocol import (
         freeze_protocol,
         primary_endpoints,
@@ -186,13 +185,7 @@ def run_benchmark(
     )
 
     on_test = base.eval.split == "test"
-    frozen = freeze_protocol(
-        root,
-        protocol,
-        seeds=seeds,
-        arms=list(chosen),
-        primary_pairs=[(a, b) for a, b, primary in contrast_pairs(list(chosen)) if primary],
-    )
+    frozen = freeze_protocol(root, protocol, seeds=seeds, arms=list(chosen))
 
     plans: dict[int, tuple[RunConfig, dict[str, RunConfig]]] = {}
     held: dict[str, Any] = {}
@@ -267,7 +260,14 @@ def run_benchmark(
     from miniverl.evaluation.contrasts import all_contrasts, statistics_note, stop_or_go
 
     names = list(chosen)
-    family = {} if frozen is None else {"primary_endpoints": primary_endpoints(frozen["content"])}
+    family = (
+        {}
+        if frozen is None
+        else {
+            "primary_endpoints": primary_endpoints(frozen["content"]),
+            "primary_pairs": frozen["content"]["primary_contrasts"],
+        }
+    )
     contrasts = all_contrasts(
         rows, names, resamples=resamples, bootstrap_seed=DEFAULT_BOOTSTRAP_SEED, **family
     )

@@ -78,10 +78,18 @@ def outcome_table(
     }
 
 
-def contrast_pairs(arms: Sequence[str]) -> list[tuple[str, str, bool]]:
-    """``(arm, reference, primary)``: the primary contrasts that can run, then the rest."""
+def contrast_pairs(
+    arms: Sequence[str], primary_pairs: Sequence[Sequence[str]] | None = None
+) -> list[tuple[str, str, bool]]:
+    """``(arm, reference, primary)``: the primary contrasts that can run, then the rest.
+
+    ``primary_pairs`` (a pre-registered protocol's ``primary_contrasts``) replaces
+    :data:`PRIMARY_CONTRASTS`; every other arm is compared with the first
+    :data:`SECONDARY_REFERENCES` arm that ran.
+    """
     present = set(arms)
-    pairs = [(a, b, True) for a, b in PRIMARY_CONTRASTS if a in present and b in present]
+    chosen = PRIMARY_CONTRASTS if primary_pairs is None else [tuple(p) for p in primary_pairs]
+    pairs = [(a, b, True) for a, b in chosen if a in present and b in present]
     used = {a for a, _, _ in pairs}
     reference = next((r for r in SECONDARY_REFERENCES if r in present), arms[0] if arms else None)
     for arm in arms:
@@ -144,6 +152,7 @@ def all_contrasts(
     bootstrap_seed: int,
     ks: Sequence[int | None] = (*PRIMARY_KS, None),
     primary_endpoints: Sequence[int | None] = PRIMARY_KS,
+    primary_pairs: Sequence[Sequence[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every contrast of :func:`contrast_pairs` on every endpoint of ``primary_endpoints``
     and then of ``ks``, the primary pairs first.
@@ -156,7 +165,7 @@ def all_contrasts(
     family = [endpoint_label(k) for k in primary_endpoints]
     endpoints = list(dict.fromkeys([*primary_endpoints, *ks]))
     out = []
-    for arm, reference, primary in contrast_pairs(arms):
+    for arm, reference, primary in contrast_pairs(arms, primary_pairs):
         for k in endpoints:
             row = contrast(
                 cells, arm, reference, k, resamples=resamples, bootstrap_seed=bootstrap_seed

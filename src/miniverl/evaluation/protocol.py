@@ -71,10 +71,11 @@ def validate_protocol(
     where: str,
     seeds: Sequence[int],
     arms: Sequence[str],
-    primary_pairs: Sequence[tuple[str, str]],
 ) -> list[str]:
     """Every problem of ``content`` against the run (empty when it fits); the endpoints'
-    labels are returned through :func:`primary_endpoints`."""
+    labels are returned through :func:`primary_endpoints`. ``primary_contrasts`` are the
+    pairs the benchmark then tests as its Holm family (each ``[arm, reference]`` two
+    different arms of the run)."""
     problems = [f"missing key {key!r}" for key in REQUIRED_KEYS if key not in content]
     unknown = sorted(set(content) - set(REQUIRED_KEYS))
     problems += [f"unknown key {key!r}" for key in unknown]
@@ -106,11 +107,13 @@ def validate_protocol(
             problems.append(
                 f"primary_contrasts must be a non-empty list of [arm, reference], got {contrasts!r}"
             )
-        elif sorted(pairs) != sorted(primary_pairs):
-            problems.append(
-                f"primary_contrasts {contrasts!r} are not the primary contrasts this run computes "
-                f"({[list(p) for p in primary_pairs]!r})"
-            )
+        else:
+            bad = [list(p) for p in pairs if p[0] == p[1] or not set(p) <= set(arms)]
+            if bad or len(set(pairs)) != len(pairs):
+                problems.append(
+                    f"primary_contrasts {contrasts!r} must be distinct pairs of two different "
+                    f"arms of this run ({list(arms)!r})"
+                )
     thresholds = content.get("thresholds")
     if "thresholds" in content and (
         not isinstance(thresholds, dict)
@@ -133,7 +136,6 @@ def freeze_protocol(
     *,
     seeds: Sequence[int],
     arms: Sequence[str],
-    primary_pairs: Sequence[tuple[str, str]],
 ) -> dict[str, Any] | None:
     """The frozen protocol block of benchmark directory ``root`` (None when there is none).
 
@@ -172,9 +174,7 @@ def freeze_protocol(
             )
         return frozen
     content = _parse(data, str(path))
-    problems = validate_protocol(
-        content, where=str(path), seeds=seeds, arms=arms, primary_pairs=primary_pairs
-    )
+    problems = validate_protocol(content, where=str(path), seeds=seeds, arms=arms)
     if problems:
         raise ProtocolError(
             "the protocol file does not fit this benchmark:\n  " + "\n  ".join(problems),
