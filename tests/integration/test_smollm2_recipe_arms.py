@@ -1,0 +1,97 @@
+"""The five arms of the SmolLM2 study through ``miniverl benchmark``'s path, on a tiny random
+hf checkpoint shaped by ``recipes/smollm2_calc_chain.yaml`` (one cycle each).
+
+The real-model cycle is ``test_smollm2_real.py::test_one_cycle_of_the_calc_chain_recipe``;
+this one runs every arm of ``results/smollm2_calc_chain/`` (DAgger adapter fit, held-out
+state gate of the adapter, ``eval.teacher_gate_required``) in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from miniverl.config.models import RunConfig
+from miniverl.errors import TeacherGateError
+from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.models.tiny_hf import build_tiny_hf_checkpoint
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning"),
+    pytest.mark.usefixtures("one_torch_thread"),
+]
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "smollm2_calc_chain.yaml"
+ARMS = ["sft_oracle", "seqkd", "offline_kd", "opd", "gkd_mix"]
+
+
+def _config(tmp: Path, *extra: str) -> RunConfig:
+    model = build_tiny_hf_checkpoint(tmp / "tiny", arch="llama", seed=2)
+    return RunConfig.from_yaml(
+        RECIPE,
+        [
+            f"models.student.model_id={model}",
+            f"models.teacher.model_id={model}",
+            f"models.teacher_fit.cache_dir={tmp / 'adapters'}",
+            "models.student.lora.r=2",
+            "models.teacher.lora.r=2",
+            "models.teacher_fit.steps=1",
+            "models.teacher_fit.batch_size=1",
+            "models.teacher_fit.extra_tasks=0",
+            "models.teacher_fit.probe_tasks=0",
+            "models.teacher_fit.dagger.tasks=2",
+            "environment.train_tasks=4",
+            "environment.eval_tasks=3",
+            "environment.test_tasks=3",
+            "rollout.max_new_tokens_per_turn=4",
+            "train.sft_warmup_until.max_cycles=1",
+            "train.sft_warmup_until.check_every=1",
+            "train.cycles=1",
+            "train.rollouts_per_cycle=2",
+            "train.trajectory_batch_size=2",
+            "eval.teacher_gate_tasks=2",
+            "eval.baseline=false",
+            "eval.after_warmup=false",
+            *extra,
+        ],
+    )
+
+
+def test_every_arm_runs_on_an_ungated_hf_teacher_and_says_so(tmp_path: Path) -> None:
+    config = _config(tmp_path, "eval.teacher_gate_required=false")
+    result: dict[str, Any] = run_benchmark(
+        config, arms=ARMS, seeds=[1], output_dir=tmp_path / "bench", quiet=True
+    )
+    assert [r["arm"] for r in result["rows"]] == ARMS
+    gate = result["cold_starts"][0]["teacher_gate"]
+    assert gate["passed"] is False and gate["required"] is False  # a random teacher fails
+    assert set(gate["states"]["thresholds"]) == {
+        "on_path_agreement",
+        "off_path_agreement",
+        "recovery_rate",
+    }
+    scored = {r["arm"]: r["budget"]["teacher_scored_tokens"] for r in result["rows"]}
+    assert scored["sft_oracle"] == 0 and all(
+        scored[a] > 0 for a in ("offline_kd", "opd", "gkd_mix")
+    )
+    cold = json.loads((tmp_path / "bench" / "seed-1" / "cold-start-run" / "eval.json").read_text())
+    fit = cold["teacher_adapter"]
+    assert fit["dagger_episodes"] == 2 and fit["dagger_states"] > 0
+    assert (
+        fit["cost"]["examples"]
+        == fit["oracle_traces"] + fit["corrective_traces"] + fit["dagger_states"]
+    )
+
+
+def test_a_failed_hf_gate_refuses_the_arms_by_default(tmp_path: Path) -> None:
+    with pytest.raises(TeacherGateError, match="teacher gate failed for seed 1"):
+        run_benchmark(
+            _config(tmp_path), arms=ARMS, seeds=[1], output_dir=tmp_path / "bench", quiet=True
+        )
+    assert not (tmp_path / "bench" / "cells" / "s1-a0-opd.json").exists()
