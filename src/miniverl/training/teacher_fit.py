@@ -1459,7 +1459,7 @@ def prepare_teacher_adapter(
                 batch_size=cfg.eval.batch_size,
                 split=oom_splitter(events, "dagger rollout"),
             )
-        examples = examples + [(list(ids), list(targets)) for ids, targets in rows]
+        examples = examples + rows
         counts = {**counts, **dagger_counts}
     with progress.task("fitting teacher adapter", fit.steps) as advance:
         history = fit_adapter(
