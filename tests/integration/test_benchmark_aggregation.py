@@ -245,6 +245,10 @@ def test_run_benchmark_refuses_before_training(tmp_path: Path) -> None:
         "sft_only": DEFAULT_ARMS["sft_oracle"],
     }, "the deprecated alias keeps its name and runs sft_oracle's definition"
     assert "sft_only" not in resolve_arms(None)
+    assert "opd_privileged" not in resolve_arms(None), "named-only arms never run by default"
+    assert resolve_arms(["opd_privileged"])["opd_privileged"][-1] == (
+        "teacher.mode=privileged_context"
+    )
 
 
 def test_cli_refuses_bad_arguments_before_training(tmp_path: Path) -> None:

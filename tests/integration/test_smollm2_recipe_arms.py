@@ -1,4 +1,4 @@
-"""The five arms of the SmolLM2 study through ``miniverl benchmark``'s path, on a tiny random
+"""The arms of the SmolLM2 study through ``miniverl benchmark``'s path, on a tiny random
 hf checkpoint shaped by ``recipes/smollm2_calc_chain.yaml`` (one cycle each).
 
 The real-model cycle is ``test_smollm2_real.py::test_one_cycle_of_the_calc_chain_recipe``;
@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
 ]
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "smollm2_calc_chain.yaml"
-ARMS = ["sft_oracle", "seqkd", "offline_kd", "opd", "gkd_mix"]
+ARMS = ["sft_oracle", "seqkd", "offline_kd", "opd", "gkd_mix", "opd_privileged"]
 
 
 def _config(tmp: Path, *extra: str) -> RunConfig:
@@ -80,7 +80,15 @@ def test_every_arm_runs_on_an_ungated_hf_teacher_and_says_so(tmp_path: Path) -> 
     assert scored["sft_oracle"] == 0 and all(
         scored[a] > 0 for a in ("offline_kd", "opd", "gkd_mix")
     )
-    cold = json.loads((tmp_path / "bench" / "seed-1" / "cold-start-run" / "eval.json").read_text())
+    runs = tmp_path / "bench" / "seed-1"
+    modes = {
+        arm: json.loads((runs / arm / "teacher-cache" / "index.json").read_text())["provenance"][
+            "teacher_mode"
+        ]
+        for arm in ("opd", "opd_privileged")
+    }
+    assert modes == {"opd": "standard", "opd_privileged": "privileged_context"}
+    cold = json.loads((runs / "cold-start-run" / "eval.json").read_text())
     fit = cold["teacher_adapter"]
     assert fit["dagger_episodes"] == 2 and fit["dagger_states"] > 0
     assert (

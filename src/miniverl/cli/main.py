@@ -701,7 +701,7 @@ def benchmark(
         str | None,
         typer.Option(
             "--arms",
-            help="Comma-separated arms (default: sft_oracle,seqkd,offline_kd,kd_oracle,opd,opd_reverse_kl,offline_kd_reverse_kl,gkd_mix,opd_entropy_aware; sft_only is a deprecated alias of sft_oracle).",
+            help="Comma-separated arms (default: sft_oracle,seqkd,offline_kd,kd_oracle,opd,opd_reverse_kl,offline_kd_reverse_kl,gkd_mix,opd_entropy_aware; opd_privileged runs only when named; sft_only is a deprecated alias of sft_oracle).",
         ),
     ] = None,
     seeds: Annotated[

@@ -29,6 +29,17 @@ DEFAULT_ARMS: dict[str, tuple[str, ...]] = {
 """Each arm is the set of override keys it applies to the base recipe (recorded verbatim).
 ``gkd_mix`` takes λ from ``train.gkd_student_fraction`` (0.5 unless the recipe says otherwise)."""
 
+NAMED_ONLY_ARMS: dict[str, tuple[str, ...]] = {
+    "opd_privileged": (
+        "run.mode=opd",
+        "loss.divergence=forward_kl",
+        "teacher.mode=privileged_context",
+    ),
+}
+"""Arms that run only when ``--arms`` names them, never by default: ``opd_privileged`` needs a
+teacher model that reads an oracle block (the on-policy context distillation setting of
+arXiv:2602.12275), which the oracle teacher of the toy recipes cannot be."""
+
 ARM_ALIASES: dict[str, str] = {"sft_only": "sft_oracle"}
 """Deprecated arm names, still accepted: the alias runs under its own name with the
 definition and description of the arm it stands for."""
@@ -48,6 +59,7 @@ ARM_DESCRIPTIONS: dict[str, str] = {
     "offline_kd_reverse_kl": "offline_kd with reverse KL",
     "gkd_mix": "per batch a fraction λ of student rollouts and the rest teacher samples, forward KL",
     "opd_entropy_aware": "on-policy distillation, entropy-aware forward/reverse KL",
+    "opd_privileged": "on-policy distillation, forward KL, from a teacher that also reads the task's oracle block",
 }
 
 FIXED_KEYS: tuple[str, ...] = (
@@ -148,12 +160,13 @@ def resolve_arms(
 ) -> dict[str, tuple[str, ...]]:
     """Arm name -> override keys, in the requested order; unknown names are refused.
 
-    With the default definitions a deprecated alias (:data:`ARM_ALIASES`) is accepted and
-    keeps its own name; it is never part of the default set.
+    With the default definitions a deprecated alias (:data:`ARM_ALIASES`) and the arms of
+    :data:`NAMED_ONLY_ARMS` are accepted when named; neither is part of the default set.
     """
     known = {name: tuple(spec) for name, spec in (definitions or DEFAULT_ARMS).items()}
     names = list(dict.fromkeys(arms)) if arms else list(known)
     if definitions is None:
+        known.update(NAMED_ONLY_ARMS)
         known.update({alias: known[arm] for alias, arm in ARM_ALIASES.items()})
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -215,6 +228,7 @@ __all__ = [
     "BASELINE_ARM",
     "DEFAULT_ARMS",
     "FIXED_KEYS",
+    "NAMED_ONLY_ARMS",
     "REFERENCE_CEILING_ARMS",
     "arm_baseline",
     "arm_config",
