@@ -687,11 +687,16 @@ _REGION = re.compile(
     re.S,
 )
 RESULT_SECTIONS = {
-    README: [("## Results: calc_chain with the oracle teacher", "## Tests")],
+    README: [
+        (
+            "## Results: calc_chain with the oracle teacher",
+            "## Results: SmolLM2-135M-Instruct on calc_chain",
+        )
+    ],
     BENCHMARK_DOC: [
         ("## Power procedure", "## The teacher gate, and the refusal"),
         ("## Result with the oracle teacher", "### Where the forward-KL collapse comes from"),
-        ("### Limits", None),
+        ("### Limits", "## SmolLM2-135M-Instruct on calc_chain"),
     ],
 }
 FREE_FIGURES = {"0.001", "0.0003", "0.003", "0.05"}
@@ -813,6 +818,27 @@ def render_regions(recomputed: dict[str, dict[str, Any]]) -> dict[str, str]:
     return regions
 
 
+def check_regions(
+    doc: Path, pattern: re.Pattern[str], regions: dict[str, str], seen: set[str]
+) -> str:
+    """Assert that every ``pattern`` region of ``doc`` is its rendered text; return the text.
+
+    With ``MINIVERL_REGEN_DOCS=1`` the regions are rewritten instead. The names met are
+    added to ``seen``, so a caller can check that every rendered region is quoted somewhere.
+    """
+    regen = os.environ.get("MINIVERL_REGEN_DOCS") == "1"
+    text = doc.read_text(encoding="utf-8")
+    for match in pattern.finditer(text):
+        assert match["name"] in regions, f"{doc.name}: unknown region {match['name']}"
+        seen.add(match["name"])
+        if not regen:
+            assert match["body"] == regions[match["name"]], f"{doc.name}: {match['name']}"
+    if regen:
+        text = pattern.sub(lambda m: m[1] + regions[m["name"]] + m[4], text)
+        doc.write_text(text, encoding="utf-8")
+    return text
+
+
 def _outside_regions(text: str) -> str:
     return _REGION.sub("", text)
 
@@ -828,17 +854,8 @@ def test_every_figure_the_docs_quote_is_recomputed_from_the_stored_cells(
 ) -> None:
     regions = render_regions(recomputed)
     seen: set[str] = set()
-    regen = os.environ.get("MINIVERL_REGEN_DOCS") == "1"
     for doc in (README, BENCHMARK_DOC):
-        text = doc.read_text(encoding="utf-8")
-        for match in _REGION.finditer(text):
-            assert match["name"] in regions, f"{doc.name}: unknown region {match['name']}"
-            seen.add(match["name"])
-            if not regen:
-                assert match["body"] == regions[match["name"]], f"{doc.name}: {match['name']}"
-        if regen:
-            text = _REGION.sub(lambda m: m[1] + regions[m["name"]] + m[4], text)
-            doc.write_text(text, encoding="utf-8")
+        text = check_regions(doc, _REGION, regions, seen)
         for start, end in RESULT_SECTIONS[doc]:
             prose = [
                 line

@@ -1,0 +1,275 @@
+"""Every figure the README, docs/benchmark.md and the LOG quote for SmolLM2-135M-Instruct on
+calc_chain, recomputed from ``results/smollm2_calc_chain/`` without training.
+
+``test/`` is the pre-registered run of five arms at seeds 1-3 (``test/protocol.yaml``);
+``test-privileged/`` the pre-registered addendum that adds the privileged-context teacher arm
+(``opd_privileged``) against ``opd``. The student weights are not stored, so the
+benchmark is rerun over a copy of each directory with a trainer that fails the test if it is
+ever called: every cell must be reused (same base config, validated arm config, cold-start
+SHA-256 and intact payload digest), and the tables and contrast lines are rebuilt from
+the ``benchmark.json`` that rerun writes. A region between ``<!-- smollm2-results:NAME -->``
+markers must be the rendered text verbatim (``MINIVERL_REGEN_DOCS=1`` rewrites them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_stored_positive_control import _contrast_line
+from test_stored_results import check_regions
+
+from miniverl.config.models import RunConfig
+from miniverl.environments.registry import make_environment
+from miniverl.environments.tasks_file import build_splits
+from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.evaluation.cell_runner import _eval_trajectories, chain_endpoints
+from miniverl.evaluation.cells import _digest
+from miniverl.evaluation.stats import t_interval
+from miniverl.utils.hashing import sha256_file
+
+ROOT = Path(__file__).resolve().parents[2]
+STUDY = ROOT / "results" / "smollm2_calc_chain"
+RECIPE = ROOT / "recipes" / "smollm2_calc_chain.yaml"
+OVERRIDES = [
+    "eval.split=test",
+    "eval.max_tasks=100",
+    "train.cycles=10",
+    "eval.baseline=false",
+    "eval.after_warmup=false",
+    "eval.teacher_gate_required=false",
+]
+SEEDS = [1, 2, 3]
+RUNS = {
+    "test": ["sft_oracle", "seqkd", "offline_kd", "opd", "gkd_mix"],
+    "test-privileged": ["opd", "opd_privileged"],
+}
+KS = ("1", "2", "3", "4", "5")
+DOCS = (ROOT / "README.md", ROOT / "docs" / "benchmark.md", STUDY / "LOG.md")
+_REGION = re.compile(
+    r"(<!-- smollm2-results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /smollm2-results:(?P=name) -->)",
+    re.S,
+)
+
+
+def _refuse_to_train(cell: Any, done: Any) -> dict[str, Any]:
+    raise AssertionError(f"stored cell {cell} was not reused: it would have been trained again")
+
+
+@pytest.fixture(scope="module")
+def rerun(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """benchmark.json of each stored run, rewritten over a copy of its stored cells."""
+    out = {}
+    for name, arms in RUNS.items():
+        copy = tmp_path_factory.mktemp(name) / name
+        shutil.copytree(STUDY / name, copy)
+        out[name] = run_benchmark(
+            RECIPE,
+            arms=arms,
+            seeds=SEEDS,
+            output_dir=copy,
+            overrides=OVERRIDES,
+            run_cell=_refuse_to_train,
+            protocol=copy / "protocol.yaml",
+        )
+        assert len(out[name]["cells"]["reused"]) == len(SEEDS) * (len(arms) + 1)
+    return out
+
+
+def _pct(values: list[float]) -> str:
+    """Mean success in % with its 95% t-interval over the seed means, clipped to [0, 100]."""
+    mean = 100 * sum(values) / len(values)
+    low, high = t_interval([100 * v for v in values])
+    return f"{mean:.0f} [{max(low, 0.0):.0f}, {min(high, 100.0):.0f}]"
+
+
+def _arm_row(label: str, endpoints: list[dict[str, Any]], cost: str) -> str:
+    by_k = [_pct([e["success_by_k"][k] for e in endpoints]) for k in KS]
+    every = _pct([e["success"] for e in endpoints])
+    return f"| {label} | " + " | ".join(by_k) + f" | {every} | {cost} |"
+
+
+def _arm_cost(rows: list[dict[str, Any]]) -> str:
+    def mean(field: str) -> str:
+        return f"{sum(r['budget'][field] for r in rows) / len(rows):,.0f}"
+
+    return (
+        f"{mean('cpu_seconds')} | {mean('student_generated_tokens')} / "
+        f"{mean('teacher_generated_tokens')} | {mean('teacher_scored_tokens')}"
+    )
+
+
+def _raw_endpoints() -> dict[str, Any]:
+    """The untrained model's endpoints on the same 100 test tasks, from its stored episodes."""
+    run = STUDY / "raw"
+    config = RunConfig.from_yaml(run / "config.original.yaml")
+    env = make_environment(config.environment.name, **config.environment.params)
+    tasks = {
+        t.task_id: t for split in build_splits(env, config.environment).values() for t in split
+    }
+    endpoints = chain_endpoints(_eval_trajectories(run)["final"], tasks)
+    assert endpoints is not None and endpoints["episodes"] == 100
+    return endpoints
+
+
+def _arms_table(bench: dict[str, Any], arms: list[str], *, cold_start: bool) -> str:
+    lines = [
+        "| arm | k = 1 | k = 2 | k = 3 | k = 4 | k = 5 | all k | CPU-s per cell | tokens generated (student / teacher) per cell | teacher-scored tokens per cell |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    if cold_start:
+        raw = _raw_endpoints()
+        lines.append(
+            "| raw model (one greedy run) | "
+            + " | ".join(f"{100 * raw['success_by_k'][k]:.0f}" for k in KS)
+            + f" | {100 * raw['success']:.0f} | – | – | – |"
+        )
+        starts = sorted(bench["cold_starts"], key=lambda c: c["seed"])
+        cpu = sum(c["cpu_seconds"] for c in starts) / len(starts)
+        lines.append(
+            _arm_row(
+                "shared cold start",
+                [c["start_endpoints"] for c in starts],
+                f"{cpu:,.0f} (warm-up, adapter fit, gates, test evaluation) | – | –",
+            )
+        )
+    for arm in arms:
+        rows = sorted((r for r in bench["rows"] if r["arm"] == arm), key=lambda r: r["seed"])
+        assert [r["seed"] for r in rows] == SEEDS
+        lines.append(_arm_row(f"`{arm}`", [r["endpoints"] for r in rows], _arm_cost(rows)))
+    return "\n".join(lines) + "\n"
+
+
+def _contrasts(bench: dict[str, Any], primary: bool) -> str:
+    return "".join(
+        f"- {_contrast_line(c)}\n" for c in bench["contrasts"] if c["primary"] is primary
+    )
+
+
+def _gate_table(bench: dict[str, Any]) -> str:
+    lines = [
+        "| seed | on the oracle's path (top-1, positions) | after a deviation (top-1, positions) | recovery (teacher solves from the first deviated state) | adapter fit CPU-s | held-out probe |",
+        "|---|---|---|---|---|---|",
+    ]
+    for seed in SEEDS:
+        gate = json.loads((STUDY / "test" / f"seed-{seed}" / "teacher-state-gate.json").read_text())
+        fit = json.loads((STUDY / "test" / f"seed-{seed}" / "teacher-adapter-fit.json").read_text())
+        cell = next(c for c in bench["cold_starts"] if c["seed"] == seed)["teacher_gate"]["states"]
+        for field in ("on_path_agreement", "off_path_agreement", "recovery_rate", "failures"):
+            assert gate[field] == cell[field], (seed, field)
+        lines.append(
+            f"| {seed} | {gate['on_path_agreement']:.3f} ({gate['on_path_correct']}/{gate['on_path_positions']}) | "
+            f"{gate['off_path_agreement']:.3f} ({gate['off_path_correct']}/{gate['off_path_positions']}) | "
+            f"{gate['recovery_rate']:.3f} ({gate['recovered']}/{gate['recovery_states']}) | "
+            f"{fit['cost']['cpu_seconds']:,.0f} | "
+            f"{round(fit['heldout_success'] * fit['heldout_probe_tasks'])}/{fit['heldout_probe_tasks']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_regions(rerun: dict[str, dict[str, Any]]) -> dict[str, str]:
+    test, privileged = rerun["test"], rerun["test-privileged"]
+    return {
+        "arms": _arms_table(test, RUNS["test"], cold_start=True),
+        "primary": _contrasts(test, True),
+        "secondary": _contrasts(test, False),
+        "gate": _gate_table(test),
+        "privileged-arms": _arms_table(privileged, ["opd_privileged"], cold_start=False),
+        "privileged-primary": _contrasts(privileged, True),
+    }
+
+
+def test_every_quoted_region_is_recomputed_from_the_stored_cells(
+    rerun: dict[str, dict[str, Any]],
+) -> None:
+    regions = render_regions(rerun)
+    seen: set[str] = set()
+    for doc in DOCS:
+        check_regions(doc, _REGION, regions, seen)
+    assert seen == set(regions)
+
+
+def test_the_protocols_were_frozen_and_name_what_ran(rerun: dict[str, dict[str, Any]]) -> None:
+    for name, arms in RUNS.items():
+        record = json.loads((STUDY / name / "protocol.json").read_text())
+        assert sha256_file(STUDY / name / record["stored_as"]) == record["sha256"]
+        assert record["content"]["arms"] == arms and record["content"]["seeds"] == SEEDS
+        assert rerun[name]["protocol"]["frozen"]["sha256"] == record["sha256"]
+        family = [c for c in rerun[name]["contrasts"] if c["primary"]]
+        pairs = {(c["arm"], c["reference"]) for c in family}
+        assert pairs == {tuple(p) for p in record["content"]["primary_contrasts"]}
+        assert {c["endpoint"] for c in family} == set(record["content"]["endpoints"])
+        assert all(c["p_holm"] is not None for c in family)
+    frozen = [rerun[name]["protocol"]["frozen"]["frozen_at"] for name in RUNS]
+    assert frozen[0] < frozen[1], "the addendum was frozen after the five-arm run"
+
+
+def test_every_arm_started_from_its_seeds_cold_start_and_is_intact() -> None:
+    for name, arms in RUNS.items():
+        for seed in SEEDS:
+            cells = STUDY / name / "cells"
+            records = {
+                arm: json.loads((cells / f"s{seed}-a0-{arm}.json").read_text())
+                for arm in ["cold-start", *arms]
+            }
+            for arm, record in records.items():
+                assert _digest(record["payload"]) == record["payload_sha256"], (name, seed, arm)
+            cold = records.pop("cold-start")["payload"]["student_sha256"]
+            assert {r["payload"]["cold_start_student_sha256"] for r in records.values()} == {cold}
+    for seed in SEEDS:
+        first, addendum = (
+            {
+                arm: json.loads((STUDY / name / "cells" / f"s{seed}-a0-{arm}.json").read_text())[
+                    "payload"
+                ]
+                for arm in ("cold-start", "opd")
+            }
+            for name in RUNS
+        )
+        assert addendum["opd"] == first["opd"], (
+            f"seed {seed}: the addendum's opd is not the stored cell"
+        )
+        for field in ("student_sha256", "start_endpoints", "teacher_gate"):
+            assert addendum["cold-start"][field] == first["cold-start"][field], (seed, field)
+        fits = [
+            json.loads((STUDY / name / f"seed-{seed}" / "teacher-adapter-fit.json").read_text())
+            for name in RUNS
+        ]
+        assert fits[0]["adapter_sha256"] == fits[1]["adapter_sha256"], (
+            f"seed {seed}: another adapter"
+        )
+
+
+def test_the_privileged_arm_is_opd_with_the_privileged_teacher(
+    rerun: dict[str, dict[str, Any]],
+) -> None:
+    arms = rerun["test-privileged"]["arms"]
+    assert arms["opd_privileged"]["overrides"] == [
+        *arms["opd"]["overrides"],
+        "teacher.mode=privileged_context",
+    ]
+
+
+def test_the_untrained_model_ran_on_the_same_test_tasks(rerun: dict[str, dict[str, Any]]) -> None:
+    raw = json.loads((STUDY / "raw" / "eval.json").read_text())["final"]
+    assert (raw["tasks"], raw["solved"], raw["split"]) == (100, 0, "test")
+    episodes = [json.loads(line) for line in (STUDY / "raw" / "eval_trajectories.jsonl").open()]
+    cell = next(r for r in rerun["test"]["rows"] if r["arm"] == "opd" and r["seed"] == 1)
+    assert sorted(e["task_id"] for e in episodes) == sorted(t["task_id"] for t in cell["tasks"])
+
+
+def test_the_quoted_total_cost_is_the_cells_own() -> None:
+    total = 0.0
+    for path in (STUDY / "test" / "cells").glob("*.json"):
+        payload = json.loads(path.read_text())["payload"]
+        total += (
+            payload["cpu_seconds"]
+            if "student_sha256" in payload
+            else payload["budget"]["cpu_seconds"]
+        )
+    quoted = f"record {total:,.0f} CPU-s in all"
+    assert quoted in (ROOT / "docs" / "benchmark.md").read_text(encoding="utf-8"), quoted
