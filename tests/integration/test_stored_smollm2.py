@@ -273,3 +273,18 @@ def test_the_quoted_total_cost_is_the_cells_own() -> None:
         )
     quoted = f"record {total:,.0f} CPU-s in all"
     assert quoted in (ROOT / "docs" / "benchmark.md").read_text(encoding="utf-8"), quoted
+
+
+def test_the_quoted_first_errors_and_lost_k1_cells_are_the_cells_own() -> None:
+    lost = cells = operand = errors = 0
+    for arm in RUNS["test"]:
+        for seed in SEEDS:
+            path = STUDY / "test" / "cells" / f"s{seed}-a0-{arm}.json"
+            endpoints = json.loads(path.read_text())["payload"]["endpoints"]
+            cells += 1
+            lost += endpoints["success_by_k"]["1"] < 0.5
+            operand += endpoints["first_error_kinds"]["operand_copy"]
+            errors += sum(endpoints["first_error_kinds"].values())
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"in {lost} of the {cells} arm cells the student no longer" in readme
+    assert f"({operand} of\n{errors:,} over the {cells} cells)" in readme
