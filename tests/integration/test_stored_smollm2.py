@@ -20,15 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_stored_positive_control import _contrast_line
-from test_stored_results import check_regions
+from test_stored_positive_control import _contrast_line, _stored_cell
+from test_stored_results import _refuse_to_train, check_regions
 
 from miniverl.config.models import RunConfig
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
 from miniverl.evaluation.benchmark import run_benchmark
 from miniverl.evaluation.cell_runner import _eval_trajectories, chain_endpoints
-from miniverl.evaluation.cells import _digest
 from miniverl.evaluation.stats import t_interval
 from miniverl.utils.hashing import sha256_file
 
@@ -54,10 +53,6 @@ _REGION = re.compile(
     r"(<!-- smollm2-results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /smollm2-results:(?P=name) -->)",
     re.S,
 )
-
-
-def _refuse_to_train(cell: Any, done: Any) -> dict[str, Any]:
-    raise AssertionError(f"stored cell {cell} was not reused: it would have been trained again")
 
 
 @pytest.fixture(scope="module")
@@ -211,23 +206,14 @@ def test_the_protocols_were_frozen_and_name_what_ran(rerun: dict[str, dict[str, 
 def test_every_arm_started_from_its_seeds_cold_start_and_is_intact() -> None:
     for name, arms in RUNS.items():
         for seed in SEEDS:
-            cells = STUDY / name / "cells"
-            records = {
-                arm: json.loads((cells / f"s{seed}-a0-{arm}.json").read_text())
-                for arm in ["cold-start", *arms]
+            cold = _stored_cell(STUDY / name, seed, "cold-start")["student_sha256"]
+            started = {
+                _stored_cell(STUDY / name, seed, arm)["cold_start_student_sha256"] for arm in arms
             }
-            for arm, record in records.items():
-                assert _digest(record["payload"]) == record["payload_sha256"], (name, seed, arm)
-            cold = records.pop("cold-start")["payload"]["student_sha256"]
-            assert {r["payload"]["cold_start_student_sha256"] for r in records.values()} == {cold}
+            assert started == {cold}, (name, seed)
     for seed in SEEDS:
         first, addendum = (
-            {
-                arm: json.loads((STUDY / name / "cells" / f"s{seed}-a0-{arm}.json").read_text())[
-                    "payload"
-                ]
-                for arm in ("cold-start", "opd")
-            }
+            {arm: _stored_cell(STUDY / name, seed, arm) for arm in ("cold-start", "opd")}
             for name in RUNS
         )
         assert addendum["opd"] == first["opd"], (
@@ -264,13 +250,10 @@ def test_the_untrained_model_ran_on_the_same_test_tasks(rerun: dict[str, dict[st
 
 def test_the_quoted_total_cost_is_the_cells_own() -> None:
     total = 0.0
-    for path in (STUDY / "test" / "cells").glob("*.json"):
-        payload = json.loads(path.read_text())["payload"]
-        total += (
-            payload["cpu_seconds"]
-            if "student_sha256" in payload
-            else payload["budget"]["cpu_seconds"]
-        )
+    for seed in SEEDS:
+        total += _stored_cell(STUDY / "test", seed, "cold-start")["cpu_seconds"]
+        for arm in RUNS["test"]:
+            total += _stored_cell(STUDY / "test", seed, arm)["budget"]["cpu_seconds"]
     quoted = f"record {total:,.0f} CPU-s in all"
     assert quoted in (ROOT / "docs" / "benchmark.md").read_text(encoding="utf-8"), quoted
 
@@ -279,8 +262,7 @@ def test_the_quoted_first_errors_and_lost_k1_cells_are_the_cells_own() -> None:
     lost = cells = operand = errors = 0
     for arm in RUNS["test"]:
         for seed in SEEDS:
-            path = STUDY / "test" / "cells" / f"s{seed}-a0-{arm}.json"
-            endpoints = json.loads(path.read_text())["payload"]["endpoints"]
+            endpoints = _stored_cell(STUDY / "test", seed, arm)["endpoints"]
             cells += 1
             lost += endpoints["success_by_k"]["1"] < 0.5
             operand += endpoints["first_error_kinds"]["operand_copy"]
