@@ -406,16 +406,19 @@ def sample_rows(
     block = last.detach()
     if list(rows) != list(range(block.shape[0])):
         block = block.index_select(0, torch.tensor(rows, device=last.device))
-    probs = torch.softmax(block.to("cpu", torch.float64) / temperature, dim=-1)
-    if not bool(torch.isfinite(probs).all()):
+    block = block.to("cpu", torch.float64)
+    cdf = torch.cumsum(torch.softmax(block if temperature == 1 else block / temperature, -1), -1)
+    total = cdf[:, -1:]
+    if not bool(torch.isfinite(total).all()):
         raise BackendError(
             "the model produced non-finite logits during generation",
             hint="the weights have diverged; lower the learning rate or resume from an earlier checkpoint",
         )
-    cdf = torch.cumsum(probs, dim=-1)
-    u = torch.stack([torch.rand((), generator=generators[r], dtype=torch.float64) for r in rows])
-    u = u * cdf[:, -1]
-    index = torch.searchsorted(cdf, u[:, None], right=True).clamp_(max=cdf.shape[-1] - 1)
+    u = torch.tensor(
+        [torch.rand((), generator=generators[r], dtype=torch.float64).item() for r in rows],
+        dtype=torch.float64,
+    )
+    index = torch.searchsorted(cdf, u[:, None] * total, right=True).clamp_(max=cdf.shape[-1] - 1)
     return dict(zip(rows, index[:, 0].tolist(), strict=True))
 
 
@@ -497,14 +500,21 @@ def _check_sampling_args(max_new_tokens: int, temperature: float, top_p: float) 
 
 @contextlib.contextmanager
 def eval_mode(module: torch.nn.Module) -> Iterator[None]:
-    """Run under ``module.eval()`` and ``no_grad``, restoring the previous train flag."""
+    """Run under ``module.eval()`` and ``no_grad``, restoring the previous train flag.
+
+    Every mode change goes through the root module, so its flag is the whole tree's: a
+    module already in eval mode is not walked again (a walk is ~30 Python calls for the
+    toy decoder, paid once per rollout turn).
+    """
     was_training = module.training
-    module.eval()
+    if was_training:
+        module.eval()
     try:
         with torch.no_grad():
             yield
     finally:
-        module.train(was_training)
+        if was_training:
+            module.train(True)
 
 
 def position_tensor(

@@ -93,7 +93,7 @@ def build_optimizer(params: list[torch.nn.Parameter], train: TrainConfig) -> tor
         lr=train.lr,
         betas=tuple(train.betas),
         weight_decay=train.weight_decay,
-        foreach=False,
+        foreach=True,
     )
 
 
