@@ -151,6 +151,42 @@ def test_generation_does_not_change_train_mode_or_build_graph() -> None:
     assert not backend.module.training
 
 
+def test_set_train_reaches_every_module_and_dropout_follows_it() -> None:
+    """``set_train`` walks a kept module list rather than ``module.train``: every module's
+    flag must still follow, which is what switches the LoRA dropout on and off."""
+    backend = make(dataclasses.replace(SMALL.with_lora(4, alpha=8.0), lora_dropout=0.5), seed=2)
+    with torch.no_grad():
+        for name, p in backend.module.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.5)
+    ids = torch.tensor([PROMPT])
+    for mode in (True, False, True, False):
+        backend.set_train(mode)
+        assert [m.training for m in backend.module.modules()] == [mode] * len(
+            list(backend.module.modules())
+        )
+        with torch.no_grad():
+            first, _ = backend.module(ids)
+            second, _ = backend.module(ids)
+        assert torch.equal(first, second) is not mode
+    backend.set_train(True)
+    in_train = backend.generate(PROMPT, max_new_tokens=6, temperature=0.0).token_ids
+    assert backend.module.training
+    backend.set_train(False)
+    assert backend.generate(PROMPT, max_new_tokens=6, temperature=0.0).token_ids == in_train
+
+
+def test_trainable_parameters_follow_requires_grad_and_release() -> None:
+    backend = make(SMALL)
+    everything = backend.trainable_parameters()
+    assert everything == list(backend.module.parameters())
+    backend.module.embed.weight.requires_grad_(False)
+    assert backend.trainable_parameters() == everything[1:]
+    backend.release()
+    with pytest.raises(BackendError, match="released"):
+        backend.trainable_parameters()
+
+
 def test_lora_only_adapters_trainable_and_zero_init_is_identity() -> None:
     plain = make(SMALL, seed=4)
     lora = make(SMALL.with_lora(4, alpha=8.0), seed=4)
