@@ -446,6 +446,58 @@ def test_seeds_run_in_separate_directories_merge_by_copying_their_cells(tmp_path
         run_benchmark(tiny_config("train.lr=0.5"), seeds=[2], output_dir=tmp_path / "a", **kwargs)
 
 
+def test_compute_matching_reuses_cold_starts_and_opd_and_reruns_every_other_arm(
+    tmp_path: Path,
+) -> None:
+    """The plan digest leaves out the matching mode; a stored arm cell must record the cap
+    this run would give it (none step-matched; opd's spend of the same seed compute-matched)."""
+    calls: list[str] = []
+    spend = {"opd": 100.0}
+
+    def runner(cell: Cell, done: Any, resource: str | None) -> dict[str, Any]:
+        calls.append(cell.name)
+        payload = fake_payload(cell, done)
+        if cell.is_cold_start:
+            return payload
+        payload["budget"] = {"teacher_scored_tokens": spend["opd"] + cell.seed}
+        cap = None
+        if resource and cell.arm != "opd":
+            reference = done[Cell(cell.seed, cell.arm_seed, "opd")]
+            cap = cap_from_reference(reference["budget"], resource)
+        payload["compute_cap"] = cap_outcome(cap, payload["budget"])
+        return payload
+
+    def run(mode: str | None) -> dict[str, Any]:
+        calls.clear()
+        return run_benchmark(
+            tiny_config(),
+            arms=["offline_kd", "opd"],
+            seeds=[1, 2],
+            output_dir=tmp_path / "bench",
+            resamples=50,
+            compute_matched=mode,
+            run_cell=lambda cell, done: runner(cell, done, mode),
+        )
+
+    run(None)
+    assert len(calls) == 6
+    matched = run("teacher_scored_tokens")
+    assert sorted(calls) == ["s1-a0-offline_kd", "s2-a0-offline_kd"]
+    caps = {r["seed"]: r["compute_cap"] for r in matched["rows"] if r["arm"] == "offline_kd"}
+    assert {s: caps[s]["limit"] for s in caps} == {1: 101.0, 2: 102.0}
+    run("teacher_scored_tokens")
+    assert calls == []
+    run(None)
+    assert sorted(calls) == ["s1-a0-offline_kd", "s2-a0-offline_kd"], (
+        "a capped cell is not step-matched"
+    )
+    run("teacher_scored_tokens")
+    (tmp_path / "bench" / "cells" / "s1-a0-opd.json").unlink()
+    spend["opd"] = 200.0
+    run("teacher_scored_tokens")
+    assert sorted(calls) == ["s1-a0-offline_kd", "s1-a0-opd"], "a new opd spend is a new cap"
+
+
 def test_a_stored_cell_is_reused_for_the_config_it_ran_under_not_for_how_it_was_spelled(
     tmp_path: Path,
 ) -> None:

@@ -96,13 +96,22 @@ def _relative(path: Path, root: Path) -> str:
     return path.relative_to(root).as_posix()
 
 
-def plan_digest(base: RunConfig, compute_matched: str | None) -> str:
-    """What every stored cell must have been computed under: the base config and the matching mode."""
+def plan_digest(base: RunConfig) -> str:
+    """What every stored cell must have been computed under: the base config.
+
+    The matching mode is not part of it. A cold start and the reference arm (opd) are the
+    same computation step-matched or compute-matched, so a compute-matched run reuses them
+    from a step-matched directory (and the reverse); every other arm's cell records the
+    cap it ran under (``compute_cap``), and :func:`run_benchmark` reruns a cell whose cap is
+    not the one this run would give it (``evaluation/budgets.py`` :func:`~miniverl.evaluation.budgets.expected_cap`). The ``compute_matched`` key
+    stays in the hashed text, always null, so that the digests of directories written when
+    it held the mode still match.
+    """
     from miniverl.utils.hashing import sha256_bytes
     from miniverl.utils.io import to_json_text
 
     return sha256_bytes(
-        to_json_text({"base": base.digest(), "compute_matched": compute_matched}).encode("utf-8")
+        to_json_text({"base": base.digest(), "compute_matched": None}).encode("utf-8")
     )
 
 
@@ -137,7 +146,13 @@ def run_benchmark(
     before any cell runs; with ``eval.split=test`` no cell runs without one (stored cells
     are still recomputed).
     """
-    from miniverl.evaluation.budgets import BUDGET_FIELDS, MATCHABLE, REFERENCE_ARM
+    from miniverl.evaluation.budgets import (
+        BUDGET_FIELDS,
+        MATCHABLE,
+        REFERENCE_ARM,
+        expected_cap,
+        recorded_cap,
+    )
     from miniverl.evaluation.cells import COLD_START, CellStore, plan_cells, run_cells
 
     console = Console(quiet=quiet, highlight=False)
@@ -162,12 +177,12 @@ def run_benchmark(
 
     root = Path(output_dir)
     bench_paths = RunPaths(root)
-    digest = plan_digest(base, compute_matched)
+    digest = plan_digest(base)
     plan_file = root / "plan.json"
     if plan_file.exists():
         if read_json(plan_file).get("plan_digest") != digest:
             raise RunDirectoryError(
-                f"{root} already holds a benchmark of another base config or compute-matching mode",
+                f"{root} already holds a benchmark of another base config",
                 hint="choose another --output directory, or rerun with the same recipe and overrides to resume",
             )
     elif bench_paths.benchmark_json.exists() or any(
@@ -219,6 +234,9 @@ def run_benchmark(
         cold = done.get(type(cell)(cell.seed, 0, COLD_START))
         if cold is None or payload.get("cold_start_student_sha256") != cold.get("student_sha256"):
             return "recorded for other cold-start weights"
+        reference = done.get(type(cell)(cell.seed, cell.arm_seed, REFERENCE_ARM))
+        if recorded_cap(payload) != expected_cap(cell.arm, reference, compute_matched):
+            return "recorded under another compute cap (or none)"
         recorded = payload.get("config_digest")
         if recorded is not None:
             config = arm_config_for_arm_seed(plans[cell.seed][1][cell.arm], cell.arm_seed)

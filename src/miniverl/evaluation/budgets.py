@@ -95,6 +95,25 @@ def cap_from_reference(reference_budget: Mapping[str, Any], resource: str) -> Bu
     return BudgetCap(resource=resource, limit=float(value))
 
 
+def expected_cap(
+    arm: str, reference: Mapping[str, Any] | None, compute_matched: str | None
+) -> tuple[str, float] | None:
+    """``(resource, limit)`` of the cap an arm cell runs under, or None (step-matched, the
+    reference arm itself, or no reference cell to match): what ``cell_runner`` gives it."""
+    if not compute_matched or arm == REFERENCE_ARM or reference is None:
+        return None
+    cap = cap_from_reference(reference["budget"], compute_matched)
+    return cap.resource, cap.limit
+
+
+def recorded_cap(payload: Mapping[str, Any]) -> tuple[str, float] | None:
+    """``(resource, limit)`` of the cap a stored arm cell records (``compute_cap``), or None."""
+    cap = payload.get("compute_cap")
+    if not cap:
+        return None
+    return str(cap["resource"]), float(cap["limit"])
+
+
 def cap_outcome(cap: BudgetCap | None, budget: Mapping[str, Any]) -> dict[str, Any] | None:
     """What the record says about a cap: limit, measured spend, ratio, and whether it bound."""
     if cap is None:
@@ -171,5 +190,7 @@ __all__ = [
     "Stopwatch",
     "cap_from_reference",
     "cap_outcome",
+    "expected_cap",
     "measure_budget",
+    "recorded_cap",
 ]

@@ -36,9 +36,10 @@ from miniverl.errors import CheckpointError
 from miniverl.evaluation.arms import arm_config_for_arm_seed
 from miniverl.evaluation.budgets import (
     REFERENCE_ARM,
+    BudgetCap,
     Stopwatch,
-    cap_from_reference,
     cap_outcome,
+    expected_cap,
     measure_budget,
 )
 from miniverl.evaluation.cells import COLD_START, Cell, RunCell
@@ -263,11 +264,10 @@ def make_trainer_cell_runner(
         cold = done[Cell(cell.seed, 0, COLD_START)]
         shutil.rmtree(run_dir, ignore_errors=True)
         config = arm_config_for_arm_seed(plans[cell.seed][1][cell.arm], cell.arm_seed)
-        cap = None
-        if compute_matched and cell.arm != REFERENCE_ARM:
-            reference = done.get(Cell(cell.seed, cell.arm_seed, REFERENCE_ARM))
-            if reference is not None:
-                cap = cap_from_reference(reference["budget"], compute_matched)
+        matched = expected_cap(
+            cell.arm, done.get(Cell(cell.seed, cell.arm_seed, REFERENCE_ARM)), compute_matched
+        )
+        cap = None if matched is None else BudgetCap(resource=matched[0], limit=matched[1])
         watch = Stopwatch()
         trainer = OPDTrainer(
             config, output_dir=run_dir, cold_start=cold_dir, quiet=quiet, budget_cap=cap
