@@ -532,3 +532,96 @@ def test_rerunning_the_context_run_reuses_every_cell_and_gives_the_logged_figure
         and "recovery rate stays below 1% in every cell of both runs" in flat["README.md"]
     )
     assert "At `context`, `opd` solves no test task on any seed" in flat["README.md"]
+
+
+MATCHED_RUN = ROOT / "test-context-matched"
+MATCHED_ARMS = ("opd", "offline_kd_reverse_kl", "opd_reverse_kl")
+MATCHED_ON = "teacher_scored_tokens"
+
+
+def _matched_bench(tmp_path: Path) -> dict[str, Any]:
+    """``benchmark.json`` of a rerun of the compute-matched addendum over a copy of its cells."""
+    copy = tmp_path / "test-context-matched"
+    shutil.copytree(MATCHED_RUN, copy)
+    recipe = ROOT.parents[1] / "recipes" / "toy_calc_chain_oracle.yaml"
+    args = ["benchmark", str(recipe), "--arms", ",".join(MATCHED_ARMS)]
+    args += ["--seeds", "1,2,3,4,5,6,7,8", "--output", str(copy), "--quiet"]
+    args += ["--protocol", str(copy / "protocol.yaml"), "--compute-matched", MATCHED_ON]
+    args += ["models.oracle_teacher.off_path=context", "eval.split=test", "eval.max_tasks=1200"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    n = 8 * (1 + len(MATCHED_ARMS))
+    assert f"{n} of {n} cells were stored and reused" in result.output
+    return json.loads((copy / "benchmark.json").read_text(encoding="utf-8"))
+
+
+def _matched_lines(bench: dict[str, Any]) -> list[str]:
+    """The LOG's per-seed rows of the compute-matched addendum, then its contrast lines."""
+    rows = {(r["seed"], r["arm"]): r for r in bench["rows"]}
+    lines = []
+    for seed in sorted({r["seed"] for r in bench["rows"]}):
+        opd, capped = rows[(seed, "opd")], rows[(seed, "opd_reverse_kl")]
+        step = _stored_cell(CONTEXT_RUN, seed, "opd_reverse_kl")
+        cap = capped["compute_cap"]
+        lines.append(
+            f"| {seed} | {opd['budget'][MATCHED_ON]:,} | {cap['measured']:,} | "
+            f"{capped['budget']['optimizer_steps']} | {step['final_solved']}, {_k2(step['endpoints'])} | "
+            f"{capped['final_solved']}, {_k2(capped['endpoints'])} | "
+            f"{rows[(seed, 'offline_kd_reverse_kl')]['final_solved']} |"
+        )
+    return lines + [_contrast_line(c) for c in bench["contrasts"]]
+
+
+def test_the_compute_matched_run_reuses_the_step_matched_cold_starts_and_opd_cells() -> None:
+    """Frozen before its first cell; cold starts and opd cells byte for byte test-context's;
+    every other cell capped at its seed's opd spend; the unbound offline cap changed nothing."""
+    from miniverl.utils.hashing import sha256_bytes
+
+    frozen = json.loads((MATCHED_RUN / "protocol.json").read_text(encoding="utf-8"))
+    assert sha256_bytes((MATCHED_RUN / frozen["stored_as"]).read_bytes()) == frozen["sha256"]
+    content = frozen["content"]
+    assert content["seeds"] == list(range(1, 9)) and content["arms"] == list(MATCHED_ARMS)
+    assert content["primary_contrasts"] == [["opd_reverse_kl", "offline_kd_reverse_kl"]]
+    plan = json.loads((MATCHED_RUN / "plan.json").read_text(encoding="utf-8"))["plan_digest"]
+    step_plan = json.loads((CONTEXT_RUN / "plan.json").read_text(encoding="utf-8"))
+    assert plan == step_plan["plan_digest"]
+    cells = sorted((MATCHED_RUN / "cells").glob("*.json"))
+    assert len(cells) == 8 * (1 + len(MATCHED_ARMS))
+    for path in cells:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        assert (
+            record["plan_digest"] == plan and _digest(record["payload"]) == record["payload_sha256"]
+        )
+        if path.name.endswith(("-cold-start.json", "-opd.json")):
+            assert path.read_bytes() == (CONTEXT_RUN / "cells" / path.name).read_bytes(), path.name
+    for seed in range(1, 9):
+        opd = _stored_cell(MATCHED_RUN, seed, "opd")
+        for arm in ("offline_kd_reverse_kl", "opd_reverse_kl"):
+            cap = _stored_cell(MATCHED_RUN, seed, arm)["compute_cap"]
+            assert cap["resource"] == MATCHED_ON and cap["enforced"]
+            assert cap["limit"] == opd["budget"][MATCHED_ON]
+        offline = _stored_cell(MATCHED_RUN, seed, "offline_kd_reverse_kl")
+        step = _stored_cell(CONTEXT_RUN, seed, "offline_kd_reverse_kl")
+        assert not offline["compute_cap"]["bound"]
+        assert offline["tasks"] == step["tasks"] and offline["endpoints"] == step["endpoints"]
+
+
+def test_rerunning_the_compute_matched_run_gives_the_logged_figures(tmp_path: Path) -> None:
+    bench = _matched_bench(tmp_path)
+    family = [c for c in bench["contrasts"] if c["primary"]]
+    assert [(c["arm"], c["endpoint"]) for c in family] == [
+        ("opd_reverse_kl", "all"),
+        ("opd_reverse_kl", "k=2"),
+    ]
+    for line in _matched_lines(bench):
+        assert line in LOG, line
+    docs = " ".join((ROOT.parents[1] / "docs" / "benchmark.md").read_text(encoding="utf-8").split())
+    for line in _matched_lines(bench)[8:12]:
+        assert line in docs, line
+    rows = {(r["seed"], r["arm"]): r["final_solved"] for r in bench["rows"]}
+    fewer = all(
+        rows[(s, "opd_reverse_kl")]
+        <= _stored_cell(CONTEXT_RUN, s, "opd_reverse_kl")["final_solved"]
+        for s in range(1, 9)
+    )
+    assert fewer and "fewer test tasks than at 400 steps on every seed" in " ".join(LOG.split())
