@@ -166,9 +166,27 @@ def _gate_table(bench: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+GRID = STUDY / "lr-grid"
+
+
+def _grid_table() -> str:
+    """The validation grid as README and docs quote it: final validation success per rate."""
+    grid = json.loads((GRID / "lr_grid.json").read_text(encoding="utf-8"))
+    rates = grid["grid"]
+    lines = [
+        "| arm | " + " | ".join(f"lr = {lr:g}" for lr in rates) + " | selected |",
+        "|---|" + "---|" * (len(rates) + 1),
+    ]
+    for arm, entries in grid["table"].items():
+        cells = [f"{100 * e['mean']:.1f}%" for e in entries]
+        lines.append(f"| `{arm}` | " + " | ".join(cells) + f" | {grid['selected'][arm]:g} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_regions(rerun: dict[str, dict[str, Any]]) -> dict[str, str]:
     test, privileged = rerun["test"], rerun["test-privileged"]
     return {
+        "lr-grid": _grid_table(),
         "arms": _arms_table(test, RUNS["test"], cold_start=True),
         "primary": _contrasts(test, True),
         "secondary": _contrasts(test, False),
@@ -270,3 +288,34 @@ def test_the_quoted_first_errors_and_lost_k1_cells_are_the_cells_own() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert f"in {lost} of the {cells} arm cells the student no longer" in readme
     assert f"({operand} of\n{errors:,} over the {cells} cells)" in readme
+
+
+def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> None:
+    """The validation grid reruns from its cells alone, started from test seed 1's cold start,
+    for the training the test cells ran (same training digest), and selects what the docs say."""
+    from miniverl.config.models import RunConfig
+    from miniverl.evaluation.lr_grid import run_lr_grid, training_digest
+
+    stored = json.loads((GRID / "lr_grid.json").read_text(encoding="utf-8"))
+    work = tmp_path / "grid"
+    shutil.copytree(GRID, work)
+    record = run_lr_grid(
+        RECIPE,
+        arms=list(stored["arms"]),
+        grid=stored["grid"],
+        seeds=stored["seeds"],
+        output_dir=work,
+        overrides=stored["base_overrides"],
+        arm_seeds=stored["arm_seeds"],
+        run_cell=_refuse_to_train,
+    )
+    assert record["table"] == stored["table"] and record["selected"] == stored["selected"]
+    cold = json.loads((GRID / "cells" / "s1-a0-cold-start.json").read_text())["payload"]
+    test_cold = json.loads((STUDY / "test" / "cells" / "s1-a0-cold-start.json").read_text())
+    assert cold["student_sha256"] == test_cold["payload"]["student_sha256"]
+    test_base = RunConfig.from_yaml(RECIPE, OVERRIDES)
+    assert stored["training_digest"] == training_digest(test_base.to_dict())
+    changed = sorted(a for a, lr in stored["selected"].items() if lr != test_base.train.lr)
+    assert changed == ["opd"]
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert "the grid selected 0.0005 for every arm but `opd`, which it gave 0.00015" in readme
