@@ -355,20 +355,26 @@ CONTEXT_RUN = ROOT / "test-context"
 CONTEXT_ARMS = ("offline_kd", "opd", "offline_kd_reverse_kl", "opd_reverse_kl", "gkd_mix")
 
 
-def _context_bench(tmp_path: Path) -> dict[str, Any]:
-    """``benchmark.json`` of a rerun of the context run over a copy of its stored cells."""
-    copy = tmp_path / "test-context"
-    shutil.copytree(CONTEXT_RUN, copy)
+def _rerun_context(run: Path, arms: tuple[str, ...], tmp_path: Path, *extra: str) -> dict[str, Any]:
+    """``benchmark.json`` of a rerun of a context-teacher test run over a copy of its stored
+    cells (``extra``: more command-line options); every cell must be reused."""
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy)
     recipe = ROOT.parents[1] / "recipes" / "toy_calc_chain_oracle.yaml"
-    args = ["benchmark", str(recipe), "--arms", ",".join(CONTEXT_ARMS)]
+    args = ["benchmark", str(recipe), "--arms", ",".join(arms), *extra]
     args += ["--seeds", "1,2,3,4,5,6,7,8", "--output", str(copy)]
     args += ["--protocol", str(copy / "protocol.yaml"), "--quiet"]
     args += ["models.oracle_teacher.off_path=context", "eval.split=test", "eval.max_tasks=1200"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    n = 8 * (1 + len(CONTEXT_ARMS))
+    n = 8 * (1 + len(arms))
     assert f"{n} of {n} cells were stored and reused" in result.output
     return json.loads((copy / "benchmark.json").read_text(encoding="utf-8"))
+
+
+def _context_bench(tmp_path: Path) -> dict[str, Any]:
+    """``benchmark.json`` of a rerun of the context run over a copy of its stored cells."""
+    return _rerun_context(CONTEXT_RUN, CONTEXT_ARMS, tmp_path)
 
 
 def _context_lines(bench: dict[str, Any]) -> list[str]:
@@ -541,18 +547,7 @@ MATCHED_ON = "teacher_scored_tokens"
 
 def _matched_bench(tmp_path: Path) -> dict[str, Any]:
     """``benchmark.json`` of a rerun of the compute-matched addendum over a copy of its cells."""
-    copy = tmp_path / "test-context-matched"
-    shutil.copytree(MATCHED_RUN, copy)
-    recipe = ROOT.parents[1] / "recipes" / "toy_calc_chain_oracle.yaml"
-    args = ["benchmark", str(recipe), "--arms", ",".join(MATCHED_ARMS)]
-    args += ["--seeds", "1,2,3,4,5,6,7,8", "--output", str(copy), "--quiet"]
-    args += ["--protocol", str(copy / "protocol.yaml"), "--compute-matched", MATCHED_ON]
-    args += ["models.oracle_teacher.off_path=context", "eval.split=test", "eval.max_tasks=1200"]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    n = 8 * (1 + len(MATCHED_ARMS))
-    assert f"{n} of {n} cells were stored and reused" in result.output
-    return json.loads((copy / "benchmark.json").read_text(encoding="utf-8"))
+    return _rerun_context(MATCHED_RUN, MATCHED_ARMS, tmp_path, "--compute-matched", MATCHED_ON)
 
 
 def _matched_lines(bench: dict[str, Any]) -> list[str]:

@@ -491,12 +491,14 @@ def test_the_pilot_opd_cells_are_opd_at_its_selected_rate() -> None:
             assert read_json(SELECTED / "cells" / name) == read_json(PILOT / "cells" / name)
 
 
-def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> None:
-    stored = read_json(GRID / "lr_grid.json")
+def rerun_grid(grid: Path, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(stored ``lr_grid.json``, the record of ``run_lr_grid`` over a copy of ``grid``'s cells,
+    with a trainer that fails if any cell is not reused)."""
+    stored = read_json(grid / "lr_grid.json")
     work = tmp_path / "grid"
-    shutil.copytree(GRID, work)
+    shutil.copytree(grid, work)
     record = run_lr_grid(
-        ROOT / "recipes" / stored["recipe"],
+        ROOT / "recipes" / Path(stored["recipe"]).name,
         arms=list(stored["arms"]),
         grid=stored["grid"],
         seeds=stored["seeds"],
@@ -505,6 +507,11 @@ def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> Non
         arm_seeds=stored["arm_seeds"],
         run_cell=_refuse_to_train,
     )
+    return stored, record
+
+
+def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> None:
+    stored, record = rerun_grid(GRID, tmp_path)
     assert record["table"] == stored["table"]
     assert record["selected"] == stored["selected"]
     assert record["training_digest"] == stored["training_digest"]

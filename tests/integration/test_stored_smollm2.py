@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from test_stored_positive_control import _contrast_line, _stored_cell
-from test_stored_results import _refuse_to_train, check_regions
+from test_stored_results import _refuse_to_train, check_regions, rerun_grid
 
 from miniverl.config.models import RunConfig
 from miniverl.environments.registry import make_environment
@@ -294,21 +294,9 @@ def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> Non
     """The validation grid reruns from its cells alone, started from test seed 1's cold start,
     for the training the test cells ran (same training digest), and selects what the docs say."""
     from miniverl.config.models import RunConfig
-    from miniverl.evaluation.lr_grid import run_lr_grid, training_digest
+    from miniverl.evaluation.lr_grid import training_digest
 
-    stored = json.loads((GRID / "lr_grid.json").read_text(encoding="utf-8"))
-    work = tmp_path / "grid"
-    shutil.copytree(GRID, work)
-    record = run_lr_grid(
-        RECIPE,
-        arms=list(stored["arms"]),
-        grid=stored["grid"],
-        seeds=stored["seeds"],
-        output_dir=work,
-        overrides=stored["base_overrides"],
-        arm_seeds=stored["arm_seeds"],
-        run_cell=_refuse_to_train,
-    )
+    stored, record = rerun_grid(GRID, tmp_path)
     assert record["table"] == stored["table"] and record["selected"] == stored["selected"]
     cold = json.loads((GRID / "cells" / "s1-a0-cold-start.json").read_text())["payload"]
     test_cold = json.loads((STUDY / "test" / "cells" / "s1-a0-cold-start.json").read_text())
