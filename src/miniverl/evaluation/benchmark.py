@@ -102,10 +102,10 @@ def plan_digest(base: RunConfig) -> str:
     The matching mode is not part of it. A cold start and the reference arm (opd) are the
     same computation step-matched or compute-matched, so a compute-matched run reuses them
     from a step-matched directory (and the reverse); every other arm's cell records the
-    cap it ran under (``compute_cap``), and :func:`run_benchmark` reruns a cell whose cap is
-    not the one this run would give it (``evaluation/budgets.py`` :func:`~miniverl.evaluation.budgets.expected_cap`). The ``compute_matched`` key
-    stays in the hashed text, always null, so that the digests of directories written when
-    it held the mode still match.
+    cap it ran under (``compute_cap``), and :func:`run_benchmark` reruns a cell whose cap
+    is not the one this run would give it (``evaluation/budgets.py`` ``expected_cap``,
+    ``same_cap``). The ``compute_matched`` key stays in the hashed text, always null, so
+    that the digests of directories written when it held the mode still match.
     """
     from miniverl.utils.hashing import sha256_bytes
     from miniverl.utils.io import to_json_text
@@ -151,7 +151,7 @@ def run_benchmark(
         MATCHABLE,
         REFERENCE_ARM,
         expected_cap,
-        recorded_cap,
+        same_cap,
     )
     from miniverl.evaluation.cells import COLD_START, CellStore, plan_cells, run_cells
 
@@ -235,7 +235,7 @@ def run_benchmark(
         if cold is None or payload.get("cold_start_student_sha256") != cold.get("student_sha256"):
             return "recorded for other cold-start weights"
         reference = done.get(type(cell)(cell.seed, cell.arm_seed, REFERENCE_ARM))
-        if recorded_cap(payload) != expected_cap(cell.arm, reference, compute_matched):
+        if not same_cap(payload, expected_cap(cell.arm, reference, compute_matched)):
             return "recorded under another compute cap (or none)"
         recorded = payload.get("config_digest")
         if recorded is not None:

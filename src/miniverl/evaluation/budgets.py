@@ -97,21 +97,20 @@ def cap_from_reference(reference_budget: Mapping[str, Any], resource: str) -> Bu
 
 def expected_cap(
     arm: str, reference: Mapping[str, Any] | None, compute_matched: str | None
-) -> tuple[str, float] | None:
-    """``(resource, limit)`` of the cap an arm cell runs under, or None (step-matched, the
-    reference arm itself, or no reference cell to match): what ``cell_runner`` gives it."""
+) -> BudgetCap | None:
+    """The cap an arm cell runs under (``cell_runner``), or None: step-matched, the
+    reference arm itself, or no reference cell to match."""
     if not compute_matched or arm == REFERENCE_ARM or reference is None:
         return None
-    cap = cap_from_reference(reference["budget"], compute_matched)
-    return cap.resource, cap.limit
+    return cap_from_reference(reference["budget"], compute_matched)
 
 
-def recorded_cap(payload: Mapping[str, Any]) -> tuple[str, float] | None:
-    """``(resource, limit)`` of the cap a stored arm cell records (``compute_cap``), or None."""
-    cap = payload.get("compute_cap")
-    if not cap:
-        return None
-    return str(cap["resource"]), float(cap["limit"])
+def same_cap(payload: Mapping[str, Any], cap: BudgetCap | None) -> bool:
+    """Whether a stored arm cell's ``compute_cap`` is ``cap`` (resource and limit; both none)."""
+    recorded = payload.get("compute_cap")
+    if not recorded or cap is None:
+        return not recorded and cap is None
+    return (str(recorded["resource"]), float(recorded["limit"])) == (cap.resource, cap.limit)
 
 
 def cap_outcome(cap: BudgetCap | None, budget: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -192,5 +191,5 @@ __all__ = [
     "cap_outcome",
     "expected_cap",
     "measure_budget",
-    "recorded_cap",
+    "same_cap",
 ]

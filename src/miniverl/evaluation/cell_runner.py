@@ -36,7 +36,6 @@ from miniverl.errors import CheckpointError
 from miniverl.evaluation.arms import arm_config_for_arm_seed
 from miniverl.evaluation.budgets import (
     REFERENCE_ARM,
-    BudgetCap,
     Stopwatch,
     cap_outcome,
     expected_cap,
@@ -264,10 +263,9 @@ def make_trainer_cell_runner(
         cold = done[Cell(cell.seed, 0, COLD_START)]
         shutil.rmtree(run_dir, ignore_errors=True)
         config = arm_config_for_arm_seed(plans[cell.seed][1][cell.arm], cell.arm_seed)
-        matched = expected_cap(
+        cap = expected_cap(
             cell.arm, done.get(Cell(cell.seed, cell.arm_seed, REFERENCE_ARM)), compute_matched
         )
-        cap = None if matched is None else BudgetCap(resource=matched[0], limit=matched[1])
         watch = Stopwatch()
         trainer = OPDTrainer(
             config, output_dir=run_dir, cold_start=cold_dir, quiet=quiet, budget_cap=cap
