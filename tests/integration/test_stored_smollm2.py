@@ -3,8 +3,9 @@ calc_chain, recomputed from ``results/smollm2_calc_chain/`` without training.
 
 ``test/`` is the pre-registered run of five arms at seeds 1-3 (``test/protocol.yaml``);
 ``test-privileged/`` the pre-registered addendum that adds the privileged-context teacher arm
-(``opd_privileged``) against ``opd``. The student weights are not stored, so the
-benchmark is rerun over a copy of each directory with a trainer that fails the test if it is
+(``opd_privileged``) against ``opd``; ``test-selected-rates/`` the five arms again, each at the
+rate the validation grid (``lr-grid/``) selected (``miniverl benchmark --lr-from``), from cold
+starts recomputed on another CPU. The student weights are not stored, so the benchmark is rerun over a copy of each directory with a trainer that fails the test if it is
 ever called: every cell must be reused (same base config, validated arm config, cold-start
 SHA-256 and intact payload digest), and the tables and contrast lines are rebuilt from
 the ``benchmark.json`` that rerun writes. A region between ``<!-- smollm2-results:NAME -->``
@@ -43,10 +44,15 @@ OVERRIDES = [
     "eval.teacher_gate_required=false",
 ]
 SEEDS = [1, 2, 3]
+FIVE = ["sft_oracle", "seqkd", "offline_kd", "opd", "gkd_mix"]
 RUNS = {
-    "test": ["sft_oracle", "seqkd", "offline_kd", "opd", "gkd_mix"],
+    "test": FIVE,
     "test-privileged": ["opd", "opd_privileged"],
+    "test-selected-rates": FIVE,
 }
+GRID = STUDY / "lr-grid"
+LR_FROM = {"test-selected-rates": GRID}
+"""The runs whose arms take their learning rates from a validation grid (``--lr-from``)."""
 KS = ("1", "2", "3", "4", "5")
 DOCS = (ROOT / "README.md", ROOT / "docs" / "benchmark.md", STUDY / "LOG.md")
 _REGION = re.compile(
@@ -58,10 +64,16 @@ _REGION = re.compile(
 @pytest.fixture(scope="module")
 def rerun(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """benchmark.json of each stored run, rewritten over a copy of its stored cells."""
+    from miniverl.evaluation.lr_grid import benchmark_arms_from_grid
+
     out = {}
     for name, arms in RUNS.items():
         copy = tmp_path_factory.mktemp(name) / name
         shutil.copytree(STUDY / name, copy)
+        definitions = rates = None
+        if name in LR_FROM:
+            base = RunConfig.from_yaml(RECIPE, OVERRIDES)
+            definitions, rates = benchmark_arms_from_grid(arms, LR_FROM[name], base)
         out[name] = run_benchmark(
             RECIPE,
             arms=arms,
@@ -70,6 +82,8 @@ def rerun(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
             overrides=OVERRIDES,
             run_cell=_refuse_to_train,
             protocol=copy / "protocol.yaml",
+            arm_definitions=definitions,
+            learning_rates=rates,
         )
         assert len(out[name]["cells"]["reused"]) == len(SEEDS) * (len(arms) + 1)
     return out
@@ -145,14 +159,14 @@ def _contrasts(bench: dict[str, Any], primary: bool) -> str:
     )
 
 
-def _gate_table(bench: dict[str, Any]) -> str:
+def _gate_table(bench: dict[str, Any], run: str) -> str:
     lines = [
         "| seed | on the oracle's path (top-1, positions) | after a deviation (top-1, positions) | recovery (teacher solves from the first deviated state) | adapter fit CPU-s | held-out probe |",
         "|---|---|---|---|---|---|",
     ]
     for seed in SEEDS:
-        gate = json.loads((STUDY / "test" / f"seed-{seed}" / "teacher-state-gate.json").read_text())
-        fit = json.loads((STUDY / "test" / f"seed-{seed}" / "teacher-adapter-fit.json").read_text())
+        gate = json.loads((STUDY / run / f"seed-{seed}" / "teacher-state-gate.json").read_text())
+        fit = json.loads((STUDY / run / f"seed-{seed}" / "teacher-adapter-fit.json").read_text())
         cell = next(c for c in bench["cold_starts"] if c["seed"] == seed)["teacher_gate"]["states"]
         for field in ("on_path_agreement", "off_path_agreement", "recovery_rate", "failures"):
             assert gate[field] == cell[field], (seed, field)
@@ -164,9 +178,6 @@ def _gate_table(bench: dict[str, Any]) -> str:
             f"{round(fit['heldout_success'] * fit['heldout_probe_tasks'])}/{fit['heldout_probe_tasks']} |"
         )
     return "\n".join(lines) + "\n"
-
-
-GRID = STUDY / "lr-grid"
 
 
 def _grid_table() -> str:
@@ -184,15 +195,19 @@ def _grid_table() -> str:
 
 
 def render_regions(rerun: dict[str, dict[str, Any]]) -> dict[str, str]:
-    test, privileged = rerun["test"], rerun["test-privileged"]
+    test, privileged, selected = (rerun[name] for name in RUNS)
     return {
         "lr-grid": _grid_table(),
         "arms": _arms_table(test, RUNS["test"], cold_start=True),
         "primary": _contrasts(test, True),
         "secondary": _contrasts(test, False),
-        "gate": _gate_table(test),
+        "gate": _gate_table(test, "test"),
         "privileged-arms": _arms_table(privileged, ["opd_privileged"], cold_start=False),
         "privileged-primary": _contrasts(privileged, True),
+        "selected-arms": _arms_table(selected, RUNS["test-selected-rates"], cold_start=True),
+        "selected-opd": _arms_table(selected, ["opd"], cold_start=False),
+        "selected-primary": _contrasts(selected, True),
+        "selected-gate": _gate_table(selected, "test-selected-rates"),
     }
 
 
@@ -218,7 +233,14 @@ def test_the_protocols_were_frozen_and_name_what_ran(rerun: dict[str, dict[str, 
         assert {c["endpoint"] for c in family} == set(record["content"]["endpoints"])
         assert all(c["p_holm"] is not None for c in family)
     frozen = [rerun[name]["protocol"]["frozen"]["frozen_at"] for name in RUNS]
-    assert frozen[0] < frozen[1], "the addendum was frozen after the five-arm run"
+    assert frozen == sorted(frozen) and len(set(frozen)) == len(frozen), (
+        "each addendum was frozen after the run before it"
+    )
+    grid_done = json.loads((GRID / "lr_grid.json").read_text())["created_at"]
+    assert grid_done < frozen[2], "the grid was finished before its follow-up was frozen"
+    assert rerun["test-selected-rates"]["learning_rates"]["lr_grid_sha256"] == sha256_file(
+        GRID / "lr_grid.json"
+    )
 
 
 def test_every_arm_started_from_its_seeds_cold_start_and_is_intact() -> None:
@@ -232,7 +254,7 @@ def test_every_arm_started_from_its_seeds_cold_start_and_is_intact() -> None:
     for seed in SEEDS:
         first, addendum = (
             {arm: _stored_cell(STUDY / name, seed, arm) for arm in ("cold-start", "opd")}
-            for name in RUNS
+            for name in ("test", "test-privileged")
         )
         assert addendum["opd"] == first["opd"], (
             f"seed {seed}: the addendum's opd is not the stored cell"
@@ -241,11 +263,48 @@ def test_every_arm_started_from_its_seeds_cold_start_and_is_intact() -> None:
             assert addendum["cold-start"][field] == first["cold-start"][field], (seed, field)
         fits = [
             json.loads((STUDY / name / f"seed-{seed}" / "teacher-adapter-fit.json").read_text())
-            for name in RUNS
+            for name in ("test", "test-privileged")
         ]
         assert fits[0]["adapter_sha256"] == fits[1]["adapter_sha256"], (
             f"seed {seed}: another adapter"
         )
+
+
+def test_the_selected_rates_run_is_every_arm_at_its_grids_rate(
+    rerun: dict[str, dict[str, Any]],
+) -> None:
+    """Each arm is the test run's arm with ``train.lr`` set to the grid's selection, so only
+    ``opd``'s validated config changed (0.0005 to 0.00015). The cold starts have the test run's
+    config but other weights (recomputed on another CPU); the four arms whose config did not
+    change still solved exactly the test run's tasks, seed by seed, as README and LOG say."""
+    from miniverl.evaluation.lr_grid import lr_text
+
+    grid = json.loads((GRID / "lr_grid.json").read_text())
+    test_arms = rerun["test"]["arms"]
+    selected = STUDY / "test-selected-rates"
+    assert set(rerun["test-selected-rates"]["arms"]) == set(FIVE)
+    for arm, spec in rerun["test-selected-rates"]["arms"].items():
+        rate = grid["selected"][arm]
+        assert spec["overrides"] == [*test_arms[arm]["overrides"], f"train.lr={lr_text(rate)}"]
+        for seed in SEEDS:
+            cell, before = (_stored_cell(run, seed, arm) for run in (selected, STUDY / "test"))
+            assert cell["arm_overrides"] == spec["overrides"], (arm, seed)
+            same_config = cell["config_digest"] == before["config_digest"]
+            assert same_config is (arm != "opd"), (arm, seed)
+            if same_config:
+                assert cell["tasks"] == before["tasks"], f"seed {seed}: {arm} solved other tasks"
+    for seed in SEEDS:
+        cold, before = (_stored_cell(run, seed, "cold-start") for run in (selected, STUDY / "test"))
+        records = [
+            json.loads((run / f"seed-{seed}" / "cold-start" / "cold_start.json").read_text())
+            for run in (selected, STUDY / "test")
+        ]
+        assert records[0]["config_digest"] == records[1]["config_digest"], seed
+        assert records[0]["student_sha256"] == cold["student_sha256"], seed
+        assert cold["student_sha256"] != before["student_sha256"], seed
+        assert cold["start_endpoints"] == before["start_endpoints"], seed
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert "solved exactly the same test tasks in all 12 cells" in readme
 
 
 def test_the_privileged_arm_is_opd_with_the_privileged_teacher(
@@ -266,14 +325,16 @@ def test_the_untrained_model_ran_on_the_same_test_tasks(rerun: dict[str, dict[st
     assert sorted(e["task_id"] for e in episodes) == sorted(t["task_id"] for t in cell["tasks"])
 
 
-def test_the_quoted_total_cost_is_the_cells_own() -> None:
-    total = 0.0
-    for seed in SEEDS:
-        total += _stored_cell(STUDY / "test", seed, "cold-start")["cpu_seconds"]
-        for arm in RUNS["test"]:
-            total += _stored_cell(STUDY / "test", seed, arm)["budget"]["cpu_seconds"]
-    quoted = f"record {total:,.0f} CPU-s in all"
-    assert quoted in (ROOT / "docs" / "benchmark.md").read_text(encoding="utf-8"), quoted
+def test_the_quoted_total_costs_are_the_cells_own() -> None:
+    doc = (ROOT / "docs" / "benchmark.md").read_text(encoding="utf-8")
+    for run in ("test", "test-selected-rates"):
+        total = 0.0
+        for seed in SEEDS:
+            total += _stored_cell(STUDY / run, seed, "cold-start")["cpu_seconds"]
+            for arm in RUNS[run]:
+                total += _stored_cell(STUDY / run, seed, arm)["budget"]["cpu_seconds"]
+        quoted = f"record {total:,.0f} CPU-s in all"
+        assert quoted in doc, (run, quoted)
 
 
 def test_the_quoted_first_errors_and_lost_k1_cells_are_the_cells_own() -> None:

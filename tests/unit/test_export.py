@@ -51,6 +51,11 @@ def _planted_environment() -> dict[str, Any]:
             }
         ],
     }
+    env["cpu"] = {
+        "model": "AMD EPYC 9R14 96-Core Processor",
+        "isa": ["avx2", f"{HOME}/flag", "avx512_bf16", "made_up"],
+        "serial": HOSTNAME,
+    }
     env["env_vars"] = {
         "OMP_NUM_THREADS": "4",
         "CUDA_VISIBLE_DEVICES": f"{HOME}/x",
@@ -171,12 +176,25 @@ def _assert_clean(text: str) -> None:
 def test_sanitize_hardware_is_an_allow_list() -> None:
     clean = sanitize_hardware(_planted_environment())
     _assert_clean(json.dumps(clean))
-    assert set(clean) == {"python", "os", "cpu_count", "byteorder", "gpu", "packages", "env_vars"}
+    assert set(clean) == {
+        "python",
+        "os",
+        "cpu_count",
+        "cpu",
+        "byteorder",
+        "gpu",
+        "packages",
+        "env_vars",
+    }
     assert set(clean["os"]) == {"system", "release", "machine"}
     assert clean["gpu"]["devices"] == [
         {"name": "NVIDIA H200", "total_memory_gib": 139.8, "capability": "9.0"}
     ]
     assert clean["env_vars"] == {"OMP_NUM_THREADS": "4"}
+    assert clean["cpu"] == {
+        "model": "AMD EPYC 9R14 96-Core Processor",
+        "isa": ["avx2", "avx512_bf16"],
+    }
     assert "private-pkg" not in clean["packages"] and clean["packages"]["torch"] is None
     assert clean["packages"]["pydantic"]
 
@@ -185,6 +203,10 @@ def test_sanitize_hardware_of_an_empty_or_odd_environment() -> None:
     assert sanitize_hardware({})["gpu"] == {}
     odd = sanitize_hardware({"gpu": "yes", "packages": ["torch"], "os": None, "cpu_count": "many"})
     assert odd["cpu_count"] is None and odd["packages"] == {} and odd["os"] == {}
+    assert sanitize_hardware({"cpu": {"model": "/home/x", "isa": "avx2"}})["cpu"] == {
+        "model": None,
+        "isa": [],
+    }
 
 
 def test_export_run_leaves_nothing_identifying(tmp_path: Path) -> None:

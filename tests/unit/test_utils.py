@@ -14,7 +14,12 @@ from helpers import run_python
 from miniverl import errors
 from miniverl.errors import BackendError, MiniverlError
 from miniverl.utils import gpu
-from miniverl.utils.env import NUMERIC_ENV_VARS, collect_environment, package_versions
+from miniverl.utils.env import (
+    NUMERIC_ENV_VARS,
+    collect_environment,
+    describe_cpu,
+    package_versions,
+)
 from miniverl.utils.hashing import sha256_bytes, sha256_file
 from miniverl.utils.io import (
     append_jsonl,
@@ -275,7 +280,16 @@ def test_collect_environment_is_an_allow_list(monkeypatch: pytest.MonkeyPatch) -
         return [node] if isinstance(node, str) else []
 
     assert not [s for s in strings(env) if s.startswith("/")]  # no absolute paths at all
-    assert set(env) == {"python", "os", "cpu_count", "packages", "gpu", "env_vars", "byteorder"}
+    assert set(env) == {
+        "python",
+        "os",
+        "cpu_count",
+        "cpu",
+        "packages",
+        "gpu",
+        "env_vars",
+        "byteorder",
+    }
 
 
 def test_collect_environment_keeps_only_set_numeric_vars(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -283,6 +297,24 @@ def test_collect_environment_keeps_only_set_numeric_vars(monkeypatch: pytest.Mon
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert collect_environment()["env_vars"] == {"OMP_NUM_THREADS": "2"}
+
+
+def test_describe_cpu_names_the_model_and_the_kernel_deciding_flags() -> None:
+    """Two processors, two records: the CPU decides the float kernels (utils/env.py)."""
+    cpuinfo = (
+        "processor\t: 0\nmodel name\t: AMD EPYC 9R14 96-Core Processor\n"
+        "flags\t\t: fpu sse avx avx2 fma avx512f avx512bw avx512vl avx512_bf16 sha_ni\n\n"
+        "processor\t: 1\nmodel name\t: another core\nflags\t\t: amx_bf16\n"
+    )
+    assert describe_cpu(cpuinfo) == {
+        "model": "AMD EPYC 9R14 96-Core Processor",
+        "isa": ["avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"],
+    }
+    assert describe_cpu("model name\t: Intel(R) Xeon(R) Processor\nflags\t: avx2 amx_bf16\n")[
+        "isa"
+    ] == ["avx2", "amx_bf16"]
+    here = collect_environment()["cpu"]
+    assert set(here) == {"model", "isa"}
 
 
 def test_package_versions() -> None:

@@ -25,7 +25,7 @@ from miniverl.reporting.load import (
     read_json_or_none,
     require_directory,
 )
-from miniverl.utils.env import NUMERIC_ENV_VARS, TRACKED_PACKAGES
+from miniverl.utils.env import FLOAT_KERNEL_FLAGS, NUMERIC_ENV_VARS, TRACKED_PACKAGES
 from miniverl.utils.io import write_json
 from miniverl.utils.logging import utc_now
 from miniverl.utils.runs import RunPaths
@@ -79,11 +79,17 @@ def sanitize_hardware(env: Mapping[str, Any]) -> dict[str, Any]:
         ]
     packages_in = env.get("packages") if isinstance(env.get("packages"), Mapping) else {}
     env_vars_in = env.get("env_vars") if isinstance(env.get("env_vars"), Mapping) else {}
+    cpu_in = env.get("cpu") if isinstance(env.get("cpu"), Mapping) else {}
+    isa_in = cpu_in.get("isa") if isinstance(cpu_in.get("isa"), list) else []
     return {
         "python": _copy_fields(env.get("python"), ("version", "implementation")),
         "os": _copy_fields(env.get("os"), ("system", "release", "machine")),
         "cpu_count": env.get("cpu_count") if isinstance(env.get("cpu_count"), int) else None,
         "byteorder": env.get("byteorder") if env.get("byteorder") in ("little", "big") else None,
+        "cpu": {
+            "model": _safe_scalar(cpu_in.get("model")),
+            "isa": [flag for flag in FLOAT_KERNEL_FLAGS if flag in isa_in],
+        },
         "gpu": gpu,
         "packages": {
             name: _safe_scalar(packages_in.get(name))
