@@ -194,6 +194,32 @@ def _grid_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+POWER = STUDY / "test-power"
+"""The confirmatory run at fresh seeds that ``test-selected-rates/`` (the pilot) sized."""
+POWER_SEEDS = list(range(4, 12))
+DELTA = 0.10
+"""The smallest effect worth detecting in the power procedure of docs/benchmark.md (10 pp)."""
+
+
+def _power_table(pilot: dict[str, Any]) -> str:
+    """Seeds each primary contrast needs at ``DELTA``, from the pilot's seed differences."""
+    from miniverl.evaluation.stats import minimum_detectable_effect, seeds_needed
+
+    lines = [
+        "| primary contrast | sd of the seed differences | MDE at 3 seeds | seeds for 10 pp | MDE at 8 seeds |",
+        "|---|---|---|---|---|",
+    ]
+    for c in pilot["contrasts"]:
+        if c["primary"]:
+            sd = c["sd_seed_differences"]
+            lines.append(
+                f"| `{c['arm']}` − `{c['reference']}`, {c['endpoint']} | {100 * sd:.1f} pp | "
+                f"{100 * c['mde']:.1f} pp | {seeds_needed(sd, DELTA)} | "
+                f"{100 * minimum_detectable_effect(sd, len(POWER_SEEDS)):.1f} pp |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def render_regions(rerun: dict[str, dict[str, Any]]) -> dict[str, str]:
     test, privileged, selected = (rerun[name] for name in RUNS)
     return {
@@ -208,6 +234,7 @@ def render_regions(rerun: dict[str, dict[str, Any]]) -> dict[str, str]:
         "selected-opd": _arms_table(selected, ["opd"], cold_start=False),
         "selected-primary": _contrasts(selected, True),
         "selected-gate": _gate_table(selected, "test-selected-rates"),
+        "selected-power": _power_table(selected),
     }
 
 
@@ -368,3 +395,33 @@ def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> Non
     assert changed == ["opd"]
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert "the grid selected 0.0005 for every arm but `opd`, which it gave 0.00015" in readme
+
+
+def test_the_power_run_was_frozen_from_the_pilot(rerun: dict[str, dict[str, Any]]) -> None:
+    """``test-power/`` is the pilot's protocol at the number of fresh seeds the power procedure
+    asks for (``opd`` − ``offline_kd`` over all k at 10 pp), frozen after the pilot; its cells
+    are stored as they complete, each intact and started from its own seed's cold start."""
+    from miniverl.evaluation.stats import seeds_needed
+
+    record = json.loads((POWER / "protocol.json").read_text())
+    pilot = json.loads((STUDY / "test-selected-rates" / "protocol.json").read_text())
+    assert sha256_file(POWER / record["stored_as"]) == record["sha256"]
+    assert record["content"]["seeds"] == POWER_SEEDS and not set(POWER_SEEDS) & set(SEEDS)
+    assert {k: v for k, v in record["content"].items() if k != "seeds"} == {
+        k: v for k, v in pilot["content"].items() if k != "seeds"
+    }
+    assert record["frozen_at"] > pilot["frozen_at"]
+    first = next(
+        c
+        for c in rerun["test-selected-rates"]["contrasts"]
+        if (c["arm"], c["reference"], c["endpoint"]) == ("opd", "offline_kd", "all")
+    )
+    assert seeds_needed(first["sd_seed_differences"], DELTA) == len(POWER_SEEDS)
+    stored = sorted(p.name for p in (POWER / "cells").glob("*.json"))
+    for name in stored:
+        seed, arm = int(name.split("-")[0][1:]), name.removesuffix(".json").split("-a0-")[1]
+        assert seed in POWER_SEEDS and arm in ["cold-start", *FIVE], name
+        assert f"s{seed}-a0-cold-start.json" in stored, f"{name} without its cold start"
+        cold = _stored_cell(POWER, seed, "cold-start")["student_sha256"]
+        if arm != "cold-start":
+            assert _stored_cell(POWER, seed, arm)["cold_start_student_sha256"] == cold, name
