@@ -6,6 +6,7 @@ A fake cell runner stands in for the trainer, so these tests run the real
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
@@ -16,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from helpers import subprocess_env, tiny_config
 from miniverl.errors import ConfigError, RunDirectoryError
 from miniverl.evaluation.arms import DEFAULT_ARMS, arm_config, arm_config_for_arm_seed
-from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.evaluation.benchmark import print_benchmark, run_benchmark
 from miniverl.evaluation.budgets import BudgetCap, cap_from_reference, cap_outcome
 from miniverl.evaluation.cell_runner import measure_arm
 from miniverl.evaluation.cells import Cell, arm_phase_seed, plan_cells
@@ -85,7 +87,7 @@ import sys
 from pathlib import Path
 from helpers import tiny_config
 from test_benchmark_cells import fake_payload
-from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.evaluation.benchmark import print_benchmark, run_benchmark
 out, log = Path(sys.argv[1]), Path(sys.argv[2])
 run_benchmark(tiny_config(), arms=%r, seeds=[1, 2, 3], arm_seeds=2, output_dir=out, resamples=2000,
               run_cell=lambda cell, done: fake_payload(cell, done, log))
@@ -140,7 +142,9 @@ def test_a_benchmark_killed_after_cell_2_resumes_without_recomputing(tmp_path: P
     assert _results(out) == _results(fresh)
 
 
-def test_torn_and_foreign_cells_are_redone_never_trusted(tmp_path: Path) -> None:
+def test_torn_and_foreign_cells_are_redone_never_trusted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     calls: list[str] = []
 
     def runner(cell: Cell, done: Any) -> dict[str, Any]:
@@ -179,11 +183,24 @@ def test_torn_and_foreign_cells_are_redone_never_trusted(tmp_path: Path) -> None
             payload["cold_start_student_sha256"] = "cold-other"
         return payload
 
+    capsys.readouterr()
     result = run_benchmark(tiny_config(), **{**kwargs, "run_cell": other_weights})
     assert calls == ["s1-a0-cold-start", "s1-a0-offline_kd", "s1-a0-opd"]
+    said = " ".join(capsys.readouterr().err.split())
+    for arm in ("offline_kd", "opd"):
+        assert (
+            f"seed 1: stored s1-a0-{arm} not reused: recorded for other cold-start weights" in said
+        )
     assert {d["reason"] for d in result["cells"]["discarded"]} == {
         "recorded for other cold-start weights"
     }
+    printed = io.StringIO()
+    print_benchmark(result, Console(file=printed, width=400))
+    assert (
+        "2 stored cell(s) were not reused and ran again: "
+        "s1-a0-offline_kd (recorded for other cold-start weights); "
+        "s1-a0-opd (recorded for other cold-start weights)"
+    ) in printed.getvalue()
 
 
 def test_a_directory_of_another_plan_or_a_legacy_benchmark_is_refused(tmp_path: Path) -> None:

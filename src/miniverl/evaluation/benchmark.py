@@ -156,6 +156,7 @@ def run_benchmark(
     from miniverl.evaluation.cells import COLD_START, CellStore, plan_cells, run_cells
 
     console = Console(quiet=quiet, highlight=False)
+    unsilenced = Console(stderr=True, highlight=False)  # a stored cell about to be recomputed
     seeds = [int(s) for s in dict.fromkeys(seeds)]
     if not seeds:
         raise ConfigError("benchmark needs at least one seed", hint="e.g. --seeds 1,2,3")
@@ -270,7 +271,14 @@ def run_benchmark(
     plan = plan_cells(
         seeds, arm_seeds, list(chosen), first=REFERENCE_ARM if compute_matched else None
     )
-    done, reused = run_cells(plan, store, wrapped, on_cell=progress, still_valid=still_valid)
+
+    def vetoed(cell: Any, payload: Mapping[str, Any], done: Mapping[Any, Any]) -> str | None:
+        reason = still_valid(cell, payload, done)
+        if reason is not None:
+            unsilenced.print(f"[bold]seed {cell.seed}[/]: stored {cell.name} not reused: {reason}")
+        return reason
+
+    done, reused = run_cells(plan, store, wrapped, on_cell=progress, still_valid=vetoed)
     cold_starts = [done[c] for c in plan if c.is_cold_start]
     refuse_failed_gates(cold_starts)
     rows = [done[c] for c in plan if not c.is_cold_start]
@@ -529,6 +537,11 @@ def print_contrasts(result: Mapping[str, Any], console: Console) -> None:
     cells = result.get("cells")
     if cells and cells.get("reused"):
         console.print(f"{len(cells['reused'])} of {cells['planned']} cells were stored and reused")
+    if cells and cells.get("discarded"):
+        console.print(
+            f"{len(cells['discarded'])} stored cell(s) were not reused and ran again: "
+            + "; ".join(f"{d['cell']} ({d['reason']})" for d in cells["discarded"])
+        )
 
 
 __all__ = [
