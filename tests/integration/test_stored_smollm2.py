@@ -5,11 +5,12 @@ calc_chain, recomputed from ``results/smollm2_calc_chain/`` without training.
 ``test-privileged/`` the pre-registered addendum that adds the privileged-context teacher arm
 (``opd_privileged``) against ``opd``; ``test-selected-rates/`` the five arms again, each at the
 rate the validation grid (``lr-grid/``) selected (``miniverl benchmark --lr-from``), from cold
-starts recomputed on another CPU. The student weights are not stored, so the benchmark is rerun over a copy of each directory with a trainer that fails the test if it is
-ever called: every cell must be reused (same base config, validated arm config, cold-start
-SHA-256 and intact payload digest), and the tables and contrast lines are rebuilt from
-the ``benchmark.json`` that rerun writes. A region between ``<!-- smollm2-results:NAME -->``
-markers must be the rendered text verbatim (``MINIVERL_REGEN_DOCS=1`` rewrites them).
+starts recomputed on another CPU. The student weights are not stored, so the benchmark is rerun
+over a copy of each directory with a trainer that fails the test if it is ever called: every
+cell must be reused (same base config, validated arm config, cold-start SHA-256 and intact
+payload digest), and the tables and contrast lines are rebuilt from the ``benchmark.json`` that
+rerun writes. A region between ``<!-- smollm2-results:NAME -->`` markers must be the rendered
+text verbatim (``MINIVERL_REGEN_DOCS=1`` rewrites them).
 """
 
 from __future__ import annotations
@@ -206,7 +207,8 @@ def _power_table(pilot: dict[str, Any]) -> str:
     from miniverl.evaluation.stats import minimum_detectable_effect, seeds_needed
 
     lines = [
-        "| primary contrast | sd of the seed differences | MDE at 3 seeds | seeds for 10 pp | MDE at 8 seeds |",
+        "| primary contrast | sd of the seed differences | MDE at 3 seeds | "
+        f"seeds for {100 * DELTA:.0f} pp | MDE at {len(POWER_SEEDS)} seeds |",
         "|---|---|---|---|---|",
     ]
     for c in pilot["contrasts"]:

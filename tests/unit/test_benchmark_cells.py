@@ -87,7 +87,7 @@ import sys
 from pathlib import Path
 from helpers import tiny_config
 from test_benchmark_cells import fake_payload
-from miniverl.evaluation.benchmark import print_benchmark, run_benchmark
+from miniverl.evaluation.benchmark import run_benchmark
 out, log = Path(sys.argv[1]), Path(sys.argv[2])
 run_benchmark(tiny_config(), arms=%r, seeds=[1, 2, 3], arm_seeds=2, output_dir=out, resamples=2000,
               run_cell=lambda cell, done: fake_payload(cell, done, log))
