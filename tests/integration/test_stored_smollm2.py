@@ -5,7 +5,8 @@ calc_chain, recomputed from ``results/smollm2_calc_chain/`` without training.
 ``test-privileged/`` the pre-registered addendum that adds the privileged-context teacher arm
 (``opd_privileged``) against ``opd``; ``test-selected-rates/`` the five arms again, each at the
 rate the validation grid (``lr-grid/``) selected (``miniverl benchmark --lr-from``), from cold
-starts recomputed on another CPU. The student weights are not stored, so the benchmark is rerun
+starts recomputed on another CPU; ``test-power/`` the same five arms at the eight fresh seeds
+the power procedure asked for, with that run as its pilot. The student weights are not stored, so the benchmark is rerun
 over a copy of each directory with a trainer that fails the test if it is ever called: every
 cell must be reused (same base config, validated arm config, cold-start SHA-256 and intact
 payload digest), and the tables and contrast lines are rebuilt from the ``benchmark.json`` that
@@ -50,9 +51,12 @@ RUNS = {
     "test": FIVE,
     "test-privileged": ["opd", "opd_privileged"],
     "test-selected-rates": FIVE,
+    "test-power": FIVE,
 }
+POWER_SEEDS = list(range(4, 12))
+RUN_SEEDS = {name: SEEDS for name in RUNS} | {"test-power": POWER_SEEDS}
 GRID = STUDY / "lr-grid"
-LR_FROM = {"test-selected-rates": GRID}
+LR_FROM = {"test-selected-rates": GRID, "test-power": GRID}
 """The runs whose arms take their learning rates from a validation grid (``--lr-from``)."""
 KS = ("1", "2", "3", "4", "5")
 DOCS = (ROOT / "README.md", ROOT / "docs" / "benchmark.md", STUDY / "LOG.md")
@@ -78,7 +82,7 @@ def rerun(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
         out[name] = run_benchmark(
             RECIPE,
             arms=arms,
-            seeds=SEEDS,
+            seeds=RUN_SEEDS[name],
             output_dir=copy,
             overrides=OVERRIDES,
             run_cell=_refuse_to_train,
@@ -86,7 +90,7 @@ def rerun(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
             arm_definitions=definitions,
             learning_rates=rates,
         )
-        assert len(out[name]["cells"]["reused"]) == len(SEEDS) * (len(arms) + 1)
+        assert len(out[name]["cells"]["reused"]) == len(RUN_SEEDS[name]) * (len(arms) + 1)
     return out
 
 
@@ -126,7 +130,7 @@ def _raw_endpoints() -> dict[str, Any]:
     return endpoints
 
 
-def _arms_table(bench: dict[str, Any], arms: list[str], *, cold_start: bool) -> str:
+def _arms_table(bench: dict[str, Any], run: str, arms: list[str], *, cold_start: bool) -> str:
     lines = [
         "| arm | k = 1 | k = 2 | k = 3 | k = 4 | k = 5 | all k | CPU-s per cell | tokens generated (student / teacher) per cell | teacher-scored tokens per cell |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -149,7 +153,7 @@ def _arms_table(bench: dict[str, Any], arms: list[str], *, cold_start: bool) -> 
         )
     for arm in arms:
         rows = sorted((r for r in bench["rows"] if r["arm"] == arm), key=lambda r: r["seed"])
-        assert [r["seed"] for r in rows] == SEEDS
+        assert [r["seed"] for r in rows] == RUN_SEEDS[run], (run, arm)
         lines.append(_arm_row(f"`{arm}`", [r["endpoints"] for r in rows], _arm_cost(rows)))
     return "\n".join(lines) + "\n"
 
@@ -165,7 +169,7 @@ def _gate_table(bench: dict[str, Any], run: str) -> str:
         "| seed | on the oracle's path (top-1, positions) | after a deviation (top-1, positions) | recovery (teacher solves from the first deviated state) | adapter fit CPU-s | held-out probe |",
         "|---|---|---|---|---|---|",
     ]
-    for seed in SEEDS:
+    for seed in RUN_SEEDS[run]:
         gate = json.loads((STUDY / run / f"seed-{seed}" / "teacher-state-gate.json").read_text())
         fit = json.loads((STUDY / run / f"seed-{seed}" / "teacher-adapter-fit.json").read_text())
         cell = next(c for c in bench["cold_starts"] if c["seed"] == seed)["teacher_gate"]["states"]
@@ -197,7 +201,6 @@ def _grid_table() -> str:
 
 POWER = STUDY / "test-power"
 """The confirmatory run at fresh seeds that ``test-selected-rates/`` (the pilot) sized."""
-POWER_SEEDS = list(range(4, 12))
 DELTA = 0.10
 """The smallest effect worth detecting in the power procedure of docs/benchmark.md (10 pp)."""
 
@@ -223,20 +226,28 @@ def _power_table(pilot: dict[str, Any]) -> str:
 
 
 def render_regions(rerun: dict[str, dict[str, Any]]) -> dict[str, str]:
-    test, privileged, selected = (rerun[name] for name in RUNS)
+    test, privileged, selected, power = (rerun[name] for name in RUNS)
     return {
         "lr-grid": _grid_table(),
-        "arms": _arms_table(test, RUNS["test"], cold_start=True),
+        "arms": _arms_table(test, "test", RUNS["test"], cold_start=True),
         "primary": _contrasts(test, True),
         "secondary": _contrasts(test, False),
         "gate": _gate_table(test, "test"),
-        "privileged-arms": _arms_table(privileged, ["opd_privileged"], cold_start=False),
+        "privileged-arms": _arms_table(
+            privileged, "test-privileged", ["opd_privileged"], cold_start=False
+        ),
         "privileged-primary": _contrasts(privileged, True),
-        "selected-arms": _arms_table(selected, RUNS["test-selected-rates"], cold_start=True),
-        "selected-opd": _arms_table(selected, ["opd"], cold_start=False),
+        "selected-arms": _arms_table(
+            selected, "test-selected-rates", RUNS["test-selected-rates"], cold_start=True
+        ),
+        "selected-opd": _arms_table(selected, "test-selected-rates", ["opd"], cold_start=False),
         "selected-primary": _contrasts(selected, True),
         "selected-gate": _gate_table(selected, "test-selected-rates"),
         "selected-power": _power_table(selected),
+        "power-arms": _arms_table(power, "test-power", RUNS["test-power"], cold_start=True),
+        "power-primary": _contrasts(power, True),
+        "power-secondary": _contrasts(power, False),
+        "power-gate": _gate_table(power, "test-power"),
     }
 
 
@@ -254,7 +265,8 @@ def test_the_protocols_were_frozen_and_name_what_ran(rerun: dict[str, dict[str, 
     for name, arms in RUNS.items():
         record = json.loads((STUDY / name / "protocol.json").read_text())
         assert sha256_file(STUDY / name / record["stored_as"]) == record["sha256"]
-        assert record["content"]["arms"] == arms and record["content"]["seeds"] == SEEDS
+        assert record["content"]["arms"] == arms
+        assert record["content"]["seeds"] == RUN_SEEDS[name]
         assert rerun[name]["protocol"]["frozen"]["sha256"] == record["sha256"]
         family = [c for c in rerun[name]["contrasts"] if c["primary"]]
         pairs = {(c["arm"], c["reference"]) for c in family}
@@ -274,7 +286,7 @@ def test_the_protocols_were_frozen_and_name_what_ran(rerun: dict[str, dict[str, 
 
 def test_every_arm_started_from_its_seeds_cold_start_and_is_intact() -> None:
     for name, arms in RUNS.items():
-        for seed in SEEDS:
+        for seed in RUN_SEEDS[name]:
             cold = _stored_cell(STUDY / name, seed, "cold-start")["student_sha256"]
             started = {
                 _stored_cell(STUDY / name, seed, arm)["cold_start_student_sha256"] for arm in arms
@@ -356,9 +368,9 @@ def test_the_untrained_model_ran_on_the_same_test_tasks(rerun: dict[str, dict[st
 
 def test_the_quoted_total_costs_are_the_cells_own() -> None:
     doc = (ROOT / "docs" / "benchmark.md").read_text(encoding="utf-8")
-    for run in ("test", "test-selected-rates"):
+    for run in ("test", "test-selected-rates", "test-power"):
         total = 0.0
-        for seed in SEEDS:
+        for seed in RUN_SEEDS[run]:
             total += _stored_cell(STUDY / run, seed, "cold-start")["cpu_seconds"]
             for arm in RUNS[run]:
                 total += _stored_cell(STUDY / run, seed, arm)["budget"]["cpu_seconds"]
@@ -401,8 +413,8 @@ def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> Non
 
 def test_the_power_run_was_frozen_from_the_pilot(rerun: dict[str, dict[str, Any]]) -> None:
     """``test-power/`` is the pilot's protocol at the number of fresh seeds the power procedure
-    asks for (``opd`` − ``offline_kd`` over all k at 10 pp), frozen after the pilot; its cells
-    are stored as they complete, each intact and started from its own seed's cold start."""
+    asks for (``opd`` − ``offline_kd`` over all k at 10 pp), frozen after the pilot; every one
+    of its 48 cells is stored, intact and started from its own seed's cold start."""
     from miniverl.evaluation.stats import seeds_needed
 
     record = json.loads((POWER / "protocol.json").read_text())
@@ -420,6 +432,7 @@ def test_the_power_run_was_frozen_from_the_pilot(rerun: dict[str, dict[str, Any]
     )
     assert seeds_needed(first["sd_seed_differences"], DELTA) == len(POWER_SEEDS)
     stored = sorted(p.name for p in (POWER / "cells").glob("*.json"))
+    assert len(stored) == len(POWER_SEEDS) * (len(FIVE) + 1)
     for name in stored:
         seed, arm = int(name.split("-")[0][1:]), name.removesuffix(".json").split("-a0-")[1]
         assert seed in POWER_SEEDS and arm in ["cold-start", *FIVE], name
