@@ -6,10 +6,10 @@ calc_chain, recomputed from ``results/smollm2_calc_chain/`` without training.
 (``opd_privileged``) against ``opd``; ``test-selected-rates/`` the five arms again, each at the
 rate the validation grid (``lr-grid/``) selected (``miniverl benchmark --lr-from``), from cold
 starts recomputed on another CPU; ``test-power/`` the same five arms at the eight fresh seeds
-the power procedure asked for, with that run as its pilot. The student weights are not stored, so the benchmark is rerun
-over a copy of each directory with a trainer that fails the test if it is ever called: every
-cell must be reused (same base config, validated arm config, cold-start SHA-256 and intact
-payload digest), and the tables and contrast lines are rebuilt from the ``benchmark.json`` that
+the power procedure asked for, with that run as its pilot. The student weights are not stored,
+so the benchmark is rerun over a copy of each directory with a trainer that fails the test if
+it is ever called: every cell must be reused (same base config, validated arm config,
+cold-start SHA-256 and intact payload digest), and the tables and contrast lines are rebuilt from the ``benchmark.json`` that
 rerun writes. A region between ``<!-- smollm2-results:NAME -->`` markers must be the rendered
 text verbatim (``MINIVERL_REGEN_DOCS=1`` rewrites them).
 """
