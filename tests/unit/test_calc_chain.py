@@ -208,6 +208,7 @@ def test_split_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"eval_k": []}, "calc_chain: eval_k must be a non-empty list of chain lengths in 1..6, got []"),
         ({"eval_k": ["2"]}, "calc_chain: eval_k must be a non-empty list of chain lengths in 1..6, got ['2']"),
         ({"spare_turns": -1}, "calc_chain: spare_turns must be a non-negative integer, got -1"),
+        ({"checked": "yes"}, "calc_chain: checked must be true or false, got 'yes'"),
     ],
 )  # fmt: skip
 def test_bad_params(params: dict, message: str) -> None:
@@ -401,3 +402,72 @@ def test_validate_refuses_a_max_turns_below_the_budget() -> None:
     assert "hint: set rollout.max_turns: 9" in bad.stderr
     good = CliRunner().invoke(app, ["validate", recipe, "-q"])
     assert good.exit_code == 0, good.stderr
+
+
+# -- checked: every error is flagged with the next step ------------------------------------------
+
+
+def _call(expression: str) -> ToolCall:
+    return ToolCall("calculator", {"expression": expression})
+
+
+def test_checked_answers_only_the_next_step_and_names_it_otherwise(
+    splits: dict[str, list[Task]],
+) -> None:
+    task = next(t for t in splits["train"] if _k(t) == 3)
+    e, r = task.data["expressions"], task.data["results"]
+    env = chain_env(checked=True)
+    env.reset(task)
+    wrong = env.step(_call(e[1]))  # a skipped step
+    assert (wrong.ok, wrong.error) == (False, f"wrong step; the next step is {e[0]}")
+    assert env.step(_call(e[0])).result == f"{e[0]} = {r[0]}"
+    assert env.step(_call(e[0])).error == f"wrong step; the next step is {e[1]}"  # a repeat
+    miscopy = e[1].replace(str(r[0]), str(r[0] + 1), 1)
+    assert env.step(_call(miscopy)).error == f"wrong step; the next step is {e[1]}"
+    malformed = env.step(_call("12 +"))
+    assert malformed.error.endswith(f"got '12 +'; the next step is {e[1]}")
+    assert env.step(ToolCall("calc", {"expression": e[1]})).error.endswith(
+        f"; the next step is {e[1]}"
+    )
+    assert env.parse_error("tool call is not valid JSON").error == (
+        f"tool call is not valid JSON; the next step is {e[1]}"
+    )
+    assert env.step(_call(e[1])).ok and env.step(_call(e[2])).ok
+    done = env.step(_call(e[2]))
+    assert (done.ok, done.error) == (False, "every step is done: give the final answer")
+    env.reset(task)
+    assert env.step(_call(e[0])).ok  # reset starts the chain again
+
+
+def test_unchecked_answers_any_step_and_parse_errors_stay_the_parsers(
+    splits: dict[str, list[Task]],
+) -> None:
+    task = next(t for t in splits["train"] if _k(t) == 3)
+    env = chain_env()
+    env.reset(task)
+    assert env.step(_call(task.data["expressions"][1])).ok
+    assert env.parse_error("no block").error == "no block"
+    assert "refused" not in env.system_prompt()
+    assert (
+        "A wrong step is refused, and the error names the next step."
+        in chain_env(checked=True).system_prompt()
+    )
+
+
+def test_checked_oracle_traces_carry_no_flag_and_a_student_error_is_flagged_in_the_transcript(
+    splits: dict[str, list[Task]],
+) -> None:
+    recipe = RunConfig.from_yaml(REPO_ROOT / "recipes" / "toy_calc_chain.yaml").rollout
+    env = chain_env(checked=True)
+    runner = RolloutRunner(ScriptedBackend([]), env, recipe)
+    for task in splits["train"][:30]:
+        traj = runner.oracle_rollout(task)
+        assert traj.solved and all(t.tool_result.ok for t in traj.turns if t.tool_result)
+    task = next(t for t in splits["train"] if _k(t) == 2)
+    e = task.data["expressions"]
+    script = [format_tool_call(_call("5 + 5")), "<tool_call>{oops", format_tool_call(_call(e[0]))]
+    script += [format_tool_call(_call(e[1])), format_final(task.answer)]
+    student = RolloutRunner(ScriptedBackend(script), env, recipe).rollout(task, seed=0)
+    text = toy_tokenizer().decode(student.token_ids)
+    assert text.count(f"the next step is {e[0]}") == 2  # the wrong call and the broken block
+    assert student.solved

@@ -103,6 +103,13 @@ def test_summary_rates() -> None:
     assert s["error_rate"] == 0.5 and s["recovery_rate"] == 0.5 and s["recovery_episodes"] == 2
     assert s["first_error_step_mean"] == 1.5
     assert s["first_error_kinds"]["malformed"] == 1 and s["first_error_kinds"]["early_answer"] == 1
+    refused_lost = analyze_episode(TASK, [ORACLE[0], CallEvent("15 * 4", False)], solved=False)
+    s = summarize_episodes([clean, recovered, lost, k1, refused_lost])
+    assert [a.flagged for a in (clean, recovered, lost, k1, refused_lost)] == [
+        False, True, False, False, True
+    ]  # fmt: skip
+    assert s["flagged_episodes"] == 2 and s["flagged_recovery_rate"] == 0.5
+    assert summarize_episodes([clean])["flagged_recovery_rate"] is None
 
 
 def test_area_under_curve() -> None:

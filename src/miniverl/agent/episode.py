@@ -227,7 +227,9 @@ class Episode:
         if self.parse_errors >= max(1, cfg.max_parse_errors):
             self._end(TerminationReason.PARSE_ERROR_LIMIT)
             return
-        add_observation(builder, ToolResult(ok=False, error=parsed.error), turn, call_id)
+        add_observation(
+            builder, self.environment.parse_error(parsed.error or "error"), turn, call_id
+        )
 
     def _end(self, reason: TerminationReason) -> None:
         self.reason, self.done = reason, True

@@ -407,7 +407,7 @@ class RolloutRunner:
                     ),
                 )
             )
-            add_observation(builder, ToolResult(ok=False, error=parsed.error), 0, "c0")
+            add_observation(builder, self.environment.parse_error(parsed.error or "error"), 0, "c0")
         elif noise == "wrong_tool":
             call = ToolCall(f"{first.name}_tool", dict(first.arguments))
             text = format_tool_call(call)

@@ -55,7 +55,7 @@ APP_HELP = (
 RUN, INSPECT, COMPARE, EXPORT, MAINTAIN = "Run", "Inspect", "Compare", "Export", "Maintain"
 WORKFLOW: dict[str, tuple[str, ...]] = {
     RUN: ("doctor", "demo", "validate", "train", "eval"),
-    INSPECT: ("inspect", "report"),
+    INSPECT: ("inspect", "report", "teacher-audit"),
     COMPARE: ("benchmark", "lr-grid"),
     EXPORT: ("export", "export-model", "export-verl"),
     MAINTAIN: ("cache", "models"),
@@ -672,6 +672,36 @@ def eval_command(
     console.print(
         f"{tag}: {result['solved']}/{result['tasks']} solved ({100 * result['success_rate']:.1f}%) -> {result['path']}"
     )
+
+
+@app.command(
+    "teacher-audit",
+    rich_help_panel=INSPECT,
+    short_help="What the run's teacher targets at the student's own states: per position class, top targets, EOS and closing tags.",
+)
+@handles_errors
+def teacher_audit(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by 'miniverl train'.")],
+    cycles: Annotated[
+        str | None,
+        typer.Option("--cycles", help="Only the rollouts of these cycles: 7 or 150-199."),
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Only the last N student rollouts.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the audit as JSON.")] = False,
+) -> None:
+    """Re-score a run's stored student rollouts with its teacher (oracle, toy or HF) and print
+    what it targets on the oracle's path, after a flagged tool error and inside deviated blocks."""
+    import_torch("miniverl teacher-audit")
+    from miniverl.evaluation.teacher_audit import audit_run, render_audit
+
+    audit = audit_run(run_dir, cycles=cycles, limit=limit)
+    if as_json:
+        typer.echo(json.dumps(audit.to_dict(), indent=2))
+        return
+    for line in render_audit(audit):
+        console.print(line, markup=False, highlight=False)
 
 
 # -- report / benchmark / export ----------------------------------------------------

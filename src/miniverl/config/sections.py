@@ -307,9 +307,9 @@ class OracleTeacherConfig(_Section):
         lt=1,
         description="Probability mass epsilon spread uniformly over the vocabulary: the teacher puts 1 - epsilon + epsilon/V on the oracle's next token from the current state (after an error: the corrective re-call) and epsilon/V on every other token.",
     )
-    off_path: Literal["privileged", "context", "turn_only"] = Field(
-        "privileged",
-        description="Targets after the student left the oracle's path inside a turn: privileged = finish the block from the oracle's own solution (the true final value even when no tool result shows it; template numbers finished inside a miscopied one); context = only what the transcript determines (a final value only once a tool result shows it, else the answer block is closed; a miscopied number is ended, not finished); turn_only = no target inside a deviated turn (those positions leave the selection), only the on-path positions and the corrective next turn are supervised.",
+    off_path: Literal["context", "turn_only"] = Field(
+        "context",
+        description="Which positions carry a target (teachers/oracle.py): context = every position where the oracle's continuation is defined (on its path, every turn start, and inside a deviated block of the right kind where the alignment says what comes next); turn_only = only the positions on the oracle's path of their turn (turn starts included). Positions without a target (a block of the wrong kind, a miscopied number, the action used up) leave the selection; EOS is never a target.",
     )
 
 

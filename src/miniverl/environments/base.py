@@ -119,6 +119,11 @@ class ToolEnvironment(abc.ABC):
     def step(self, call: ToolCall) -> ToolResult:
         """Execute one call. Bad calls return ``ok=False`` with a readable error."""
 
+    def parse_error(self, message: str) -> ToolResult:
+        """The observation for an assistant block the protocol could not parse (``message`` is
+        the parser's sentence). An environment may add what the policy should do next."""
+        return ToolResult(ok=False, error=message)
+
     @abc.abstractmethod
     def verify(self, task: Task, answer: str) -> VerificationRecord:
         """Exact verification of a final answer, with a failure category."""

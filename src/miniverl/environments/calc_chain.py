@@ -16,6 +16,14 @@ Errors are recoverable by construction, which is what makes on-policy training m
 - a call the tool cannot do returns a readable error and the episode continues; a block
   the protocol cannot parse does too, up to ``rollout.max_parse_errors``.
 
+**Checked** (``checked: true``): the tool knows the task and answers only the next step of
+the chain. A malformed call, an unparseable block, a wrong operand and any call that is not
+the next step (a repeat, a skipped step, a call once every step is done) are *flagged*: an
+``ok: false`` observation whose message names the next step (``"wrong step: the next step
+is 75 + 12"``) or says the answer is due, so the correct next action is always derivable
+from the transcript. Oracle traces never see a flag; a student's own error is flagged at
+once, which is the state a teacher's traces never show and on-policy distillation does.
+
 Splits are owned by the environment (``owns_splits``): task ``i`` of a split is generated
 from ``(seed, split, i)`` alone (plus rejection of prompts already drawn), with the chain
 length ``k = ks[i % len(ks)]`` for the split's ``ks``. Disjointness does not depend on
@@ -71,6 +79,7 @@ _SYSTEM_PROMPT = (
     "Start each step from the previous result.\n"
     f"{TOOL_PROTOCOL_HINT}"
 )
+_CHECKED_HINT = "A wrong step is refused, and the error names the next step.\n"
 _CALL_PATTERN = re.compile(
     rf"^\s*([+-]?\d{{1,{MAX_OPERAND_DIGITS}}})\s*([-+*])\s*([+-]?\d{{1,{MAX_OPERAND_DIGITS}}})\s*$"
 )
@@ -261,6 +270,7 @@ class CalcChainEnvironment(ToolEnvironment):
         eval_k: Sequence[int] = (1, 2, 3),
         test_k: Sequence[int] = (1, 2, 3, 4, 5, 6),
         spare_turns: int = SPARE_TURNS,
+        checked: bool = False,
     ) -> None:
         self.split_ks: dict[str, tuple[int, ...]] = {
             "train": _check_ks("train_k", train_k),
@@ -271,8 +281,15 @@ class CalcChainEnvironment(ToolEnvironment):
             raise ToolEnvironmentError(
                 f"calc_chain: spare_turns must be a non-negative integer, got {spare_turns!r}"
             )
+        if not isinstance(checked, bool):
+            raise ToolEnvironmentError(
+                f"calc_chain: checked must be true or false, got {checked!r}"
+            )
         self.spare_turns = spare_turns
+        self.checked = checked
         self._steps = 0
+        self._expected: list[str] = []
+        self._done = 0
 
     def ks_of(self, split: str) -> tuple[int, ...]:
         """Chain lengths of ``split``; any split other than eval/test (the toy teacher's pool) uses train's."""
@@ -288,7 +305,10 @@ class CalcChainEnvironment(ToolEnvironment):
         ]
 
     def system_prompt(self) -> str:
-        return _SYSTEM_PROMPT
+        if not self.checked:
+            return _SYSTEM_PROMPT
+        head, _, hint = _SYSTEM_PROMPT.partition(TOOL_PROTOCOL_HINT)
+        return head + _CHECKED_HINT + TOOL_PROTOCOL_HINT + hint
 
     def sample_task(
         self, rng: random.Random, difficulty: Difficulty
@@ -331,23 +351,50 @@ class CalcChainEnvironment(ToolEnvironment):
 
     def reset(self, task: Task) -> None:
         self._steps = 0
+        self._expected = list(task.data.get("expressions") or []) if self.checked else []
+        self._done = 0
+
+    def next_step_message(self) -> str:
+        """What a flagged error tells the policy: the next step of the chain, or that the
+        answer is due (checked mode)."""
+        if self._done < len(self._expected):
+            return f"the next step is {self._expected[self._done]}"
+        return "every step is done: give the final answer"
+
+    def _flag(self, error: str, state: str | None) -> ToolResult:
+        return ToolResult(
+            ok=False, error=f"{error}; {self.next_step_message()}", env_state_id=state
+        )
+
+    def parse_error(self, message: str) -> ToolResult:
+        """An unparseable block; checked mode names the next step too."""
+        if not self.checked:
+            return super().parse_error(message)
+        return self._flag(message, None)
 
     def step(self, call: ToolCall) -> ToolResult:
         self._steps += 1
         state = f"chain:{self._steps}"
         expression = calculator_expression(call, state)
         if isinstance(expression, ToolResult):
-            return expression
+            return self._flag(expression.error or "error", state) if self.checked else expression
         match = _CALL_PATTERN.match(expression)
         if match is None:
             shown = expression if len(expression) <= 40 else expression[:40] + "..."
-            return ToolResult(
-                ok=False,
-                error=f"one step per call: 'a + b', 'a - b' or 'a * b' with integers "
-                f"(e.g. '80 * 4'), got {shown!r}",
-                env_state_id=state,
+            error = (
+                f"one step per call: 'a + b', 'a - b' or 'a * b' with integers "
+                f"(e.g. '80 * 4'), got {shown!r}"
             )
+            if self.checked:
+                return self._flag(error, state)
+            return ToolResult(ok=False, error=error, env_state_id=state)
         left, symbol, right = int(match.group(1)), match.group(2), int(match.group(3))
+        if self.checked:
+            if self._done >= len(self._expected):
+                return ToolResult(ok=False, error=self.next_step_message(), env_state_id=state)
+            if f"{left} {symbol} {right}" != self._expected[self._done]:
+                return self._flag("wrong step", state)
+            self._done += 1
         value = {"+": left + right, "-": left - right, "*": left * right}[symbol]
         return ToolResult(ok=True, result=f"{left} {symbol} {right} = {value}", env_state_id=state)
 
@@ -372,4 +419,5 @@ class CalcChainEnvironment(ToolEnvironment):
             "chain_lengths": {split: list(ks) for split, ks in self.split_ks.items()},
             "spare_turns": self.spare_turns,
             "max_turn_budget": self.max_turn_budget(),
+            **({"checked": True} if self.checked else {}),
         }

@@ -31,7 +31,11 @@ is *correct* and advances ``i``. A call equal to an ``e_j`` already done (``j < 
 **first_error_step** is the pointer ``i`` at the first error (1..k for a call, ``k + 1``
 for the answer step); ``None`` for an error-free episode. **Recovery rate** is
 ``P(solved | the episode contains an error)``; an error-free episode is never counted.
-``solved`` is the environment's verification, not re-derived here.
+**Flagged recovery rate** is ``P(solved | the tool or the parser refused a call of the
+episode)``: the episodes whose transcript shows an error observation (``ok: false``), which in
+the checked environment is every error before the answer. It is the positive control's
+endpoint: recovering from an error the policy was told about. ``solved`` is the
+environment's verification, not re-derived here.
 
 **Per-skill accuracy** is measured only at *clean states*: before the first call, or right
 after a correct call, so the context holds no off-path tool result that a faithful copy
@@ -124,6 +128,7 @@ class EpisodeAnalysis:
     repeats: int = 0
     operand_copy: list[bool] = field(default_factory=list)
     result_copy: list[bool] = field(default_factory=list)
+    flagged: bool = False
 
     @property
     def had_error(self) -> bool:
@@ -173,6 +178,7 @@ def analyze_episode(task: ChainTask, events: Sequence[Event], solved: bool) -> E
                 if not right:
                     error("answer_copy")
             break
+        out.flagged = out.flagged or not event.ok
         call = parse_expression(event.expression) if event.ok else None
         if call is None:
             error("malformed")
@@ -280,6 +286,8 @@ def summarize_episodes(analyses: Sequence[EpisodeAnalysis]) -> dict[str, Any]:
         "first_error_kinds": kinds,
         "recovery_rate": _rate(a.solved for a in erred),
         "recovery_episodes": len(erred),
+        "flagged_recovery_rate": _rate(a.solved for a in analyses if a.flagged),
+        "flagged_episodes": sum(a.flagged for a in analyses),
         "operand_copy_accuracy": _rate(x for a in analyses for x in a.operand_copy),
         "result_copy_accuracy": _rate(x for a in analyses for x in a.result_copy),
         "operand_copy_opportunities": sum(len(a.operand_copy) for a in analyses),

@@ -1,13 +1,11 @@
-"""A teacher that is the environment's oracle policy, smoothed: competent at every state.
+"""A teacher that is the environment's oracle policy, smoothed, wherever that policy is defined.
 
 Why: on-policy distillation is expected to help when the teacher is right at the states the
-*student* reaches, including those after the student's own errors. A fitted toy teacher
-learns the oracle's path but stays poor after errors (docs/benchmark.md, "Runs so far"),
-so a benchmark with it measures the teacher. This backend removes that confound: at any
-state it puts ``1 - eps + eps / V`` on the oracle's next token and ``eps / V`` on every
-other token (``models.oracle_teacher.smoothing`` = ``eps``). It is labelled in the
-manifest (``capabilities.backend == "oracle"``) and never fitted. It lives among the teachers,
-not the model backends, because it reads the agent protocol and the environment's oracle;
+*student* reaches, including those after the student's own errors. This backend puts
+``1 - eps + eps / V`` on the oracle's next token and ``eps / V`` on every other token
+(``models.oracle_teacher.smoothing`` = ``eps``). It is labelled in the manifest
+(``capabilities.backend == "oracle"``) and never fitted. It lives among the teachers, not the
+model backends, because it reads the agent protocol and the environment's oracle;
 :func:`build_oracle_teacher` is how a run builds it (``training/assembly.py``).
 
 The oracle's next token after ids ``x[0..p]`` (what position ``p`` predicts):
@@ -18,49 +16,38 @@ The oracle's next token after ids ``x[0..p]`` (what position ``p`` predicts):
    given; the oracle state is the number of oracle calls the earlier tool results completed
    (``environments/oracle_state.py``, :func:`~miniverl.environments.oracle_state.steps_done_of_results`),
    and the correct action ``a`` is the next oracle call (after an error: the corrective
-   re-call) or the final answer, rendered as oracle traces render it.
-3. If ``g`` is a prefix of ``a`` the next text is the rest of ``a``. Text before the turn's
-   first block is prose the parser skips, so while no block is open the oracle starts ``a``.
-   Once a block is open, the oracle finishes *that* block the way the oracle writes a block
-   of its kind: ``a`` when it is of that kind; when the student opened a tool call where the
-   answer is due, the oracle's last call (a repeat the tool answers again); when it opened
-   an answer where a call is due, the oracle's final answer. The student's block and that
-   template are compared as *skeletons*, in which every value is a slot (a number, signed or
-   not, or one of the operators ``+ - *``) and every other character is literal, and the
-   oracle continues after the cheapest prefix alignment of the two (edit distance; a
-   different value in a slot is free, a stray, missing or wrong literal costs 1), finishing a
-   number the student is inside to the template's length. So a miscopied number or operator
-   costs one wrong value, not a broken call (the tool's echo then shows the error and the
-   next turn re-calls), and a slip in the syntax is stepped over rather than answered with
-   an instruction to stop. (A first version closed the block at every position after any
-   deviation; on-policy training on those targets learned to close calls everywhere, see
-   docs/benchmark.md, "Runs so far".)
-4. The next token is the first token of the tokenizer's encoding of that text (EOS when it
-   is empty).
+   re-call) or, once every call is done, the final answer, rendered as oracle traces render it.
+   Every character of ``a`` is derivable from the transcript: the operands come from the task
+   text and the last tool result, the final value from the last tool result.
+3. The continuation (:func:`deviated_continuation`): if ``g`` is a prefix of ``a``, the rest of
+   ``a``. Text before the turn's first block is prose the parser skips, so while no block is
+   open the oracle starts ``a``. Inside a block of ``a``'s kind the student's block and ``a``
+   are compared as *skeletons*, in which every value is a slot (a number, signed or not, or one
+   of the operators ``+ - *``) and every other character is literal, and the oracle continues
+   after the cheapest prefix alignment (edit distance; a different value in a slot is free, a
+   stray, missing or wrong literal costs 1). A number the student is typing is finished only
+   while its digits begin the number of ``a`` it is aligned with.
+4. **No target** where the continuation is undefined: inside a block of the other kind (an
+   answer opened where a call is due, or a call where the answer is due), inside a number
+   whose digits no longer begin ``a``'s (a miscopied number), and once the alignment has used
+   ``a`` up. Such a position leaves the selection (:meth:`OracleTeacher.target_mask`), and its
+   score row is uniform. The teacher never targets EOS inside a turn: ending an episode
+   without an answer is never the oracle's action, and a "stop now" target at a state that
+   looks like an on-path state is not a policy the student can realise.
 
-**Off-path targets** (``models.oracle_teacher.off_path``). The rule above, ``privileged``,
-uses the oracle's own solution where the transcript does not determine the target: the
-final-answer template holds the true final value even when no tool result shows it, and a
-number the student miscopied is finished with the template's remaining digits. Two variants
-keep every target derivable from the transcript, so the teacher's off-path targets are
-realisable by a policy that sees only what the student sees:
+**Off-path targets** (``models.oracle_teacher.off_path``):
 
-- ``context``: the final answer is a template (and an action) only once a successful tool
-  result shows its value; until then an answer block opened where a call is due is closed
-  (no number is written into it), and the turn-start action stays the next needed call. A
-  number is finished only when the student's digits so far begin the template's number;
-  otherwise it is left as typed (the tool's echo then shows the error). Every other target
-  is a character of the oracle's next call, whose numbers come from the task text and the
-  previous tool result.
-- ``turn_only``: the ``context`` targets, plus :meth:`OracleTeacher.target_mask`: after the
-  first deviation inside a turn no position of that turn is supervised. The trainer drops
-  those positions from the selection, so only on-path positions and the start of every turn
-  (the corrective re-call after an error) carry loss.
+- ``context``: every defined target of point 3 (on the oracle's path, at every turn start,
+  and inside a deviated block of the right kind where the alignment says what comes next).
+- ``turn_only``: only the positions on the oracle's path of their turn (each turn start, the
+  corrective re-call after an error, included); after the first deviation inside a turn no
+  position of that turn is supervised.
 
 Teacher-forced scoring (``hidden_states_at_batch`` + ``project``) returns the exact
 distribution: the "hidden state" of a position is the one-hot ``[V]`` vector of its oracle
-token and ``project`` turns one-hot rows into smoothed log-probabilities, so the chunked
-losses, the cache and the teacher gate use this backend like any other.
+token (all zeros where there is no target) and ``project`` turns rows into smoothed
+log-probabilities (uniform for an all-zero row), so the chunked losses, the cache and the
+teacher gate use this backend like any other.
 """
 
 from __future__ import annotations
@@ -120,16 +107,15 @@ def _same_shape(got: str, want: str) -> bool:
     return kind == _slot(want) if kind is not None else got == want
 
 
-def _aligned_rest(got: list[str], want: list[str], *, finish_any_number: bool = True) -> str:
-    """What follows ``got`` in ``want`` under the cheapest prefix alignment of the two skeletons.
+def _align(got: list[str], want: list[str]) -> tuple[int, bool]:
+    """The cheapest prefix alignment of skeleton ``got`` with ``want``: ``(j, number)``, where
+    ``want[:j]`` is the aligned prefix and ``number`` says ``got``'s last element was
+    substituted for the number ``want[j - 1]``.
 
     Edit distance with unit costs: a substitution is free between elements of the same shape
     (:func:`_same_shape`), so a wrong number or operator costs nothing and a stray, missing or
-    wrong literal costs 1. Among the prefixes ``want[:j]`` the cheapest alignment with all of
-    ``got`` wins (the shortest on a tie: an extra element is taken as inserted); the rest is ``want[j:]``, after finishing a number
-    that ``got`` ends inside to the length of the number it is aligned with. With
-    ``finish_any_number`` False a number is finished only when its digits so far begin the
-    aligned number (so the finished number is that one); otherwise it is left as typed.
+    wrong literal costs 1; the shortest prefix wins a tie (an extra element is taken as
+    inserted).
     """
     n, m = len(got), len(want)
     row = list(range(m + 1))
@@ -143,52 +129,61 @@ def _aligned_rest(got: list[str], want: list[str], *, finish_any_number: bool = 
             number[j] = new[j] == substitute and _slot(got[i - 1]) == _slot(want[j - 1]) == "number"
         row, matched_number = new, number
     best = min(range(m + 1), key=lambda j: (row[j], j))
-    fill = ""
-    if best and matched_number[best]:
-        typed, target = got[-1].lstrip("-"), want[best - 1].lstrip("-")
-        if finish_any_number or target.startswith(typed):
-            fill = target[len(typed) :]
-    return fill + "".join(want[best:])
+    return best, bool(best and matched_number[best])
 
 
-def deviated_continuation(
-    generated: str,
-    action: str,
-    templates: Mapping[str, str] | None = None,
-    *,
-    finish_any_number: bool = True,
-) -> str:
-    """The text the oracle continues with after ``generated`` when the turn should be ``action``.
+def _aligned_rest(got: list[str], want: list[str]) -> str | None:
+    """What follows ``got`` in ``want`` under :func:`_align`, or None where that is undefined.
 
-    See the module docstring, point 3. Text before the turn's first block is prose the parser
-    ignores, so until a block is open the oracle starts ``action``. Inside a block the
-    continuation follows the *template* of that block's kind: ``action`` when it is of that
-    kind, else ``templates[opening tag]`` (the oracle's own block of that kind: its last call,
-    or its final answer), aligned by :func:`_aligned_rest` (``finish_any_number`` passed on).
-    A block of a kind without a template is closed.
+    A number ``got`` ends inside is finished only while its characters (sign included) begin
+    the number it is aligned with; a ``-`` typed where a number is due is that number's sign
+    only if the number is negative. Otherwise (a miscopied number or sign, digits that would
+    run into the template's next number) and when the rest is empty there is no target.
+    """
+    if got and got[-1] == "-" and (len(got) == 1 or _slot(got[-2]) != "number"):
+        best, _ = _align(got[:-1], want)
+        if best < len(want) and _slot(want[best]) == "number":
+            if not want[best].startswith("-"):
+                return None
+            return want[best][1:] + "".join(want[best + 1 :])
+    best, matched = _align(got, want)
+    rest = "".join(want[best:])
+    typing = bool(got) and _slot(got[-1]) == "number"
+    if matched:
+        typed, target = got[-1], want[best - 1]
+        if not target.startswith(typed):
+            return None
+        rest = target[len(typed) :] + rest
+    elif typing and rest[:1].isdigit():
+        return None
+    return rest or None
+
+
+def deviated_continuation(generated: str, action: str) -> str | None:
+    """The text the oracle continues with after ``generated`` when the turn should be
+    ``action``; None where it is undefined (module docstring, points 3 and 4).
+
+    Until a block is open the oracle starts ``action`` (text before the first block is prose
+    the parser ignores). Inside a block of ``action``'s kind the continuation follows the
+    skeleton alignment of :func:`_aligned_rest`; inside a block of the other kind there is none.
     """
     if action.startswith(generated):
-        return action[len(generated) :]
-    opened = [(generated.find(tag), tag, close) for tag, close in _BLOCKS if tag in generated]
+        return action[len(generated) :] or None
+    opened = [(generated.find(tag), tag) for tag, _ in _BLOCKS if tag in generated]
     if not opened:
         return action
-    start, tag, closer = min(opened)
+    start, tag = min(opened)
+    if not action.startswith(tag):
+        return None
     block = generated[start:]
-    template = action if action.startswith(tag) else (templates or {}).get(tag)
-    if template is None:
-        return closer
-    if template.startswith(block):
-        return template[len(block) :]
-    return _aligned_rest(_skeleton(block), _skeleton(template), finish_any_number=finish_any_number)
+    if action.startswith(block):
+        return action[len(block) :] or None
+    return _aligned_rest(_skeleton(block), _skeleton(action))
 
 
-OFF_PATH_MODES = ("privileged", "context", "turn_only")
-"""``models.oracle_teacher.off_path``: what the teacher targets after a deviation (module docstring)."""
-
-
-def _shown(value: str, outcomes: Sequence[tuple[bool, str | None]]) -> bool:
-    """``value`` is a whole field (:func:`_skeleton` element) of some successful tool result."""
-    return any(ok and text is not None and value in _skeleton(text) for ok, text in outcomes)
+OFF_PATH_MODES = ("context", "turn_only")
+"""``models.oracle_teacher.off_path``: ``context`` targets every position where the oracle's
+continuation is defined; ``turn_only`` only the positions on the oracle's path of their turn."""
 
 
 def _tool_outcomes(context: str) -> list[tuple[bool, str | None]]:
@@ -225,7 +220,7 @@ class OracleTeacher:
         tasks: Sequence[Task],
         *,
         smoothing: float,
-        off_path: str = "privileged",
+        off_path: str = "context",
         model_id: str = "oracle-teacher",
         device: str = "cpu",
     ) -> None:
@@ -250,6 +245,7 @@ class OracleTeacher:
         vocab = tokenizer.vocab_size
         self._low = math.log(self.smoothing / vocab)
         self._high = math.log(1.0 - self.smoothing + self.smoothing / vocab)
+        self._uniform = -math.log(vocab)
 
     # -- identity and placement -------------------------------------------------------------
 
@@ -279,7 +275,7 @@ class OracleTeacher:
                 "smoothing": self.smoothing,
                 "environment": self.environment.name,
                 "tasks": len(self._tasks),
-                **({} if self.off_path == "privileged" else {"off_path": self.off_path}),
+                "off_path": self.off_path,
             },
         )
 
@@ -311,11 +307,10 @@ class OracleTeacher:
             self._pieces[token_id] = self.tokenizer.decode([token_id])
         return self._pieces[token_id]
 
-    def _action(self, context: str) -> tuple[str, dict[str, str]]:
-        """The oracle's correct action for the turn that follows ``context``, and its block
-        templates by opening tag (:func:`deviated_continuation`): for a tool call, the call due
-        (or, when the answer is due, the last call: a repeat the tool answers again); for an
-        answer, the final answer."""
+    def _action(self, context: str) -> str:
+        """The oracle's correct action for the turn that follows ``context``: the next oracle
+        call (after an error: the corrective re-call), or the final answer once every call
+        is done."""
         start = context.find(_USER_HEADER)
         end = context.find(IM_END, start + len(_USER_HEADER)) if start >= 0 else -1
         prompt = context[start + len(_USER_HEADER) : end] if end >= 0 else None
@@ -327,34 +322,24 @@ class OracleTeacher:
             )
         if task.prompt not in self._expected:
             self._expected[task.prompt] = oracle_tool_results(self.environment, task)
-        expected = self._expected[task.prompt]
-        outcomes = _tool_outcomes(context)
-        done = steps_done_of_results(expected, outcomes)
+        done = steps_done_of_results(self._expected[task.prompt], _tool_outcomes(context))
         oracle = self.environment.oracle_solution(task)
-        final = format_final(oracle.final_answer)
-        templates: dict[str, str] = {}
-        if self.off_path == "privileged" or _shown(oracle.final_answer, outcomes):
-            templates[FINAL_OPEN] = final
-        if oracle.tool_calls:
-            templates[TOOL_CALL_OPEN] = format_tool_call(oracle.tool_calls[max(done - 1, 0)])
         if done < len(oracle.tool_calls):
-            return format_tool_call(oracle.tool_calls[done]), templates
-        if FINAL_OPEN not in templates and TOOL_CALL_OPEN in templates:
-            return templates[TOOL_CALL_OPEN], templates
-        return final, templates
+            return format_tool_call(oracle.tool_calls[done])
+        return format_final(oracle.final_answer)
 
-    def _turn_states(
+    def turn_states(
         self, token_ids: Sequence[int], positions: Sequence[int]
-    ) -> list[tuple[str, str, dict[str, str]]]:
-        """``(turn text so far, action, templates)`` of the turn each position ``p`` is in,
-        the text being ``x[turn start .. p]``."""
+    ) -> list[tuple[str, str]]:
+        """``(turn text so far, the oracle's action for the turn)`` of each position ``p``:
+        the text is ``x[turn start .. p]``, so the pair says what ``p`` predicts."""
         pieces = [self._piece(t) for t in token_ids]
         offsets = [0]
         for piece in pieces:
             offsets.append(offsets[-1] + len(piece))
         text = "".join(pieces)
-        actions: dict[int, tuple[str, dict[str, str]]] = {}
-        out: list[tuple[str, str, dict[str, str]]] = []
+        actions: dict[int, str] = {}
+        out: list[tuple[str, str]] = []
         for p in positions:
             upto = offsets[p + 1]
             header = text.rfind(ASSISTANT_HEADER, 0, upto)
@@ -366,42 +351,46 @@ class OracleTeacher:
             turn_start = header + len(ASSISTANT_HEADER)
             if turn_start not in actions:
                 actions[turn_start] = self._action(text[:header])
-            action, templates = actions[turn_start]
-            out.append((text[turn_start:upto], action, templates))
+            out.append((text[turn_start:upto], actions[turn_start]))
         return out
+
+    def _continuation(self, generated: str, action: str) -> str | None:
+        if self.off_path == "turn_only" and not action.startswith(generated):
+            return None
+        return deviated_continuation(generated, action)
 
     def target_mask(self, token_ids: Sequence[int], target_positions: Sequence[int]) -> list[bool]:
-        """Which target positions ``j`` get a target under ``off_path``: every one, except with
-        ``turn_only``, where ``j`` is supervised only while the turn text before it
-        (``x[turn start .. j - 1]``) is still a prefix of the oracle's action for that turn.
+        """Which target positions ``j`` carry a target: those whose state ``x[.. j - 1]`` has a
+        defined continuation under ``off_path`` (module docstring).
 
-        So the first token of every turn (the corrective re-call after an error included) and
-        the on-path tokens are supervised, and no position after the first deviation inside a
-        turn is. The trainer drops the masked positions from the selection
-        (``training/sources.py`` :func:`make_select_and_align`), so they carry no loss and the
-        token-mean of the loss runs over the supervised positions only."""
-        if self.off_path != "turn_only":
-            return [True] * len(target_positions)
-        states = self._turn_states(token_ids, [j - 1 for j in target_positions])
-        return [action.startswith(generated) for generated, action, _ in states]
+        The trainer drops the others from the selection (``training/sources.py``
+        :func:`make_select_and_align`), so they carry no loss and the token mean of the loss
+        runs over the supervised positions only."""
+        return [
+            t is not None for t in self.next_token_ids(token_ids, [j - 1 for j in target_positions])
+        ]
 
-    def next_token_ids(self, token_ids: Sequence[int], positions: Sequence[int]) -> list[int]:
-        """The oracle's next token after ``token_ids[: p + 1]`` for each ``p`` in ``positions``."""
-        finish_any_number = self.off_path == "privileged"
-        out: list[int] = []
-        for generated, action, templates in self._turn_states(token_ids, positions):
-            rest = deviated_continuation(
-                generated, action, templates, finish_any_number=finish_any_number
-            )
+    def next_token_ids(
+        self, token_ids: Sequence[int], positions: Sequence[int]
+    ) -> list[int | None]:
+        """The oracle's next token after ``token_ids[: p + 1]`` for each ``p`` in ``positions``;
+        None where the oracle has no target (never EOS)."""
+        out: list[int | None] = []
+        for generated, action in self.turn_states(token_ids, positions):
+            rest = self._continuation(generated, action)
             ids = self.tokenizer.encode(rest) if rest else []
-            out.append(ids[0] if ids else self.tokenizer.eos_token_id)
+            out.append(ids[0] if ids else None)
         return out
 
-    def _one_hot(self, ids: Sequence[int]) -> torch.Tensor:
+    def _one_hot(self, ids: Sequence[int | None]) -> torch.Tensor:
+        """``[len(ids), V]``: one-hot rows, all zeros where ``ids`` holds None."""
         hidden = torch.zeros((len(ids), self.tokenizer.vocab_size), device=self._device)
-        if ids:
-            index = torch.tensor(list(ids), dtype=torch.long, device=self._device)
-            hidden[torch.arange(len(ids), device=self._device), index] = 1.0
+        rows = [r for r, i in enumerate(ids) if i is not None]
+        if rows:
+            hidden[
+                torch.tensor(rows, device=self._device),
+                torch.tensor([ids[r] for r in rows], device=self._device),
+            ] = 1.0
         return hidden
 
     def hidden_states_at(
@@ -428,8 +417,12 @@ class OracleTeacher:
         return self._one_hot(ids)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[N, V]`` one-hot rows -> smoothed log-probabilities ``[N, V]`` (nats)."""
-        return self._low + hidden.to(torch.float32) * (self._high - self._low)
+        """``[N, V]`` one-hot rows -> smoothed log-probabilities ``[N, V]`` (nats); an all-zero
+        row (no target) -> the uniform distribution."""
+        hidden = hidden.to(torch.float32)
+        smoothed = self._low + hidden * (self._high - self._low)
+        empty = hidden.sum(dim=-1, keepdim=True) == 0
+        return torch.where(empty, torch.full_like(smoothed, self._uniform), smoothed)
 
     def _step(self, input_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
         ids = input_ids[0].tolist() if cache is None else cache + input_ids[0].tolist()
