@@ -708,7 +708,11 @@ def eval_command(
 
     result = evaluate_run(run, tag=tag, checkpoint=checkpoint, split=split, quiet=quiet)
     console.print(
-        f"{tag}: {result['solved']}/{result['tasks']} solved ({100 * result['success_rate']:.1f}%) -> {result['path']}"
+        f"{tag}: {result['solved']}/{result['tasks']} solved "
+        f"({100 * result['success_rate']:.1f}%) on the {result['split']} split, "
+        f"checkpoint {result['checkpoint']} -> {result['path']}",
+        markup=False,
+        soft_wrap=True,
     )
 
 
