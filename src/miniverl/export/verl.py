@@ -48,6 +48,7 @@ from miniverl.export.verl_ledger import (
     config_leaves,
 )
 from miniverl.schemas.text import TOOL_RESULT_OPEN
+from miniverl.utils.io import publish_modes
 
 PROMPT_OVERHEAD_TOKENS = 16
 """Chat-template tokens added per message (role header, markers), a generous bound."""
@@ -433,6 +434,7 @@ def export_verl(
         script.chmod(0o755)
         (tmp / "recipe.resolved.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
         (tmp / "MAPPING.md").write_text(mapping_markdown(plan, recipe), encoding="utf-8")
+        publish_modes(tmp)
         if out.is_dir():
             shutil.rmtree(out)
         elif out.exists():

@@ -40,6 +40,7 @@ from typing import Any
 
 from miniverl.errors import ModelSourceError
 from miniverl.utils.hashing import sha256_file
+from miniverl.utils.io import publish_modes
 
 MARKER_FILE = "miniverl_source.json"
 """Written last into a converted directory: the GGUF digest and what produced it."""
@@ -301,6 +302,7 @@ def convert_gguf(
                 "precision": "float32 (dequantized from GGUF Q4_1)",
             }
             (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+            publish_modes(staging)
         except OSError as exc:
             raise _os_error(exc, f"writing {target}") from exc
         if target.exists():
