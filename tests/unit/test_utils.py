@@ -34,7 +34,7 @@ from miniverl.utils.io import (
     to_json_text,
     write_json,
 )
-from miniverl.utils.lazy import import_torch, is_available, require
+from miniverl.utils.lazy import INSTALL_HINT, import_torch, is_available, require
 from miniverl.utils.logging import EventLog, MetricsLog, make_console
 from miniverl.utils.runs import RunPaths
 from miniverl.utils.seeding import (
@@ -279,7 +279,7 @@ def test_require_names_the_extra() -> None:
         str(info.value)
         == "transformers_definitely_missing_xyz is not installed (needed for a test)"
     )
-    assert "miniverl[torch]" in info.value.hint
+    assert info.value.hint == INSTALL_HINT
     assert require("json").dumps([1]) == "[1]"
     assert is_available("json") and not is_available("definitely_missing_xyz")
 

@@ -42,7 +42,7 @@ from miniverl.cli.export_verl_cmd import export_verl
 from miniverl.cli.lr_grid_cmd import lr_grid_command
 from miniverl.cli.models_cmd import models_app
 from miniverl.errors import ConfigError
-from miniverl.utils.lazy import import_torch
+from miniverl.utils.lazy import INSTALL_HINT, import_torch, is_available
 from miniverl.utils.runlock import run_lock
 from miniverl.utils.safe_load import MAX_YAML_BYTES, read_regular_bytes
 
@@ -146,12 +146,10 @@ _TORCH_PROBE = (
 
 def probe_torch(timeout_s: float = 60.0) -> dict[str, Any]:
     """Ask a *separate* Python process about torch and CUDA, so this one stays torch-free."""
-    from miniverl.utils.lazy import is_available
-
     if not is_available("torch"):
         return {
             "status": "absent",
-            "hint": "install torch first (README, Quick start: the CPU-only build from PyTorch's CPU wheel index, or the default CUDA build), then pip install 'miniverl[hf]'",
+            "hint": INSTALL_HINT,
         }
     try:
         proc = subprocess.run(
@@ -213,7 +211,9 @@ def doctor(
     else:
         table.add_row(
             "torch",
-            f"{torch_info['status']}: {torch_info.get('hint') or torch_info.get('detail') or ''}",
+            Text(
+                f"{torch_info['status']}: {torch_info.get('hint') or torch_info.get('detail') or ''}"
+            ),
         )
     for name, ver in report["packages"].items():
         table.add_row(f"  {name}", ver or "[dim]not installed[/]")
@@ -221,9 +221,10 @@ def doctor(
     table.add_row("environments", ", ".join(report["environments"]))
     console.print(table)
     console.print(
-        "torch-free commands: doctor, validate, inspect, report, export, cache. Training needs 'miniverl[torch]'.",
-        markup=False,
+        "torch-free commands: doctor, validate, inspect, report, export, cache.", markup=False
     )
+    if not is_available("torch"):
+        console.print(f"Training needs torch: {INSTALL_HINT}", markup=False, soft_wrap=True)
 
 
 # -- validate -----------------------------------------------------------------------

@@ -49,6 +49,7 @@ from miniverl.export.verl_ledger import (
 )
 from miniverl.schemas.text import TOOL_RESULT_OPEN
 from miniverl.utils.io import publish_modes
+from miniverl.utils.lazy import install_hint
 
 PROMPT_OVERHEAD_TOKENS = 16
 """Chat-template tokens added per message (role header, markers), a generous bound."""
@@ -257,7 +258,7 @@ def _require_pyarrow() -> Any:
     except ImportError as exc:
         raise BackendError(
             "pyarrow is not installed (needed to write verl's parquet datasets)",
-            hint="pip install 'miniverl[verl-export]'",
+            hint=install_hint("verl-export"),
         ) from exc
     return pq
 
