@@ -83,7 +83,7 @@ def count_origin(count: int, origin: str) -> str:
 
 _ATOM = re.compile(r"<\|[^|<>\s]*\|>|</?[A-Za-z_][\w-]*>|\s+|[^\s<]+|<")
 """Pieces of a line of span text between which a line may break: a chat marker
-(``<|im_start|>``), a protocol tag (``<tool_call>``), a run of whitespace or a word.
+(``<|name|>``), a protocol tag (``<name>``, ``</name>``), a run of whitespace or a word.
 Tokenizers keep each marker and tag as one token and start a new token at whitespace, so a
 break between two pieces falls between tokens, never inside a word."""
 
