@@ -133,7 +133,7 @@ class ProtocolError(MiniverlError):
 class BackendError(MiniverlError):
     """A model backend could not be built or used as asked (missing extra, no CUDA, ...)."""
 
-    default_hint = "install the extras you need: pip install 'miniverl[torch,hf]'"
+    default_hint = "run 'miniverl doctor': it lists the installed packages and devices"
 
 
 class ModelSourceError(MiniverlError):

@@ -1,8 +1,9 @@
-"""What a run prints: no per-cycle lines unless ``--verbose``, and the result table last.
+"""What a run prints: no per-cycle lines and no notice that needs no action unless
+``--verbose``, and the result table last.
 
-A 400-cycle demo used to print ~800 ``rollouts_collected`` / ``cycle_end`` lines before its
-result table; those events are now echoed only with ``--verbose`` (they are written to
-``events.jsonl`` either way), and the default recipe's temperature note says what to do.
+``rollouts_collected`` / ``cycle_end`` (about 800 lines in a 400-cycle demo) and the
+``temperature_mismatch`` notice are echoed only with ``--verbose``; they are written to
+``events.jsonl`` either way, and the notice says what to do if the user wants to change it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ def test_per_cycle_lines_only_with_verbose(
     )
 
 
-def test_the_temperature_note_says_what_to_do(tmp_path: Path, tiny_recipe: Path) -> None:
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_temperature_note_is_echoed_only_with_verbose_and_says_what_to_do(
+    tmp_path: Path, tiny_recipe: Path, verbose: bool
+) -> None:
     out = tmp_path / "run"
     result = CliRunner().invoke(
         app,
@@ -50,8 +54,15 @@ def test_the_temperature_note_says_what_to_do(tmp_path: Path, tiny_recipe: Path)
             "run.mode=opd",
             "rollout.temperature=0.5",
             "loss.temperature=1.0",
+            *(["--verbose"] if verbose else []),
         ],
     )
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert "not a fault" in text and "set loss.temperature=0.5" in text, result.output
+    echoed = "temperature_mismatch" in text
+    assert echoed == verbose, result.output
+    if verbose:
+        assert "not a fault" in text and "set loss.temperature=0.5" in text, result.output
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    notice = [e for e in events if e["event"] == "temperature_mismatch"]
+    assert len(notice) == 1 and "set loss.temperature=0.5" in notice[0]["explanation"]

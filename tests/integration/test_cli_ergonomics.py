@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -64,6 +65,23 @@ def test_eval_on_an_empty_split_is_an_error(demo_fast_run: Path) -> None:
     code, out = _invoke("eval", "--run", str(demo_fast_run), "--split", "test", "--quiet")
     assert code == 1
     assert "'test' split" in out and "is empty" in out and "0/0" not in out
+
+
+def test_eval_prints_its_result_once_naming_checkpoint_and_split(
+    demo_fast_run: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(demo_fast_run, run)
+    code, out = _invoke("eval", "--run", str(run), "--tag", "once")
+    assert code == 0, out
+    result = json.loads((run / "eval.once.json").read_text())
+    text = " ".join(out.split())
+    assert text.count(f"{result['solved']}/{result['tasks']} solved") == 1, out
+    assert (
+        f"once: {result['solved']}/{result['tasks']} solved "
+        f"({100 * result['success_rate']:.1f}%) on the eval split, checkpoint final -> "
+        f"{run / 'eval.once.json'}"
+    ) in text, out
 
 
 def test_a_missing_checkpoint_is_called_missing(demo_fast_run: Path) -> None:

@@ -4,6 +4,8 @@ and computes the same logits as miniverl's own (in-memory, just trained) student
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,24 @@ def test_toy_export_reproduces_the_students_logits(toy_run: OPDTrainer, tmp_path
     ids = _ids(decoder.config.vocab_size)
     expected = _toy_logits(toy_run.student.module, ids)
     assert torch.equal(_toy_logits(decoder, ids), expected)
+
+
+def test_exported_files_are_readable_by_group_and_others(
+    toy_run: OPDTrainer, tmp_path: Path
+) -> None:
+    """The directory is assembled in a 0700 ``mkdtemp`` and renamed into place; under umask
+    022 the export must come out 0755 with 0644 files, like any file its user writes."""
+    old = os.umask(0o022)
+    try:
+        _export(toy_run.paths.root, tmp_path / "shared")
+    finally:
+        os.umask(old)
+    out = tmp_path / "shared"
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert modes == dict.fromkeys(
+        ["config.json", "miniverl_export.json", "model.safetensors"], 0o644
+    )
 
 
 def test_toy_merge_folds_the_adapters(toy_run: OPDTrainer, tmp_path: Path) -> None:

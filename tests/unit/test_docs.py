@@ -93,3 +93,22 @@ def test_the_design_worked_example_is_the_tested_one_and_prints_what_it_says() -
     assert code.strip() == runner_tests.DESIGN_EXAMPLE.strip()
     printed = _fenced(design, "Output on the development machine", "text").strip().splitlines()
     assert printed == runner_tests._example_output()
+
+
+def test_no_set_option_is_cited() -> None:
+    """Overrides are positional ``key=value`` arguments after the recipe; ``train`` has no
+    ``--set`` option, so no recipe comment or page may tell anyone to pass one."""
+    from typer.testing import CliRunner
+
+    from miniverl.cli.main import app
+
+    assert "--set" not in CliRunner().invoke(app, ["train", "--help"]).output
+    files = [REPO / "README.md", *(REPO / "docs").rglob("*.md")]
+    for folder in ("recipes", "examples", "src"):
+        files += [p for p in (REPO / folder).rglob("*") if p.suffix in {".py", ".md", ".yaml"}]
+    offenders = [
+        str(p.relative_to(REPO))
+        for p in files
+        if re.search(r"--set\b", p.read_text(encoding="utf-8"))
+    ]
+    assert offenders == []

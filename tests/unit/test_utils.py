@@ -6,6 +6,9 @@ import json
 import os
 import random
 import socket
+import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,11 +29,12 @@ from miniverl.utils.io import (
     atomic_path,
     atomic_write_bytes,
     atomic_write_text,
+    publish_modes,
     read_json,
     to_json_text,
     write_json,
 )
-from miniverl.utils.lazy import import_torch, is_available, require
+from miniverl.utils.lazy import INSTALL_HINT, import_torch, is_available, require
 from miniverl.utils.logging import EventLog, MetricsLog, make_console
 from miniverl.utils.runs import RunPaths
 from miniverl.utils.seeding import (
@@ -150,6 +154,58 @@ def test_atomic_write_keeps_the_old_file_when_the_writer_raises(tmp_path: Path) 
     assert read_json(target) == {"version": 1}
 
 
+@pytest.fixture
+def restore_umask() -> Iterator[None]:
+    """The process umask as it was before the test, whatever the test sets."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _private_file(path: Path, data: bytes = b"x") -> None:
+    """Write ``path`` 0600, as safetensors' ``save_file`` does whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+@pytest.mark.parametrize(
+    ("mask", "file", "directory"), [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)]
+)
+def test_artifacts_get_the_mode_the_umask_gives_a_new_file(
+    tmp_path: Path, restore_umask: None, mask: int, file: int, directory: int
+) -> None:
+    """mkstemp, mkdtemp and safetensors create 0600 files and 0700 directories; an artifact
+    renamed into place from them gets ``0o666`` / ``0o777`` less the umask, like
+    ``open``/``mkdir``, and an executable stays executable."""
+    os.umask(mask)
+    write_json(tmp_path / "a.json", {"x": 1})
+    with atomic_path(tmp_path / "b.bin") as tmp:
+        tmp.unlink()
+        _private_file(tmp)  # a writer that replaces the temporary file
+    staged = Path(tempfile.mkdtemp(prefix=".out.", dir=tmp_path))
+    (staged / "sub").mkdir(mode=0o700)
+    _private_file(staged / "sub" / "model.safetensors")
+    (staged / "run.sh").write_text("#!/bin/sh\n")
+    (staged / "run.sh").chmod(0o700)
+    publish_modes(staged)
+    modes = {
+        p.relative_to(tmp_path).as_posix(): stat.S_IMODE(p.stat().st_mode)
+        for p in tmp_path.rglob("*")
+    }
+    name = staged.name
+    assert modes == {
+        "a.json": file,
+        "b.bin": file,
+        name: directory,
+        f"{name}/sub": directory,
+        f"{name}/sub/model.safetensors": file,
+        f"{name}/run.sh": directory,
+    }
+
+
 def test_json_and_hashes(tmp_path: Path) -> None:
     assert to_json_text({"b": 1, "a": "é"}) == '{\n  "a": "é",\n  "b": 1\n}\n'
     write_json(tmp_path / "x.json", {"b": [1, 2], "a": None})
@@ -223,7 +279,7 @@ def test_require_names_the_extra() -> None:
         str(info.value)
         == "transformers_definitely_missing_xyz is not installed (needed for a test)"
     )
-    assert "miniverl[torch]" in info.value.hint
+    assert info.value.hint == INSTALL_HINT
     assert require("json").dumps([1]) == "[1]"
     assert is_available("json") and not is_available("definitely_missing_xyz")
 

@@ -373,7 +373,10 @@ def test_missing_pyarrow_is_a_clear_error_and_writes_nothing(
     monkeypatch.setattr(builtins, "__import__", no_pyarrow)
     with pytest.raises(BackendError) as err:
         vx.export_verl(_hf(), tmp_path / "exp")
-    assert err.value.hint == "pip install 'miniverl[verl-export]'"
+    assert (
+        err.value.hint
+        == 'from a clone of miniverl: pip install -e ".[verl-export]" (README, Quick start)'
+    )
     assert list(tmp_path.iterdir()) == []
 
 

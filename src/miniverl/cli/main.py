@@ -42,7 +42,7 @@ from miniverl.cli.export_verl_cmd import export_verl
 from miniverl.cli.lr_grid_cmd import lr_grid_command
 from miniverl.cli.models_cmd import models_app
 from miniverl.errors import ConfigError
-from miniverl.utils.lazy import import_torch
+from miniverl.utils.lazy import INSTALL_HINT, import_torch, is_available
 from miniverl.utils.runlock import run_lock
 from miniverl.utils.safe_load import MAX_YAML_BYTES, read_regular_bytes
 
@@ -146,12 +146,10 @@ _TORCH_PROBE = (
 
 def probe_torch(timeout_s: float = 60.0) -> dict[str, Any]:
     """Ask a *separate* Python process about torch and CUDA, so this one stays torch-free."""
-    from miniverl.utils.lazy import is_available
-
     if not is_available("torch"):
         return {
             "status": "absent",
-            "hint": "install torch first (README, Quick start: the CPU-only build from PyTorch's CPU wheel index, or the default CUDA build), then pip install 'miniverl[hf]'",
+            "hint": INSTALL_HINT,
         }
     try:
         proc = subprocess.run(
@@ -213,7 +211,9 @@ def doctor(
     else:
         table.add_row(
             "torch",
-            f"{torch_info['status']}: {torch_info.get('hint') or torch_info.get('detail') or ''}",
+            Text(
+                f"{torch_info['status']}: {torch_info.get('hint') or torch_info.get('detail') or ''}"
+            ),
         )
     for name, ver in report["packages"].items():
         table.add_row(f"  {name}", ver or "[dim]not installed[/]")
@@ -221,9 +221,10 @@ def doctor(
     table.add_row("environments", ", ".join(report["environments"]))
     console.print(table)
     console.print(
-        "torch-free commands: doctor, validate, inspect, report, export, cache. Training needs 'miniverl[torch]'.",
-        markup=False,
+        "torch-free commands: doctor, validate, inspect, report, export, cache.", markup=False
     )
+    if not is_available("torch"):
+        console.print(f"Training needs torch: {INSTALL_HINT}", markup=False, soft_wrap=True)
 
 
 # -- validate -----------------------------------------------------------------------
@@ -338,8 +339,9 @@ def inspect(
         typer.Option("--wide", help="Print tables at their full width, never folding a column."),
     ] = False,
 ) -> None:
-    """Validate a trajectory file; count how every episode ended; show token provenance."""
-    from miniverl.inspection.summary import summarize_file
+    """Validate a trajectory file; count how every episode ended, student rollouts, teacher
+    samples, oracle traces and evaluation episodes apart; show token provenance."""
+    from miniverl.inspection.summary import plural, summarize_file
     from miniverl.utils.versions import summarize_versions
 
     if spans and trajectory is None:
@@ -355,8 +357,10 @@ def inspect(
     for line in outcome_lines(summary):
         console.print(line, markup=False, soft_wrap=True)
     console.print(
-        f"  {summary.trajectories} trajectories | {summary.tokens} tokens | {summary.model_tokens} model tokens "
-        f"({100 * summary.model_token_fraction:.1f}%) | {summary.critical_tokens} critical"
+        f"  {plural(summary.trajectories, 'trajectory', 'trajectories')} | "
+        f"{plural(summary.tokens, 'token')} | {plural(summary.model_tokens, 'model token')} "
+        f"({100 * summary.model_token_fraction:.1f}%) | {summary.critical_tokens} critical",
+        markup=False,
     )
     versions = (
         ", ".join(map(str, summary.policy_versions))
@@ -385,37 +389,69 @@ def inspect(
         _print_rows(summary.rows, wide=wide)
 
     if summary.spans is not None:
-        span_table = Table(title=f"spans of {trajectory}")
-        for col in ("span", "range", "tokens", "in loss", "text"):
-            span_table.add_column(col, overflow="fold")
-        for s in summary.spans:
-            span_table.add_row(
-                s.span_type,
-                Text(f"[{s.start}, {s.end})"),
-                str(s.tokens),
-                "yes" if s.in_loss else "no",
-                Text(s.text.replace("\n", "\\n")),
-            )
-        console.print(span_table)
+        _print_spans(summary.spans, trajectory or "")
+
+
+SPAN_TEXT_INDENT = 6
+"""Columns before a span's text in ``inspect --spans``: it sits under its span's header line."""
+
+
+def _print_spans(spans: list[Any], trajectory: str) -> None:
+    """One header line per span, then its text wrapped to the console between tokens.
+
+    A table column folds its text at the column edge, mid-word (``argumen|ts``); these lines
+    are broken only where :func:`~miniverl.inspection.summary.wrap_span_text` allows and are
+    printed unwrapped, so what the terminal shows is the text as written.
+    """
+    from miniverl.inspection.summary import plural, wrap_span_text
+
+    console.print(Text(f"spans of {trajectory} (\\n marks a newline in the text)"), soft_wrap=True)
+    width = max(console.width - SPAN_TEXT_INDENT, 10)
+    for s in spans:
+        loss = "in the loss" if s.in_loss else "not in the loss (context)"
+        header = f"  {s.span_type} [{s.start}, {s.end}) {plural(s.tokens, 'token')}, {loss}"
+        console.print(Text(header), soft_wrap=True)
+        for line in wrap_span_text(s.text, width):
+            console.print(Text(" " * SPAN_TEXT_INDENT + line), soft_wrap=True)
 
 
 def outcome_lines(summary: Any) -> list[str]:
-    """The header of ``inspect``: every trajectory counted once, by how it ended.
+    """The header of ``inspect``: every trajectory counted once, by origin and by how it ended.
 
-    The solve rate over graded trajectories alone reads 100% when half the episodes never
-    answered, so the first line divides by all trajectories and names the unanswered ones.
+    Oracle traces are solved by construction, so a file that mixes them with student
+    rollouts gets one outcome line per origin (:data:`~miniverl.inspection.summary.ORIGIN_NAMES`)
+    instead of one rate over both. The solve rate over graded trajectories alone reads 100%
+    when half the episodes never answered, so each outcome line divides by all trajectories of
+    its origin and names the unanswered ones; the graded rate follows on its own line.
     """
-    reasons = ", ".join(f"{k} {v}" for k, v in summary.without_answer_by_reason.items())
-    first = (
-        f"  {summary.trajectories} trajectories: solved {summary.solved} "
-        f"({100 * summary.success_rate:.1f}%) | answered wrong {summary.answered_wrong} | "
-        f"ended without an answer {summary.without_answer}" + (f" ({reasons})" if reasons else "")
-    )
-    graded = (
-        f"  graded {summary.graded} (gave a final answer) | solved {summary.solved} "
-        f"({100 * summary.solve_rate:.1f}% of graded)"
-    )
-    return [first, graded]
+    from miniverl.inspection.summary import count_origin, plural
+
+    origins = summary.origins
+    if not origins:
+        return [f"  {plural(summary.trajectories, 'trajectory', 'trajectories')}"]
+    lines = []
+    if len(origins) > 1:
+        parts = ", ".join(count_origin(o.trajectories, name) for name, o in origins.items())
+        lines.append(
+            f"  {plural(summary.trajectories, 'trajectory', 'trajectories')}, "
+            f"counted by origin below: {parts}"
+        )
+    for name, origin in origins.items():
+        out = origin.outcome()
+        reasons = ", ".join(f"{k} {v}" for k, v in out["without_answer_by_reason"].items())
+        lines.append(
+            f"  {count_origin(origin.trajectories, name)}: solved {out['solved']} "
+            f"({100 * out['success_rate']:.1f}%) | answered wrong {out['answered_wrong']} | "
+            f"ended without an answer {out['without_answer']}"
+            + (f" ({reasons})" if reasons else "")
+        )
+        lines.append(
+            f"    graded {origin.graded} (gave a final answer) | solved {origin.solved} "
+            f"({100 * out['solve_rate_of_graded']:.1f}% of graded)"
+            if origin.graded
+            else "    graded 0 (none gave a final answer)"
+        )
+    return lines
 
 
 def _print_rows(rows: list[Any], *, wide: bool) -> None:
@@ -426,13 +462,16 @@ def _print_rows(rows: list[Any], *, wide: bool) -> None:
     """
     from rich.measure import Measurement
 
+    from miniverl.inspection.summary import plural
+
+    first = f"first {plural(len(rows), 'trajectory', 'trajectories')}"
     table = Table(
-        title=f"first {len(rows)} trajectories",
+        title=first,
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
     )
-    for col in ("trajectory", "ended by", "tokens", "model", "solved", "version", "source"):
+    for col in ("trajectory", "ended by", "tokens", "model", "solved", "version", "origin"):
         table.add_column(col, no_wrap=True)
     cells = [
         (
@@ -442,7 +481,7 @@ def _print_rows(rows: list[Any], *, wide: bool) -> None:
             str(r.model_tokens),
             "-" if r.solved is None else ("yes" if r.solved else "no"),
             str(r.policy_version),
-            r.source or "",
+            r.origin,
         )
         for r in rows
     ]
@@ -456,8 +495,8 @@ def _print_rows(rows: list[Any], *, wide: bool) -> None:
         Console(width=needed, highlight=False, file=console.file).print(table)
         return
     console.print(
-        f"first {len(rows)} trajectories (id, termination, tokens, model tokens, solved, "
-        "version, source; --wide for a table):",
+        f"{first} (id, termination, tokens, model tokens, solved, version, origin; "
+        "--wide for a table):",
         markup=False,
         soft_wrap=True,
     )
@@ -670,7 +709,11 @@ def eval_command(
 
     result = evaluate_run(run, tag=tag, checkpoint=checkpoint, split=split, quiet=quiet)
     console.print(
-        f"{tag}: {result['solved']}/{result['tasks']} solved ({100 * result['success_rate']:.1f}%) -> {result['path']}"
+        f"{tag}: {result['solved']}/{result['tasks']} solved "
+        f"({100 * result['success_rate']:.1f}%) on the {result['split']} split, "
+        f"checkpoint {result['checkpoint']} -> {result['path']}",
+        markup=False,
+        soft_wrap=True,
     )
 
 

@@ -41,7 +41,7 @@ from miniverl.models.factory import build_tokenizer
 from miniverl.models.runtime import build_runtime
 from miniverl.training.checkpoint import load_checkpoint
 from miniverl.utils.hashing import sha256_file
-from miniverl.utils.io import read_json, write_json
+from miniverl.utils.io import publish_modes, read_json, write_json
 from miniverl.utils.logging import utc_now
 from miniverl.utils.runs import RunPaths
 
@@ -199,6 +199,7 @@ def export_model(
             "files": files,
         }
         write_json(staging / EXPORT_MARKER, marker)
+        publish_modes(staging)
         if out.exists():
             out.rmdir()
         os.replace(staging, out)

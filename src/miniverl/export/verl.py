@@ -48,6 +48,8 @@ from miniverl.export.verl_ledger import (
     config_leaves,
 )
 from miniverl.schemas.text import TOOL_RESULT_OPEN
+from miniverl.utils.io import publish_modes
+from miniverl.utils.lazy import install_hint
 
 PROMPT_OVERHEAD_TOKENS = 16
 """Chat-template tokens added per message (role header, markers), a generous bound."""
@@ -256,7 +258,7 @@ def _require_pyarrow() -> Any:
     except ImportError as exc:
         raise BackendError(
             "pyarrow is not installed (needed to write verl's parquet datasets)",
-            hint="pip install 'miniverl[verl-export]'",
+            hint=install_hint("verl-export"),
         ) from exc
     return pq
 
@@ -433,6 +435,7 @@ def export_verl(
         script.chmod(0o755)
         (tmp / "recipe.resolved.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
         (tmp / "MAPPING.md").write_text(mapping_markdown(plan, recipe), encoding="utf-8")
+        publish_modes(tmp)
         if out.is_dir():
             shutil.rmtree(out)
         elif out.exists():

@@ -3,11 +3,18 @@
 The provenance numbers come from the span partition, the same source the training
 masks come from, so a file that claims tool output is trainable is reported that way
 (and, since every record is re-validated during the walk, fails to load at all).
+
+A run's ``trajectories.jsonl`` holds oracle traces (SFT warm-up), student rollouts and
+teacher samples side by side, and ``eval_trajectories.jsonl`` the evaluation episodes: a
+solve rate over all of them mixes a scripted 100% with what the student does, so every
+outcome is also counted per origin (:func:`origin_of`).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +29,90 @@ from miniverl.trajectory.io import iter_trajectories
 from miniverl.utils.io import read_json
 
 SPAN_TEXT_PREVIEW = 400
+"""Characters of a span's text kept by ``inspect --spans`` (the token range is always whole)."""
+
+ORIGIN_NAMES: dict[str, tuple[str, str]] = {
+    "student": ("student rollout", "student rollouts"),
+    "teacher": ("teacher sample", "teacher samples"),
+    "oracle": ("oracle trace", "oracle traces"),
+    "eval": ("evaluation episode", "evaluation episodes"),
+    "unknown": ("trajectory of unrecorded origin", "trajectories of unrecorded origin"),
+}
+"""Origin -> (singular, plural) as ``inspect`` prints them, in the order it prints them."""
+
+ORACLE_SOURCES = frozenset({"oracle", "corrective", "noisy_oracle"})
+"""``metadata["source"]`` of scripted traces: the oracle's solution, with or without injected
+noise (``agent/loop.py``, ``training/teacher_fit.py``)."""
+
+
+def origin_of(metadata: Mapping[str, Any]) -> str:
+    """Which of :data:`ORIGIN_NAMES` produced a trajectory, from what its writer recorded.
+
+    An evaluation episode carries ``eval_tag`` (``training/evaluate.py``) whoever sampled it;
+    a sampled episode's ``source`` is ``policy`` whichever model held the policy, so a
+    teacher's is told apart by ``teacher_sampled`` (fresh teacher samples) or
+    ``offline_kd_pool`` (the offline-KD pool), both set by ``training/sources.py``.
+    """
+    source = metadata.get("source")
+    if "eval_tag" in metadata:
+        return "eval"
+    if source in ORACLE_SOURCES:
+        return "oracle"
+    if (
+        source == "privileged_teacher_render"
+        or metadata.get("teacher_sampled")
+        or metadata.get("offline_kd_pool")
+    ):
+        return "teacher"
+    if source == "policy":
+        return "student"
+    return "unknown"
+
+
+def plural(count: int, singular: str, plural_form: str | None = None) -> str:
+    """``"1 trajectory"``, ``"3 trajectories"``: ``count`` with the noun that agrees with it."""
+    word = singular if count == 1 else (plural_form or f"{singular}s")
+    return f"{count} {word}"
+
+
+def count_origin(count: int, origin: str) -> str:
+    """``"1 oracle trace"``, ``"2 student rollouts"``."""
+    singular, plural_form = ORIGIN_NAMES[origin]
+    return plural(count, singular, plural_form)
+
+
+_ATOM = re.compile(r"<\|[^|<>\s]*\|>|</?[A-Za-z_][\w-]*>|\s+|[^\s<]+|<")
+"""Pieces of a line of span text between which a line may break: a chat marker
+(``<|name|>``), a protocol tag (``<name>``, ``</name>``), a run of whitespace or a word.
+Tokenizers keep each marker and tag as one token and start a new token at whitespace, so a
+break between two pieces falls between tokens, never inside a word."""
+
+
+def wrap_span_text(text: str, width: int) -> list[str]:
+    """``text`` as display lines of at most ``width`` characters, broken only between pieces
+    of :data:`_ATOM`; a newline in the text ends a line and shows as a literal ``\\n``.
+
+    A single piece longer than ``width`` gets a line of its own and is never cut. Whitespace
+    where a line wraps is dropped (the token range, not this preview, is the exact record).
+    """
+    out: list[str] = []
+    logical = text.split("\n")
+    for index, line in enumerate(logical):
+        atoms = _ATOM.findall(line)
+        if index < len(logical) - 1:
+            atoms.append("\\n")
+        current, wrapped = "", False
+        for atom in atoms:
+            if current.strip() and len(current) + len(atom) > width:
+                out.append(current.rstrip())
+                current, wrapped = "", True
+            if wrapped and not current and atom.isspace():
+                continue
+            current += atom
+        out.append(current.rstrip())
+    while len(out) > 1 and not out[-1]:
+        out.pop()
+    return out
 
 
 def provenance_check() -> dict[str, list[str]]:
@@ -44,6 +135,7 @@ class TrajectoryRow:
     solved: bool | None
     policy_version: int
     source: str | None
+    origin: str
 
     @classmethod
     def of(cls, t: Trajectory) -> TrajectoryRow:
@@ -57,6 +149,7 @@ class TrajectoryRow:
             solved=None if t.verification is None else t.verification.solved,
             policy_version=t.policy_version,
             source=t.metadata.get("source"),
+            origin=origin_of(t.metadata),
         )
 
 
@@ -68,6 +161,36 @@ class SpanRow:
     tokens: int
     in_loss: bool
     text: str
+
+
+@dataclass
+class OriginOutcome:
+    """How the trajectories of one origin ended: solved, answered wrong or without an answer."""
+
+    trajectories: int = 0
+    graded: int = 0
+    solved: int = 0
+    ungraded_termination: Counter[str] = field(default_factory=Counter)
+
+    def add(self, t: Trajectory) -> None:
+        self.trajectories += 1
+        if t.verification is None:
+            self.ungraded_termination[t.termination_reason.value] += 1
+        else:
+            self.graded += 1
+            self.solved += int(t.verification.solved)
+
+    def outcome(self) -> dict[str, Any]:
+        """The same buckets as :meth:`FileSummary.outcome`, for this origin alone."""
+        return {
+            "trajectories": self.trajectories,
+            "solved": self.solved,
+            "answered_wrong": self.graded - self.solved,
+            "without_answer": self.trajectories - self.graded,
+            "without_answer_by_reason": dict(self.ungraded_termination.most_common()),
+            "success_rate": round(self.solved / self.trajectories, 6) if self.trajectories else 0.0,
+            "solve_rate_of_graded": round(self.solved / self.graded, 6) if self.graded else 0.0,
+        }
 
 
 @dataclass
@@ -86,6 +209,7 @@ class FileSummary:
     tokens_by_span_type: dict[str, int] = field(default_factory=dict)
     failure_categories: dict[str, int] = field(default_factory=dict)
     ungraded_termination: dict[str, int] = field(default_factory=dict)
+    origins: dict[str, OriginOutcome] = field(default_factory=dict)
     rows: list[TrajectoryRow] = field(default_factory=list)
     spans: list[SpanRow] | None = None
 
@@ -143,6 +267,7 @@ class FileSummary:
             "solve_rate": round(self.solve_rate, 6),
             "success_rate": round(self.success_rate, 6),
             "outcome": self.outcome(),
+            "outcome_by_origin": {name: o.outcome() for name, o in self.origins.items()},
             "policy_versions": self.policy_versions,
             "termination": self.termination,
             "tools": self.tools,
@@ -185,6 +310,7 @@ def summarize_file(
     by_type: Counter[str] = Counter()
     failures: Counter[str] = Counter()
     ungraded: Counter[str] = Counter()
+    origins: dict[str, OriginOutcome] = {}
     for t in iter_trajectories(path, vocab_size=run_vocab_size(path)):
         if trajectory_id is not None and t.trajectory_id != trajectory_id:
             continue
@@ -192,6 +318,7 @@ def summarize_file(
         summary.tokens += t.length
         summary.model_tokens += sum(t.model_generated_mask)
         summary.critical_tokens += sum(t.critical_mask)
+        origins.setdefault(origin_of(t.metadata), OriginOutcome()).add(t)
         if t.verification is not None:
             summary.graded += 1
             summary.solved += int(t.verification.solved)
@@ -228,4 +355,5 @@ def summarize_file(
     summary.tokens_by_span_type = dict(by_type.most_common())
     summary.failure_categories = dict(failures.most_common())
     summary.ungraded_termination = dict(ungraded.most_common())
+    summary.origins = {name: origins[name] for name in ORIGIN_NAMES if name in origins}
     return summary

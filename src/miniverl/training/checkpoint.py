@@ -72,6 +72,7 @@ from miniverl.utils.io import (
     atomic_path,
     checked_failpoint,
     is_disk_full,
+    publish_modes,
     read_json,
     repair_jsonl_tail,
     storage_error,
@@ -138,6 +139,7 @@ def save_checkpoint(
             },
         }
         write_json(staging / MARKER_FILE, marker)
+        publish_modes(staging)
         checked_failpoint(f"checkpoint:{target.name}:staged", target)
         if target.exists():
             retired = target.with_name(f".{target.name}.old")

@@ -245,7 +245,6 @@ def _evaluate_checkpoint(
         progress=ProgressReporter(console, False),
         on_oom=oom_splitter(events, "eval rollout"),
     )
-    events.emit("eval", echo=f"{tag}: {result['solved']}/{result['tasks']} solved", **result)
     payload = {**result, "checkpoint": checkpoint, "config_resolved": paths.config_resolved.name}
     write_json(target, payload)
     return {**payload, "path": str(target)}

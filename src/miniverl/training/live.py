@@ -40,6 +40,7 @@ from miniverl.models.base import CausalLMBackend
 from miniverl.schemas.text import TokenizerLike
 from miniverl.training.sources import TrainingSample
 from miniverl.utils.io import append_jsonl
+from miniverl.utils.lazy import install_hint
 from miniverl.utils.logging import EventLog
 
 
@@ -108,7 +109,7 @@ def _tensorboard_writer_class() -> Any:
             continue
     raise ConfigError(
         "logging.tensorboard: true needs tensorboardX (or tensorboard) installed",
-        hint="pip install 'miniverl[tensorboard]', or set logging.tensorboard: false",
+        hint=f"{install_hint('tensorboard')}, or set logging.tensorboard: false",
     )
 
 

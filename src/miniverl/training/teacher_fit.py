@@ -87,7 +87,7 @@ from miniverl.training.live import ProgressReporter
 from miniverl.training.sources import oom_splitter
 from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.hashing import sha256_file, sha256_json
-from miniverl.utils.io import read_json, write_json
+from miniverl.utils.io import publish_modes, read_json, write_json
 from miniverl.utils.logging import EventLog, utc_now
 from miniverl.utils.seeding import capture_rng_state, derive_seed, restore_rng_state
 
@@ -259,6 +259,7 @@ def store_teacher(
                 "miniverl_version": __version__,
             },
         )
+        publish_modes(staging)
         if target.exists():
             shutil.rmtree(target, ignore_errors=True)
         os.replace(staging, target)
@@ -1504,6 +1505,7 @@ def prepare_teacher_adapter(
             **counts,
         }
         (staging / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        publish_modes(staging)
         if directory.exists():
             shutil.rmtree(directory)
         staging.rename(directory)

@@ -46,6 +46,39 @@ def _current_umask() -> int:
     return mask
 
 
+def file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: ``0o666`` less the umask (0644 under
+    the usual umask 022). Artifacts hold no secrets, so the group and others may read them."""
+    return 0o666 & ~_current_umask()
+
+
+def directory_mode() -> int:
+    """The mode ``mkdir`` gives a new directory: ``0o777`` less the umask (0755 under 022)."""
+    return 0o777 & ~_current_umask()
+
+
+def publish_modes(root: str | os.PathLike[str]) -> None:
+    """Give ``root`` and everything under it the modes a plain ``mkdir`` / ``open`` would.
+
+    A directory assembled under ``tempfile.mkdtemp`` is 0700, and safetensors (and so
+    ``save_pretrained``) writes its files 0600 whatever the umask; renamed into place, an
+    exported model, a converted model or a checkpoint would then be readable by its owner
+    alone. Directories get :func:`directory_mode`, files :func:`file_mode`, and a file its
+    writer made executable keeps the execute bits the umask allows.
+    """
+    root = Path(root)
+    dirs, files = directory_mode(), file_mode()
+    os.chmod(root, dirs)
+    for path in root.rglob("*"):
+        if path.is_symlink():
+            continue
+        if path.is_dir():
+            os.chmod(path, dirs)
+        else:
+            executable = path.stat().st_mode & 0o100
+            os.chmod(path, dirs if executable else files)
+
+
 def is_disk_full(exc: BaseException) -> bool:
     """``ENOSPC``/``EDQUOT`` as an ``OSError``, or as a library's wrapped error text."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
@@ -95,9 +128,9 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
         raise
     os.close(fd)
     tmp = Path(tmp_name)
-    os.chmod(tmp, 0o666 & ~_current_umask())
     try:
         yield tmp
+        os.chmod(tmp, file_mode())  # after the writer: safetensors replaces the file, 0600
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         checked_failpoint(f"write:{target.name}:before_rename", target)

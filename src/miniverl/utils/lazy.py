@@ -13,6 +13,30 @@ from types import ModuleType
 
 from miniverl.errors import BackendError
 
+TORCH_INSTALL = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+"""The CPU build of torch, from PyTorch's CPU wheel index: a plain ``pip install torch`` on
+Linux resolves to the CUDA build (several GB). On a GPU machine: ``pip install torch==2.13.0``."""
+
+EXTRAS_INSTALL = 'pip install -e ".[hf,dev]"'
+"""miniverl with Hugging Face support (transformers, peft, gguf, ...) and the test tools, from
+a clone; it keeps the torch installed before it."""
+
+INSTALL_HINT = (
+    f"from a clone of miniverl: {TORCH_INSTALL} (on a GPU machine: pip install torch==2.13.0), "
+    f"then {EXTRAS_INSTALL} (README, Quick start)"
+)
+"""The one install line every hint for torch or the ``hf`` extra gives (``doctor``, ``demo``,
+``train``, ``models fetch``, ...): the README's quick start, word for word
+(``tests/unit/test_doctor_cli.py`` checks them against each other)."""
+
+
+def install_hint(extra: str) -> str:
+    """What to run when a package of ``extra`` (a ``pyproject.toml`` extra) is missing."""
+    if extra in ("torch", "hf"):
+        return INSTALL_HINT
+    return f'from a clone of miniverl: pip install -e ".[{extra}]" (README, Quick start)'
+
+
 _EXTRA_FOR = {
     "torch": "torch",
     "numpy": "torch",
@@ -47,7 +71,7 @@ def require(module: str, purpose: str = "") -> ModuleType:
         why = f" (needed for {purpose})" if purpose else ""
         raise BackendError(
             f"{module} is not installed{why}",
-            hint=f"pip install 'miniverl[{extra}]'  (install torch first: README, Quick start)",
+            hint=install_hint(extra),
         ) from exc
 
 

@@ -24,6 +24,14 @@ PER_CYCLE_EVENTS = frozenset({"rollouts_collected", "cycle_end"})
 progress bar carries their loss, KL and rollouts solved, so a 400-cycle demo prints a bar, not
 800 lines. They are written to ``events.jsonl`` either way."""
 
+NOTICE_EVENTS = frozenset({"temperature_mismatch"})
+"""Notices that ask for no action: the recipe is valid as it stands and the event only records
+a choice (``temperature_mismatch``: sampling and loss temperatures differ on purpose). Echoed
+only by a verbose run, so the first line of a default run is not a warning with nothing to
+fix; written to ``events.jsonl`` either way."""
+
+VERBOSE_ONLY_EVENTS = PER_CYCLE_EVENTS | NOTICE_EVENTS
+
 
 class EventLog:
     """Appends one JSON object per lifecycle event (docs/design.md §5.3) and echoes it.
@@ -57,7 +65,7 @@ class EventLog:
         self.events.append(record)
         if self.path is not None:
             append_jsonl(self.path, [record], sync=self.sync)
-        if self.console is not None and echo and (self.verbose or event not in PER_CYCLE_EVENTS):
+        if self.console is not None and echo and (self.verbose or event not in VERBOSE_ONLY_EVENTS):
             self.console.print(f"[bold cyan]{event}[/] {echo}")
         return record
 
