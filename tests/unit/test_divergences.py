@@ -174,6 +174,32 @@ def test_fused_bucketed_equals_plain_definition_on_buckets(
     assert_value_and_gradient_agree(fused, plain, student)
 
 
+@pytest.mark.parametrize("name", FUSED)
+def test_plain_bucketed_path_drops_a_tail_impossible_on_both_sides(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """K = the number of possible ids, so the tail holds only ids that are ``-inf`` for
+    student and teacher: an empty bucket on both sides. Through the plain path (autograd
+    through the projection and the definition) it drops out with a zero, not NaN,
+    gradient, exactly as in the fused path."""
+    student, teacher = make_logits(4, 12, "masked", seed=3)
+    live = int(torch.isfinite(teacher[0]).sum())
+    ids, log_probs, tail = teacher_topk_targets(teacher, live, 0.9)
+    assert bool(torch.isneginf(tail).all()) and live < 12
+    spec = DivergenceSpec(name, temperature=0.9, jsd_beta=0.3, entropy_threshold=1.0)
+    upstream = torch.linspace(0.5, 2.0, 4, dtype=torch.float64)
+    fused_in = student.clone().requires_grad_()
+    fused = bucketed_divergence(fused_in, ids, log_probs, tail, spec).divergence
+    (fused @ upstream).backward()
+    force_loss_path(monkeypatch, name, "plain")
+    plain_in = student.clone().requires_grad_()
+    plain = bucketed_divergence(plain_in, ids, log_probs, tail, spec).divergence
+    (plain @ upstream).backward()
+    assert bool(torch.isfinite(plain_in.grad).all())
+    torch.testing.assert_close(plain.detach(), fused.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(plain_in.grad, fused_in.grad, rtol=1e-9, atol=1e-12)
+
+
 # ---------------------------------------------------------------- a divergence by its row
 
 
