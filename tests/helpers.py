@@ -436,3 +436,33 @@ REPORT_RUN_SECTIONS = (
     "events",
 )
 """Keys of ``SECTION_TITLES`` every training-run report shows."""
+
+
+LOSS_PATHS = ("closed_form", "general", "plain")
+"""How the losses can compute a registered divergence (:func:`force_loss_path`)."""
+
+
+def force_loss_path(monkeypatch: Any, name: str, path: str) -> None:
+    """Make the losses compute divergence ``name`` by ``path`` for one test.
+
+    ``closed_form``: the registry row as shipped (the fused closed form on all-finite
+    full-vocabulary blocks, the fused terms elsewhere); ``general``: the fused terms
+    everywhere (the row without its closed form); ``plain``: no fused form, autograd
+    through the plain definition. ``monkeypatch`` is pytest's fixture.
+    """
+    from dataclasses import replace
+
+    from miniverl.losses.divergences import DIVERGENCES, Divergence
+
+    row = DIVERGENCES[name]
+    if path == "closed_form":
+        return
+    if path == "general":
+        assert row.fused is not None, f"{name} has no fused form"
+        monkeypatch.setitem(
+            DIVERGENCES, name, replace(row, fused=replace(row.fused, closed_form=None))
+        )
+    elif path == "plain":
+        monkeypatch.setitem(DIVERGENCES, name, Divergence(row.plain))
+    else:
+        raise ValueError(f"unknown loss path {path!r}; expected one of {LOSS_PATHS}")

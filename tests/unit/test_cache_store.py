@@ -21,7 +21,7 @@ from miniverl.cache import (
 from miniverl.config.models import SelectionConfig
 from miniverl.environments.base import make_splits
 from miniverl.environments.registry import make_environment
-from miniverl.errors import CacheIntegrityError, ConfigError, StaleCacheError
+from miniverl.errors import CacheIntegrityError, ConfigError, OffPolicyError, StaleCacheError
 from miniverl.losses import DivergenceSpec, chunked_selected_position_loss
 from miniverl.models.tokenizers import ToyTokenizer
 from miniverl.models.toy import ToyBackend, ToyModelConfig
@@ -197,6 +197,45 @@ def test_a_result_from_other_settings_is_refused(tmp_path: Path, scored) -> None
 
 
 # -- the policy-version contract -------------------------------------------------------
+
+
+def test_strict_read_refuses_an_entry_of_a_newer_policy_version(tmp_path: Path) -> None:
+    """Strict means equal, not "at least as new": targets scored for a later policy than the
+    one being trained (a resumed run reading ahead, a replayed cache) are not on-policy."""
+    cache = TeacherCache(tmp_path, provenance())
+    put(cache, "traj-b", version=5)
+    cache.flush()
+    with pytest.raises(StaleCacheError) as caught:
+        cache.read("traj-b", expect_policy_version=4)
+    assert (
+        "'traj-b'" in caught.value.message
+        and "policy version 5" in caught.value.message
+        and "policy version 4 was expected" in caught.value.message
+    )
+    assert cache.read("traj-b", expect_policy_version=5).policy_version == 5
+    reuse = TeacherCache.open(tmp_path, reuse_across_policy_versions=True)
+    assert reuse.read("traj-b", expect_policy_version=4).policy_version == 5
+
+
+def test_read_expecting_a_fingerprint_refuses_an_entry_recorded_without_one(
+    tmp_path: Path,
+) -> None:
+    """A rollout with a policy fingerprint cannot be trained on targets that carry none:
+    nothing then ties them to the weights that sampled it."""
+    cache = TeacherCache(tmp_path, provenance())
+    put(cache, "bare", version=2)
+    cache.write(
+        "stamped", synthetic(5, seed=9), trajectory_id="stamped", policy_version=2,
+        alignment_digest=digest("stamped"), policy_fingerprint="fp-A",
+    )  # fmt: skip
+    cache.flush()
+    assert cache.record("bare").policy_fingerprint is None
+    with pytest.raises(OffPolicyError, match="'bare' were produced for policy fingerprint None"):
+        cache.read("bare", expect_policy_version=2, expect_policy_fingerprint="fp-A")
+    with pytest.raises(OffPolicyError, match="fingerprint fp-A, but fp-B was expected"):
+        cache.read("stamped", expect_policy_version=2, expect_policy_fingerprint="fp-B")
+    stamped = cache.read("stamped", expect_policy_version=2, expect_policy_fingerprint="fp-A")
+    assert stamped.record.policy_fingerprint == "fp-A"
 
 
 def test_stale_read_raises_and_reuse_allows_it(tmp_path: Path) -> None:

@@ -2,8 +2,10 @@
 
 A group of G trajectories runs through a small trainable backbone (embedding + linear +
 tanh) and LM head. The reference materialises every selected position's logits, computes
-L = (1/G) Σ_r Σ_i ŵ_{r,i} (D_{r,i} + c · NLL_{r,i}) with explicit sums over the vocabulary
-and back-propagates with plain autograd. The chunked loss must reproduce the loss and the
+L = (1/G) Σ_r Σ_i ŵ_{r,i} (D_{r,i} + c · NLL_{r,i}) with D the plain definition of the
+divergence (``miniverl.losses.divergences``, itself checked against a brute force in
+``test_losses_exact.py``) on explicitly summed (bucket) probabilities, and back-propagates
+with plain autograd. The chunked loss must reproduce the loss and the
 gradient of every parameter (backbone and LM head) within 1e-6 relative for chunk sizes
 1, 3, 7 and N and for every split of the group into micro-batches, with micro-batch b
 passing weight_normalizer = B_b and loss_scale = B_b / G (docs/objectives.md). One trajectory
@@ -27,6 +29,7 @@ from miniverl.losses import (
     ExactTargetProvider,
     chunked_selected_position_loss,
     concat_providers,
+    get_divergence,
     normalize_trajectory_weights,
     teacher_topk_targets,
 )
@@ -117,28 +120,6 @@ def ref_log_probs(z: torch.Tensor, tau: float) -> torch.Tensor:
     return x - top - torch.log(torch.exp(x - top).sum(-1, keepdim=True))
 
 
-def ref_divergence_between(
-    p_s: torch.Tensor, p_t: torch.Tensor, spec: DivergenceSpec
-) -> torch.Tensor:
-    """Row-wise divergence between probability tables ``[n, M]`` with positive entries."""
-    ls, lt = torch.log(p_s), torch.log(p_t)
-    forward = (p_t * (lt - ls)).sum(-1)
-    reverse = (p_s * (ls - lt)).sum(-1)
-    if spec.name == "forward_kl":
-        return forward
-    if spec.name == "reverse_kl":
-        return reverse
-    if spec.name == "jsd":
-        b = spec.jsd_beta
-        lm = torch.log(b * p_t + (1 - b) * p_s)
-        return b * (p_t * (lt - lm)).sum(-1) + (1 - b) * (p_s * (ls - lm)).sum(-1)
-    entropy = -(p_t * lt).sum(-1)
-    return (
-        reverse
-        + spec.entropy_forward_weight * (entropy > spec.entropy_threshold).double() * forward
-    )
-
-
 def ref_bucket(p: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     in_tail = torch.ones_like(p, dtype=torch.bool).scatter(-1, ids, False)
     return torch.cat([p.gather(-1, ids), (p * in_tail).sum(-1, keepdim=True)], dim=-1)
@@ -165,7 +146,8 @@ def reference_loss(
                 ids = teacher_topk_targets(teacher_logits, k, spec.temperature)[0]
                 p_s, p_t = ref_bucket(p_s, ids), ref_bucket(p_t, ids)
             entropies.append(-(p_t * torch.log(p_t)).sum(-1))
-            per_entry = per_entry + ref_divergence_between(p_s, p_t, spec)
+            plain = get_divergence(spec.name).plain
+            per_entry = per_entry + plain(torch.log(p_s), torch.log(p_t), spec)
         total = total + (w_hat * per_entry).sum() / G
     total.backward()
     return (

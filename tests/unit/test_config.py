@@ -402,7 +402,7 @@ def test_divergence_kwargs_build_the_spec_the_trainer_builds(divergence: str) ->
     pytest.importorskip("torch")
     import dataclasses
 
-    from miniverl.losses.numerics import DivergenceSpec
+    from miniverl.losses.divergences import DivergenceSpec
 
     loss = RunConfig.from_mapping(
         {

@@ -68,3 +68,14 @@ def test_strict_check_names_the_rollout_and_both_fingerprints() -> None:
         check_on_policy([_Sample("A", "C")], "A")
     with pytest.raises(StaleCacheError):
         check_on_policy([_Sample(None, None)], None)
+
+
+def test_strict_check_refuses_targets_without_a_fingerprint_for_a_fingerprinted_rollout() -> None:
+    """Targets that carry no fingerprint prove nothing about the weights they were scored
+    for; a rollout that has one must be matched by exactly that fingerprint."""
+    with pytest.raises(
+        OffPolicyError, match="teacher targets of 't:v3' were produced for policy fingerprint None"
+    ):
+        check_on_policy([_Sample("A", None)], "A")
+    with pytest.raises(OffPolicyError, match="teacher targets"):
+        check_on_policy([_Sample("A", "A"), _Sample("A", None, trajectory_id="t:v4")], "A")

@@ -3,7 +3,9 @@
 The reference below never calls the library: it builds log-probabilities and divergences
 with explicit sums over the vocabulary, one row and one token at a time, skipping terms
 whose weight is exactly zero. Gradients of the library are compared with
-``torch.autograd`` run through that reference.
+``torch.autograd`` run through that reference. Every loss path is checked against it: the
+fused closed forms, the fused general terms, and autograd through the plain definitions of
+``miniverl.losses.divergences`` (the readable definition of each divergence).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import math
 import pytest
 import torch
 
+from helpers import LOSS_PATHS, force_loss_path
 from miniverl.errors import ConfigError
 from miniverl.losses import (
+    DIVERGENCE_NAMES,
     DivergenceSpec,
     ExactTargetProvider,
     entropy_aware,
@@ -26,10 +30,9 @@ from miniverl.losses import (
     sampled_token_nll,
     teacher_entropy,
 )
-from miniverl.losses import exact as exact_module
 
 NEG_INF = float("-inf")
-DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "entropy_aware")
+DIVERGENCES = DIVERGENCE_NAMES
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -78,10 +81,12 @@ def ref_from_log_probs(
             for a, b in zip(lt, ls, strict=True)
         ]
         return beta * ref_kl(lt, lm) + (1 - beta) * ref_kl(ls, lm)
-    reverse = ref_kl(ls, lt)
-    if float(ref_entropy(lt).detach()) > spec.entropy_threshold:
-        return reverse + spec.entropy_forward_weight * ref_kl(lt, ls)
-    return reverse
+    if spec.name == "entropy_aware":
+        reverse = ref_kl(ls, lt)
+        if float(ref_entropy(lt).detach()) > spec.entropy_threshold:
+            return reverse + spec.entropy_forward_weight * ref_kl(lt, ls)
+        return reverse
+    raise AssertionError(f"no brute-force reference for divergence {spec.name!r}: add one")
 
 
 def ref_divergence(
@@ -126,17 +131,17 @@ def spec_for(name: str, tau: float = 1.0, **kwargs: float) -> DivergenceSpec:
 # ---------------------------------------------------------------- values and gradients
 
 
-@pytest.mark.parametrize("path", ["closed_form", "general"])
+@pytest.mark.parametrize("path", LOSS_PATHS)
 @pytest.mark.parametrize("name", DIVERGENCES)
 @pytest.mark.parametrize("case", ["random", "extreme", "one_hot_teacher"])
 @pytest.mark.parametrize("tau", [1.0, 0.5, 2.5])
 def test_exact_matches_brute_force_values_and_gradients(
     monkeypatch: pytest.MonkeyPatch, path: str, name: str, case: str, tau: float
 ) -> None:
-    """Both code paths: the closed forms used for all-finite blocks, and the masked
-    general form used when a block holds a zero probability (forced here)."""
-    if path == "general":
-        monkeypatch.setattr(exact_module, "_finite_block", exact_module._general_block)
+    """Every code path: the closed forms used for all-finite blocks, the masked general
+    form used when a block holds a zero probability (forced here), and the plain
+    definition through autograd."""
+    force_loss_path(monkeypatch, name, path)
     student, teacher = make_case(case)
     spec = spec_for(name, tau, jsd_beta=0.3)
     upstream = torch.linspace(0.5, 2.0, student.shape[0], dtype=torch.float64)
@@ -229,9 +234,13 @@ def test_jsd_tends_to_forward_kl_and_reverse_kl() -> None:
 # ---------------------------------------------------------------- special inputs
 
 
+@pytest.mark.parametrize("path", LOSS_PATHS)
 @pytest.mark.parametrize("name", DIVERGENCES)
 @pytest.mark.parametrize("tau", [1.0, 0.6])
-def test_identical_inputs_give_zero_and_zero_gradient(name: str, tau: float) -> None:
+def test_identical_inputs_give_zero_and_zero_gradient(
+    monkeypatch: pytest.MonkeyPatch, path: str, name: str, tau: float
+) -> None:
+    force_loss_path(monkeypatch, name, path)
     logits, _ = make_case("extreme", seed=5)
     student = logits.clone().requires_grad_()
     out = exact_divergence(student, logits.clone(), spec_for(name, tau))
@@ -242,8 +251,12 @@ def test_identical_inputs_give_zero_and_zero_gradient(name: str, tau: float) -> 
     assert torch.allclose(student.grad, torch.zeros_like(logits), atol=1e-12)
 
 
+@pytest.mark.parametrize("path", LOSS_PATHS)
 @pytest.mark.parametrize("name", ["forward_kl", "jsd"])
-def test_minus_inf_teacher_logits_contribute_zero(name: str) -> None:
+def test_minus_inf_teacher_logits_contribute_zero(
+    monkeypatch: pytest.MonkeyPatch, path: str, name: str
+) -> None:
+    force_loss_path(monkeypatch, name, path)
     student, teacher = make_case("random", seed=2)
     teacher[:, 3] = NEG_INF
     teacher[1, 5:] = NEG_INF
@@ -258,6 +271,30 @@ def test_minus_inf_teacher_logits_contribute_zero(name: str) -> None:
     torch.testing.assert_close(out.divergence.detach(), expected.detach(), rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(mine_in.grad, ref_in.grad, rtol=1e-8, atol=1e-12)
     assert bool(torch.isfinite(out.teacher_entropy).all())
+
+
+@pytest.mark.parametrize("path", LOSS_PATHS)
+@pytest.mark.parametrize("name", DIVERGENCES)
+def test_tokens_impossible_on_both_sides_contribute_zero(
+    monkeypatch: pytest.MonkeyPatch, path: str, name: str
+) -> None:
+    """Ids that neither model can emit (``-inf`` logits on both sides, e.g. a padded
+    vocabulary) drop out of every divergence, and their gradient is 0, not NaN."""
+    force_loss_path(monkeypatch, name, path)
+    student, teacher = make_case("random", seed=13)
+    student[:, [2, 7]] = NEG_INF
+    teacher[:, [2, 7]] = NEG_INF
+    spec = spec_for(name, 0.8, jsd_beta=0.4)
+    mine_in = student.clone().requires_grad_()
+    out = exact_divergence(mine_in, teacher, spec)
+    out.divergence.sum().backward()
+    ref_in = student.clone().requires_grad_()
+    expected = ref_divergence(ref_in, teacher, spec)
+    expected.sum().backward()
+    torch.testing.assert_close(out.divergence.detach(), expected.detach(), rtol=1e-9, atol=1e-12)
+    assert bool(torch.isfinite(mine_in.grad).all())
+    assert torch.equal(mine_in.grad[:, [2, 7]], torch.zeros(5, 2, dtype=torch.float64))
+    torch.testing.assert_close(mine_in.grad, ref_in.grad, rtol=1e-8, atol=1e-12)
 
 
 def test_reverse_kl_against_zero_probability_teacher_is_infinite_not_nan() -> None:

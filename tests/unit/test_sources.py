@@ -192,6 +192,18 @@ def test_on_policy_source_refuses_targets_of_other_weights(tmp_path: Path) -> No
         source.samples(0, calculator_tasks(2))
 
 
+def test_on_policy_source_refuses_targets_that_carry_no_fingerprint(tmp_path: Path) -> None:
+    student = Policy("11", 1.0)
+    source = _on_policy(
+        tmp_path,
+        student,
+        fingerprint=lambda: backend_fingerprint(student),
+        scorer=FakeScorer(fingerprint=None),
+    )
+    with pytest.raises(OffPolicyError, match="produced for policy fingerprint None"):
+        source.samples(0, calculator_tasks(2))
+
+
 # ------------------------------------------------------------------ offline pool
 
 

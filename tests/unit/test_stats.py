@@ -238,6 +238,22 @@ def test_holm_matches_the_textbook_example() -> None:
     assert holm_adjusted([]) == []
 
 
+def test_holm_on_a_shuffled_family_reports_in_input_order() -> None:
+    """m = 5, given out of order. By hand, ascending: 0.001 (input 1) x5 = 0.005; 0.012
+    (input 3) x4 = 0.048; 0.03 (input 2) x3 = 0.09; 0.04 (input 0) x2 = 0.08, raised to the
+    running maximum 0.09; 0.2 (input 4) x1 = 0.2. Back in input order:
+    [0.09, 0.005, 0.09, 0.048, 0.2]."""
+    adjusted = holm_adjusted([0.04, 0.001, 0.03, 0.012, 0.2])
+    assert adjusted == pytest.approx([0.09, 0.005, 0.09, 0.048, 0.2], abs=1e-15)
+    assert [p <= 0.05 for p in adjusted] == [False, True, False, True, False]
+    # Descending input with a tie: ascending 0.01 (input 2) x3 = 0.03; the two 0.02s give
+    # x2 = 0.04 and x1 = 0.02, raised to 0.04, whichever of them is ranked first.
+    assert holm_adjusted([0.02, 0.02, 0.01]) == pytest.approx([0.04, 0.04, 0.03], abs=1e-15)
+    # Largest first: 0.3 (input 1) x3 = 0.9; 0.45 (input 2) x2 = 0.9; 0.7 (input 0) x1 = 0.7,
+    # raised to 0.9.
+    assert holm_adjusted([0.7, 0.3, 0.45]) == pytest.approx([0.9, 0.9, 0.9], abs=1e-15)
+
+
 def test_mde_is_the_stated_t_formula() -> None:
     """(t_{.975, n-1} + t_{.8, n-1}) sd / sqrt(n); t_{.8, 4} from the df = 4 closed form."""
     t80_4 = t_quantile(0.8, 4)

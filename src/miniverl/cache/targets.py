@@ -19,7 +19,7 @@ from miniverl.schemas.cache import CacheEntryRecord, CacheProvenance
 if TYPE_CHECKING:
     import torch
 
-    from miniverl.losses.numerics import DivergenceSpec
+    from miniverl.losses.divergences import DivergenceSpec
     from miniverl.losses.providers import BucketedTargetProvider
 
 

@@ -545,7 +545,7 @@ class LossConfig(_Section):
     )
 
     def divergence_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``losses.numerics.DivergenceSpec`` for this section.
+        """Keyword arguments of ``losses.divergences.DivergenceSpec`` for this section.
 
         The one place the loss section is unpacked into a divergence (config cannot import
         ``losses``, so it returns plain values). ``jsd_beta`` is carried only for ``jsd``;

@@ -111,7 +111,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         )
 
     def distill_loss(v: Any, _: RunConfig) -> KeyFate | str:
-        if v in ("jsd", "entropy_aware"):
+        if v not in ("forward_kl", "reverse_kl"):
             return f"loss.divergence: {v} has no verl 0.9.1 distillation loss (only forward_kl_topk and the k1/k3 reverse-KL estimators); use forward_kl or reverse_kl"
         o["distillation.distillation_loss.loss_mode"] = loss_mode
         o["distillation.distillation_loss.use_policy_gradient"] = False

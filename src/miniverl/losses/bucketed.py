@@ -12,7 +12,9 @@ log-probs, g_b = dD/dS_b, G = Σ_b g_b):
     dD/dz_v = (g_b − p_S(v) G) / τ                        for v in top-k bucket b
     dD/dz_v = (g_tail · p_S(v) / P_S(tail) − p_S(v) G) / τ  for v in the tail
 
-computed in the forward pass like the exact divergences.
+computed in the forward pass like the exact divergences. A divergence without a fused
+form (:mod:`miniverl.losses.divergences`) is back-propagated by autograd through its plain
+definition applied to the projected buckets (:func:`bucket_log_probs`).
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ import torch
 from torch import Tensor
 
 from miniverl.errors import ConfigError
+from miniverl.losses.divergences import (
+    DivergenceSpec,
+    PlainDivergence,
+    entropy,
+    get_divergence,
+)
 from miniverl.losses.numerics import (
     NEG_INF,
     DivergenceOutput,
-    DivergenceSpec,
     attach_row_gradient,
     compute_dtype,
-    divergence_terms,
     needs_grad,
     project_rows_to_zero_sum,
     row_blocks,
@@ -129,6 +135,38 @@ def normalized_buckets(buckets: Tensor) -> Tensor:
     return wide - torch.logsumexp(wide, dim=-1, keepdim=True)
 
 
+def bucket_log_probs(log_probs: Tensor, topk_indices: Tensor) -> Tensor:
+    """Project a distribution onto K + 1 buckets: ``[N, V], [N, K] -> [N, K + 1]`` log-probs.
+
+    Bucket j < K is log p(topk_indices[:, j]); bucket K, the tail, is the logsumexp of
+    log p over the other ids (``-inf`` when there are none, K = V). Plain autograd: the
+    logsumexp of an all-``-inf`` row back-propagates NaN, so such rows are computed from a
+    stand-in of zeros and then set to ``-inf`` (their gradient is 0, as it should be).
+    """
+    ids = topk_indices.to(device=log_probs.device, dtype=torch.long)
+    rest = log_probs.scatter(-1, ids, NEG_INF)
+    with torch.no_grad():
+        has_tail = (rest > NEG_INF).any(-1, keepdim=True)
+    tail = torch.logsumexp(torch.where(has_tail, rest, 0.0), dim=-1, keepdim=True)
+    tail = torch.where(has_tail, tail, NEG_INF)
+    return torch.cat([log_probs.gather(-1, ids), tail], dim=-1)
+
+
+def _plain_bucketed(
+    student_logits: Tensor,
+    topk_indices: Tensor,
+    teacher_buckets: Tensor,
+    plain: PlainDivergence,
+    spec: DivergenceSpec,
+    dtype: torch.dtype,
+) -> Tensor:
+    """Autograd through the plain definition on the (K + 1)-point distributions, for a
+    divergence without a fused form: ``[N]`` in ``dtype``."""
+    s = torch.log_softmax(student_logits.to(dtype) / spec.temperature, dim=-1)
+    student_buckets = normalized_buckets(bucket_log_probs(s, topk_indices))
+    return plain(student_buckets, teacher_buckets, spec).to(dtype)
+
+
 def bucketed_divergence(
     student_logits: Tensor,
     topk_indices: Tensor,
@@ -176,8 +214,23 @@ def bucketed_divergence(
             dim=-1,
         )
     )
+    with torch.no_grad():
+        wide_entropy = entropy(teacher_buckets)
+    teacher_entropy = wide_entropy.to(dtype)
+    high_entropy = teacher_entropy > spec.entropy_threshold
+    lower_bound = topk_indices.shape[1] < vocab
+    row = get_divergence(spec.name)
+    if row.fused is None:
+        return DivergenceOutput(
+            divergence=_plain_bucketed(
+                student_logits, ids, teacher_buckets, row.plain, spec, dtype
+            ),
+            teacher_entropy=teacher_entropy,
+            high_entropy=high_entropy,
+            entropy_is_lower_bound=lower_bound,
+        )
+    fused = row.fused
     divergence = torch.empty(n, dtype=dtype, device=device)
-    entropy = torch.empty(n, dtype=dtype, device=device)
     jacobian = torch.empty((n, vocab), dtype=dtype, device=device) if need_grad else None
     lowest = torch.finfo(dtype).min
     with torch.no_grad():
@@ -187,15 +240,15 @@ def bucketed_divergence(
             tail_log_probs = s.scatter(-1, block_ids, NEG_INF)
             student_tail = torch.logsumexp(tail_log_probs, dim=-1, keepdim=True)
             student_buckets = torch.cat([s.gather(-1, block_ids), student_tail], dim=-1)
-            value, h, grad = divergence_terms(
+            value, grad = fused.terms(
                 normalized_buckets(student_buckets),
                 teacher_buckets[rows],
+                wide_entropy[rows],
                 spec,
-                need_grad=need_grad,
+                need_grad,
             )
             grad = grad.to(dtype) if grad is not None else None
             divergence[rows] = value
-            entropy[rows] = h
             if jacobian is not None and grad is not None:
                 # p_S(v) / P_S(tail) for tail tokens, 0 on the top-k ids (and everywhere
                 # when the tail is empty: the clamp keeps −inf − (−inf) from giving NaN).
@@ -208,14 +261,15 @@ def bucketed_divergence(
                     jacobian[rows].div_(tau)
     return DivergenceOutput(
         divergence=attach_row_gradient(student_logits, divergence, jacobian),
-        teacher_entropy=entropy,
-        high_entropy=entropy > spec.entropy_threshold,
-        entropy_is_lower_bound=topk_indices.shape[1] < vocab,
+        teacher_entropy=teacher_entropy,
+        high_entropy=high_entropy,
+        entropy_is_lower_bound=lower_bound,
     )
 
 
 __all__ = [
     "bucket_entropy",
+    "bucket_log_probs",
     "bucketed_divergence",
     "normalized_buckets",
     "teacher_entropy",

@@ -5,8 +5,8 @@ summed over the vocabulary. Computation is in float32 for float16/bfloat16/float
 and in float64 for float64 input. Results are differentiable with respect to the student
 logits; teacher logits are constants and never receive a gradient.
 
-The gradient is computed analytically in the forward pass (see
-:mod:`miniverl.losses.numerics`): for s = log_softmax(z_S / τ) and g = dD/ds,
+The divergence is the registry's (:mod:`miniverl.losses.divergences`). With a fused form
+the gradient is computed in the forward pass: for s = log_softmax(z_S / τ) and g = dD/ds,
 
     dD/dz_S = (g − p_S · Σ_v g_v) / τ,
 
@@ -14,22 +14,26 @@ so the autograd graph keeps one ``[N, V]`` tensor (that gradient) per call. Each
 that gradient is projected back onto the zero-sum plane
 (:func:`~miniverl.losses.numerics.project_rows_to_zero_sum`): the exact gradient of a
 function of a softmax sums to 0, and float32 at V = 151,936 otherwise drifts by up to 6e-5.
+Without a fused form, autograd runs through the plain definition.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
+from miniverl.losses.divergences import (
+    DivergenceSpec,
+    FusedDivergence,
+    PlainDivergence,
+    entropy,
+    get_divergence,
+)
 from miniverl.losses.numerics import (
     NEG_INF,
     DivergenceOutput,
-    DivergenceSpec,
     attach_row_gradient,
     compute_dtype,
-    divergence_terms,
     needs_grad,
     project_rows_to_zero_sum,
     row_blocks,
@@ -46,59 +50,47 @@ def _check_pair(student_logits: Tensor, teacher: Tensor) -> None:
 
 
 def _finite_block(
-    s: Tensor, t: Tensor, spec: DivergenceSpec, jacobian: Tensor | None
+    s: Tensor, t: Tensor, fused: FusedDivergence, spec: DivergenceSpec, jacobian: Tensor | None
 ) -> tuple[Tensor, Tensor]:
-    """Closed forms for a block whose student and teacher log-probs are all finite.
-
-    ``s``, ``t``: ``[R, V]`` log-probs at temperature τ. Writes dD/dz_S · τ into
-    ``jacobian`` (``[R, V]``) when given and returns ``(divergence [R], entropy [R])``.
-    With g = dD/ds from :func:`divergence_terms`, τ · dD/dz = g − p_S Σ g simplifies to
-      forward  p_S − p_T
-      reverse  p_S (s − t − D)
-      jsd      (1 − β) p_S (s − m − KL(p_S ‖ M))
-    Equivalent to the general path, without its zero-probability masks (boolean masks are
-    the slowest elementwise operations on CPU).
-    """
+    """A block whose student and teacher log-probs ``[R, V]`` are all finite: the fused
+    closed form, which writes τ · dD/dz_S into ``jacobian`` when given (the general terms
+    when the divergence has no closed form). Returns ``(divergence [R], entropy [R])``."""
+    closed_form = fused.closed_form
+    if closed_form is None:
+        return _general_block(s, t, fused, spec, jacobian)
     p_s = s.exp()
     p_t = t.exp()
-    entropy = -torch.linalg.vecdot(p_t, t)
-    if spec.name == "forward_kl":
-        value = torch.linalg.vecdot(p_t, t - s)
-        if jacobian is not None:
-            torch.sub(p_s, p_t, out=jacobian)
-    elif spec.name == "jsd":
-        beta = spec.jsd_beta
-        log_m = torch.logaddexp(t + math.log(beta), s + math.log1p(-beta))
-        student_part = torch.linalg.vecdot(p_s, s - log_m)
-        value = beta * torch.linalg.vecdot(p_t, t - log_m) + (1.0 - beta) * student_part
-        if jacobian is not None:
-            log_m.neg_().add_(s).sub_(student_part.unsqueeze(-1)).mul_(p_s)
-            torch.mul(log_m, 1.0 - beta, out=jacobian)
-    else:
-        log_ratio = s - t
-        value = torch.linalg.vecdot(p_s, log_ratio)
-        gate = forward_value = None
-        if spec.name == "entropy_aware":
-            gate = (entropy > spec.entropy_threshold).to(value.dtype) * spec.entropy_forward_weight
-            forward_value = -torch.linalg.vecdot(p_t, log_ratio)
-        if jacobian is not None:
-            torch.mul(log_ratio.sub_(value.unsqueeze(-1)), p_s, out=jacobian)
-            if gate is not None:
-                jacobian.add_(gate.unsqueeze(-1) * (p_s - p_t))
-        if gate is not None and forward_value is not None:
-            value = value + gate * forward_value
-    return value, entropy
+    teacher_entropy = -torch.linalg.vecdot(p_t, t)
+    return closed_form(s, t, p_s, p_t, teacher_entropy, spec, jacobian), teacher_entropy
 
 
 def _general_block(
-    s: Tensor, t: Tensor, spec: DivergenceSpec, jacobian: Tensor | None
+    s: Tensor, t: Tensor, fused: FusedDivergence, spec: DivergenceSpec, jacobian: Tensor | None
 ) -> tuple[Tensor, Tensor]:
-    """Any block, including ``-inf`` log-probs: :func:`divergence_terms` chained through
-    the softmax, τ · dD/dz = g − p_S Σ_v g_v."""
-    value, entropy, grad = divergence_terms(s, t, spec, need_grad=jacobian is not None)
+    """Any block, including ``-inf`` log-probs: the fused terms chained through the
+    softmax, τ · dD/dz = g − p_S Σ_v g_v."""
+    teacher_entropy = entropy(t)
+    value, grad = fused.terms(s, t, teacher_entropy, spec, jacobian is not None)
     if jacobian is not None and grad is not None:
         torch.sub(grad, s.exp().mul_(grad.sum(-1, keepdim=True)), out=jacobian)
-    return value, entropy
+    return value, teacher_entropy
+
+
+def _plain_exact(
+    student_logits: Tensor, teacher_log_probs: Tensor, plain: PlainDivergence, spec: DivergenceSpec
+) -> DivergenceOutput:
+    """Autograd through the plain definition, for a divergence without a fused form."""
+    dtype = compute_dtype(student_logits, teacher_log_probs)
+    s = torch.log_softmax(student_logits.to(dtype) / spec.temperature, dim=-1)
+    t = teacher_log_probs.detach().to(dtype)
+    with torch.no_grad():
+        teacher_entropy = entropy(t)
+    return DivergenceOutput(
+        divergence=plain(s, t, spec),
+        teacher_entropy=teacher_entropy,
+        high_entropy=teacher_entropy > spec.entropy_threshold,
+        entropy_is_lower_bound=False,
+    )
 
 
 def exact_divergence_from_log_probs(
@@ -107,16 +99,21 @@ def exact_divergence_from_log_probs(
     """:func:`exact_divergence` with the teacher already as ``log_softmax(z_T / τ)``.
 
     ``teacher_log_probs`` ``[N, V]`` must be on the student's device. Live ``[N, V]``
-    buffers: the two inputs plus the returned gradient; everything else is per row block.
+    buffers with a fused form: the two inputs plus the returned gradient; everything else
+    is per row block. Without one, autograd keeps several ``[N, V]`` intermediates.
     """
     _check_pair(student_logits, teacher_log_probs)
+    row = get_divergence(spec.name)
+    if row.fused is None:
+        return _plain_exact(student_logits, teacher_log_probs, row.plain, spec)
+    fused = row.fused
     dtype = compute_dtype(student_logits, teacher_log_probs)
     n, vocab = student_logits.shape
     need_grad = needs_grad(student_logits)
     tau = spec.temperature
     device = student_logits.device
     divergence = torch.empty(n, dtype=dtype, device=device)
-    entropy = torch.empty(n, dtype=dtype, device=device)
+    teacher_entropy = torch.empty(n, dtype=dtype, device=device)
     jacobian = torch.empty((n, vocab), dtype=dtype, device=device) if need_grad else None
     with torch.no_grad():
         for rows in row_blocks(n, vocab, device):
@@ -125,15 +122,15 @@ def exact_divergence_from_log_probs(
             finite = bool((s.min() > NEG_INF) & (t.min() > NEG_INF))
             block = _finite_block if finite else _general_block
             block_jacobian = jacobian[rows] if jacobian is not None else None
-            divergence[rows], entropy[rows] = block(s, t, spec, block_jacobian)
+            divergence[rows], teacher_entropy[rows] = block(s, t, fused, spec, block_jacobian)
             if block_jacobian is not None:
                 project_rows_to_zero_sum(block_jacobian, s.exp_())
             if block_jacobian is not None and tau != 1.0:
                 block_jacobian.div_(tau)
     return DivergenceOutput(
         divergence=attach_row_gradient(student_logits, divergence, jacobian),
-        teacher_entropy=entropy,
-        high_entropy=entropy > spec.entropy_threshold,
+        teacher_entropy=teacher_entropy,
+        high_entropy=teacher_entropy > spec.entropy_threshold,
         entropy_is_lower_bound=False,
     )
 

@@ -14,10 +14,10 @@ import torch
 from torch import Tensor
 
 from miniverl.losses.bucketed import bucketed_divergence
+from miniverl.losses.divergences import DivergenceSpec
 from miniverl.losses.exact import exact_divergence_from_log_probs
 from miniverl.losses.numerics import (
     DivergenceOutput,
-    DivergenceSpec,
     compute_dtype,
     scaled_log_softmax,
 )
