@@ -22,7 +22,10 @@ _EXTRA_FOR = {
     "accelerate": "hf",
     "tokenizers": "hf",
     "bitsandbytes": "quant",
+    "scipy": "lab",
 }
+_TORCH_FREE_EXTRAS = {"lab"}
+"""Extras that install without torch: their hint does not send the user to torch first."""
 
 
 def is_available(module: str) -> bool:
@@ -45,9 +48,11 @@ def require(module: str, purpose: str = "") -> ModuleType:
     except ImportError as exc:
         extra = _EXTRA_FOR.get(module.split(".")[0], "torch")
         why = f" (needed for {purpose})" if purpose else ""
+        torch_first = (
+            "" if extra in _TORCH_FREE_EXTRAS else "  (install torch first: README, Quick start)"
+        )
         raise BackendError(
-            f"{module} is not installed{why}",
-            hint=f"pip install 'miniverl[{extra}]'  (install torch first: README, Quick start)",
+            f"{module} is not installed{why}", hint=f"pip install 'miniverl[{extra}]'{torch_first}"
         ) from exc
 
 
