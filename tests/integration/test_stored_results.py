@@ -580,7 +580,7 @@ T_975_DF4 = 2.7764451051977987
 
 
 def _t4_cdf(t: float) -> float:
-    """Student's t CDF for 4 degrees of freedom, in closed form (no scipy in the test deps)."""
+    """Student's t CDF for 4 degrees of freedom, in closed form, independent of the code under test."""
     u = t / math.sqrt(1 + t * t / 4)
     return 0.5 + 0.375 * u * (1 - t * t / (12 * (1 + t * t / 4)))
 

@@ -1,5 +1,5 @@
 """evaluation/stats.py against brute force and float64 references: exact two-level resampling,
-binomial tables, Student t (closed forms and table values), Holm, the t-based MDE."""
+the t-interval and t-test (closed forms and table values), Holm, the t-based MDE."""
 
 from __future__ import annotations
 
@@ -10,24 +10,23 @@ import math
 import random
 import statistics
 from collections import defaultdict
-from fractions import Fraction
+from pathlib import Path
 
 import pytest
+from scipy.stats import t as student_t
 
 from helpers import run_python
 from miniverl.errors import SchemaValidationError
-from miniverl.evaluation import stats
 from miniverl.evaluation.stats import (
     TaskResampler,
+    bootstrap_interval,
     compare_arms,
     holm_adjusted,
     minimum_detectable_effect,
     paired_differences,
     percentile_interval,
     seeds_needed,
-    t_cdf,
     t_interval,
-    t_quantile,
     t_test_p,
     two_level_bootstrap,
 )
@@ -164,18 +163,6 @@ def test_task_resampler_matches_the_exact_multinomial() -> None:
     assert _ks(dict(exact), [resampler.draw(rng) for _ in range(20_000)]) < 0.015
 
 
-@pytest.mark.parametrize(("n", "p"), [(40, 0.3), (7, 0.5), (600, 0.5), (600, 0.01)])
-def test_binomial_tables_match_exact_binomial_sums(n: int, p: float) -> None:
-    lo, cdf = stats._binomial_cdf(n, p)
-    q = Fraction(p).limit_denominator(10**6)
-    pmf = [math.comb(n, x) * q**x * (1 - q) ** (n - x) for x in range(n + 1)]
-    exact = list(itertools.accumulate(pmf))
-    assert float(exact[lo - 1] if lo else 0) < 1e-30  # mass left out below the window
-    assert 1 - float(exact[lo + len(cdf) - 1]) < 1e-30  # ... and above it
-    for i in range(0, len(cdf), max(1, len(cdf) // 50)):
-        assert cdf[i] == pytest.approx(float(exact[lo + i]), abs=1e-12)
-
-
 def test_large_seed_resample_has_the_multinomial_moments() -> None:
     rng = random.Random(9)
     row = [float(rng.random() < 0.6) - float(rng.random() < 0.5) for _ in range(600)]
@@ -189,29 +176,13 @@ def test_large_seed_resample_has_the_multinomial_moments() -> None:
 # -- minimum detectable effect -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("df", [1, 2, 3, 4])
-def test_t_cdf_matches_the_closed_forms(df: int) -> None:
-    for t in (-40.0, -6.5, -2.0, -0.3, 0.0, 0.01, 0.7, 1.5, 3.0, 12.0, 300.0):
-        assert t_cdf(t, df) == pytest.approx(_t_cdf_closed_form(t, df), abs=1e-13), t
-
-
 @pytest.mark.parametrize(("q", "df"), list(T_TABLE))
-def test_t_quantile_matches_table_values(q: float, df: int) -> None:
-    assert t_quantile(q, df) == pytest.approx(T_TABLE[(q, df)], abs=1e-6)
-    assert t_quantile(1.0 - q, df) == -t_quantile(q, df)
-
-
-def test_t_quantile_inverts_the_closed_forms() -> None:
-    for q in (0.51, 0.6, 0.8, 0.9, 0.975, 0.999):
-        assert t_quantile(q, 1) == pytest.approx(math.tan(math.pi * (q - 0.5)), rel=1e-12)
-        assert t_quantile(q, 2) == pytest.approx(
-            (2 * q - 1) / math.sqrt(2 * q * (1 - q)), rel=1e-12
-        )
-        for df in (3, 4):
-            assert _t_cdf_closed_form(t_quantile(q, df), df) == pytest.approx(q, abs=1e-13)
-    assert t_quantile(0.975, 10**8) == pytest.approx(1.959963984540054, abs=1e-6)
-    with pytest.raises(ValueError, match="0 < q < 1"):
-        t_quantile(1.0, 4)
+def test_t_interval_half_width_is_the_table_quantile(q: float, df: int) -> None:
+    values = [math.sin(i + 1.0) for i in range(df + 1)]
+    low, high = t_interval(values, confidence=2 * q - 1)
+    half = statistics.stdev(values) / math.sqrt(df + 1)
+    assert (high - low) / 2 / half == pytest.approx(T_TABLE[(q, df)], abs=1e-6)
+    assert (low + high) / 2 == pytest.approx(statistics.fmean(values), abs=1e-12)
 
 
 def test_t_interval_and_p_value_are_computed_by_hand() -> None:
@@ -222,7 +193,8 @@ def test_t_interval_and_p_value_are_computed_by_hand() -> None:
     t = mean / (sd / math.sqrt(3))
     assert t_test_p(values) == pytest.approx(1.0 - t / math.sqrt(2.0 + t * t), abs=1e-13)
     assert t_test_p([-0.1, 0.1, 0.0, 0.3]) == pytest.approx(
-        2 * (1 - t_cdf(0.075 / (statistics.stdev([-0.1, 0.1, 0.0, 0.3]) / 2), 3)), abs=1e-13
+        2 * (1 - _t_cdf_closed_form(0.075 / (statistics.stdev([-0.1, 0.1, 0.0, 0.3]) / 2), 3)),
+        abs=1e-13,
     )
     assert t_test_p([0.0, 0.0, 0.0]) == 1.0 and t_test_p([0.2, 0.2, 0.2]) == 0.0
 
@@ -256,13 +228,13 @@ def test_holm_on_a_shuffled_family_reports_in_input_order() -> None:
 
 def test_mde_is_the_stated_t_formula() -> None:
     """(t_{.975, n-1} + t_{.8, n-1}) sd / sqrt(n); t_{.8, 4} from the df = 4 closed form."""
-    t80_4 = t_quantile(0.8, 4)
+    t80_4 = student_t.ppf(0.8, 4)
     assert _t_cdf_closed_form(t80_4, 4) == pytest.approx(0.8, abs=1e-13)
     assert minimum_detectable_effect(0.35, 5) == pytest.approx(
         (T_TABLE[(0.975, 4)] + t80_4) * 0.35 / math.sqrt(5), abs=1e-8
     )
     assert minimum_detectable_effect(0.1, 11, alpha=0.1, power=0.9) == pytest.approx(
-        (T_TABLE[(0.95, 10)] + t_quantile(0.9, 10)) * 0.1 / math.sqrt(11), abs=1e-9
+        (T_TABLE[(0.95, 10)] + student_t.ppf(0.9, 10)) * 0.1 / math.sqrt(11), abs=1e-9
     )
     for n in (2, 5, 17, 190):
         assert seeds_needed(0.3, minimum_detectable_effect(0.3, n)) == n
@@ -283,7 +255,7 @@ def test_an_effect_of_one_mde_is_detected_by_the_t_test_with_the_stated_power(
     rng = random.Random(seed)
     sd = 0.2
     effect = minimum_detectable_effect(sd, n)
-    critical = t_quantile(0.975, n - 1)
+    critical = student_t.ppf(0.975, n - 1)
     trials = 4000
     detected = 0
     for _ in range(trials):
@@ -313,8 +285,9 @@ def test_contrast_pairs_tasks_and_reports_values_computed_by_hand() -> None:
     assert result.seed_differences == pytest.approx([1 / 3, -1 / 3, 2 / 3])
     assert result.mean_difference == pytest.approx(2 / 9)
     assert result.sd_seed_differences == pytest.approx(statistics.stdev([1 / 3, -1 / 3, 2 / 3]))
+    t80_2 = 0.6 / math.sqrt(0.32)  # t_{.8, 2} in closed form: (2q - 1) / sqrt(2q(1 - q))
     assert result.mde == pytest.approx(
-        (T_TABLE[(0.975, 2)] + t_quantile(0.8, 2)) * result.sd_seed_differences / math.sqrt(3),
+        (T_TABLE[(0.975, 2)] + t80_2) * result.sd_seed_differences / math.sqrt(3),
         abs=1e-8,
     )
     half = T_TABLE[(0.975, 2)] * result.sd_seed_differences / math.sqrt(3)
@@ -410,18 +383,51 @@ def test_contrast_refuses_unpaired_tables() -> None:
     assert "same non-empty task list" in (info.value.hint or "")
 
 
-def test_the_module_needs_neither_torch_nor_numpy() -> None:
-    code = (
-        "import sys\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('torch', 'numpy'):\n"
-        "            raise ModuleNotFoundError(name)\n"
-        "sys.meta_path.insert(0, Block())\n"
-        "from miniverl.evaluation.stats import compare_arms\n"
-        "r = compare_arms('a', 'b', {1: [1.0], 2: [0.0], 3: [1.0]}, {1: [0.0], 2: [0.0], 3: [0.0]}, resamples=50)\n"
-        "print(r.interval is not None, sorted(m for m in ('torch', 'numpy') if m in sys.modules))\n"
-    )
-    result = run_python(code)
+_BLOCKED_CHILD = r"""
+import sys
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('torch', 'numpy', 'scipy'):
+            raise ModuleNotFoundError(name)
+
+sys.meta_path.insert(0, Block())
+from miniverl.errors import BackendError
+from miniverl.evaluation.stats import aggregate, bootstrap_interval, compare_arms
+rows = [{"arm": arm, "seed": seed, "final_success": 0.1 * seed + (arm == "opd")}
+        for arm in ("sft_only", "opd") for seed in (1, 2, 3)]
+summary = aggregate(rows, ["sft_only", "opd"], "sft_only")
+print(summary["opd"]["difference_to_baseline"]["mean"], bootstrap_interval([0.0, 1.0, 2.0], resamples=50))
+try:
+    compare_arms("a", "b", {1: [1.0], 2: [0.0], 3: [1.0]}, {1: [0.0], 2: [0.0], 3: [0.0]})
+except BackendError as exc:
+    print(str(exc), "|", exc.hint)
+from miniverl.evaluation.benchmark import run_benchmark
+try:
+    run_benchmark(sys.argv[1], arms=["opd"], seeds=[1], output_dir=sys.argv[2],
+                  run_cell=lambda *a: sys.exit("a cell ran without scipy"))
+except BackendError as exc:
+    print(str(exc), "|", exc.hint)
+print(sorted(m for m in ("torch", "numpy", "scipy") if m in sys.modules))
+"""
+
+
+def test_without_scipy_the_summaries_run_and_the_contrasts_name_the_lab_extra(
+    tmp_path: Path,
+) -> None:
+    """The per-arm summaries are standard-library only; a contrast, and a benchmark before
+    any cell trains, raise BackendError with the install hint instead of an ImportError."""
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "toy_demo.yaml"
+    result = run_python(_BLOCKED_CHILD, args=[str(recipe), str(tmp_path / "bench")])
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "True []"
+    refused = (
+        "scipy.stats is not installed (needed for the benchmark's contrasts) "
+        "| from a clone of miniverl: pip install -e \".[lab]\" (README, Quick start)"
+    )
+    assert result.stdout.splitlines() == [
+        f"1.0 {bootstrap_interval([0.0, 1.0, 2.0], resamples=50)}",
+        refused,
+        refused,
+        "[]",
+    ]
+    assert not (tmp_path / "bench").exists()

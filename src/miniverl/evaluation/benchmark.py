@@ -55,6 +55,7 @@ from miniverl.evaluation.stats import (
     MIN_VALUES_FOR_INTERVAL,
     aggregate,
     describe,
+    scipy_stats,
     seed_rows,
     significance_note,
 )
@@ -146,6 +147,7 @@ def run_benchmark(
     before any cell runs; with ``eval.split=test`` no cell runs without one (stored cells
     are still recomputed).
     """
+    scipy_stats()  # the contrasts need it: refuse now rather than after every cell has trained
     from miniverl.evaluation.budgets import (
         BUDGET_FIELDS,
         MATCHABLE,

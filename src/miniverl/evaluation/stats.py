@@ -1,8 +1,12 @@
 """The benchmark's statistics: per-arm summaries, contrasts with a t-interval over seed means
 (headline) and a two-level bootstrap (secondary), Holm's adjustment, the t-based MDE.
 
-Pure standard-library Python (no torch, no numpy, no scipy), so it runs and is tested from a
-plain install and can be reused on any table of outcomes.
+No torch. The per-arm summaries are standard-library Python; the contrasts take the
+t-distribution, the t-test and binomial CDFs from ``scipy.stats`` (the ``lab`` extra),
+imported on first use (:func:`scipy_stats`), so this module imports, and the per-arm
+summaries run, from a plain install. ``report`` and ``export`` read the figures stored in
+``benchmark.json`` and never import this module; ``benchmark`` checks for scipy before any
+cell trains.
 
 **Per-arm summaries** (:func:`aggregate`, :func:`describe`, :func:`seed_rows`): mean,
 sample standard deviation and range of every measured metric over seeds, and a seeded
@@ -19,22 +23,23 @@ The contrast's estimate is the mean over seeds of each seed's mean task differen
 
     mean(d) -+ t_{1 - alpha/2, n - 1} * sd(d) / sqrt(n)
 
-with its two-sided one-sample t-test of 0 (``p_value``). The seed is the unit the
-experiment replicates, and with five seeds a percentile bootstrap is too narrow (it
-resamples five atoms, so it cannot see the t-distribution's tails). The t-distribution is
-computed here from the regularized incomplete beta function (:func:`t_cdf`,
-:func:`t_quantile`; checked against closed forms and table values in
-``tests/unit/test_stats.py``). Across a family of contrasts, :func:`holm_adjusted`
-gives Holm's step-down adjusted p-values (family-wise error at ``alpha``).
+with its two-sided one-sample t-test of 0 (``p_value``), both from
+``scipy.stats.ttest_1samp``. The seed is the unit the experiment replicates, and with five
+seeds a percentile bootstrap is too narrow (it resamples five atoms, so it cannot see the
+t-distribution's tails). Across a family of contrasts, :func:`holm_adjusted` gives Holm's
+step-down adjusted p-values (family-wise error at ``alpha``; scipy has no Holm adjustment,
+``false_discovery_control`` being Benjamini-Hochberg).
 
 **The secondary interval** is a percentile bootstrap of the estimate with two levels,
 matching the two sources of variation: draw ``S`` seeds with replacement from the ``S``
 seeds, then, independently for every drawn seed, draw its ``T_s`` tasks with replacement
 (pairs stay together, so the contrast stays paired), and average. :func:`two_level_bootstrap`
 samples the task level as the equivalent multinomial counts over the seed's distinct values
-(sequential binomials, inverse-CDF), so a resample costs O(distinct values x log T) per
-seed instead of O(T); ``tests/unit/test_stats.py`` checks the result against an exact
-enumeration of every equally likely resample.
+(sequential binomials, inverse-CDF on ``scipy.stats.binom`` tables), so a resample costs
+O(distinct values x log T) per seed instead of O(T); ``tests/unit/test_stats.py`` checks the
+result against an exact enumeration of every equally likely resample. It draws from
+``random.Random`` rather than through ``scipy.stats.bootstrap``, which resamples one level
+with numpy's generator and so could not reproduce the stored intervals.
 
 **The minimum detectable effect** for paired seeds, two-sided level ``alpha`` and power
 ``1 - beta``::
@@ -61,10 +66,12 @@ import statistics
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from types import ModuleType
 from typing import Any
 
 from miniverl.errors import SchemaValidationError
 from miniverl.evaluation.arms import BASELINE_ARM
+from miniverl.utils.lazy import require
 
 CONFIDENCE = 0.95
 ALPHA = 0.05
@@ -72,6 +79,14 @@ POWER = 0.8
 MIN_VALUES_FOR_INTERVAL = 3
 DEFAULT_RESAMPLES = 10_000
 DEFAULT_BOOTSTRAP_SEED = 20_260_407
+
+
+def scipy_stats() -> ModuleType:
+    """``scipy.stats``, or :class:`~miniverl.errors.BackendError` naming the ``lab`` extra.
+
+    Imported here rather than at module level so that the per-arm summaries, and the
+    modules that import them, need no scipy."""
+    return require("scipy.stats", "the benchmark's contrasts")
 
 
 # ---------------------------------------------------------------------- the bootstrap
@@ -87,32 +102,12 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (h - lo) * (sorted_values[hi] - sorted_values[lo])
 
 
-TAIL_SDS = 20
-"""Binomial CDF tables span mean +- (TAIL_SDS sd + 10): the mass left out (far below 1e-30)
-is below the 2^-53 resolution of ``random.random()``, so no draw can tell the difference."""
-
-
-def _binomial_cdf(n: int, p: float) -> tuple[int, list[float]]:
-    """``(lo, cdf)`` with ``cdf[i] = P(X <= lo + i)`` for ``X ~ Binomial(n, p)``, ``0 < p < 1``."""
-    mean, sd = n * p, math.sqrt(n * p * (1.0 - p))
-    lo = max(0, math.floor(mean - TAIL_SDS * sd - 10))
-    hi = min(n, math.ceil(mean + TAIL_SDS * sd + 10))
-    log_p, log_q, log_n = math.log(p), math.log1p(-p), math.lgamma(n + 1)
-    cdf: list[float] = []
-    total = 0.0
-    for x in range(lo, hi + 1):
-        total += math.exp(
-            log_n - math.lgamma(x + 1) - math.lgamma(n - x + 1) + x * log_p + (n - x) * log_q
-        )
-        cdf.append(total)
-    return lo, [c / total for c in cdf]
-
-
 class TaskResampler:
     """Draws the mean of a with-replacement resample of one seed's task values.
 
     The resample's value counts are multinomial(T, counts / T); they are drawn as
-    sequential binomials by inverse CDF, with one cached CDF table per (trials, p).
+    sequential binomials by inverse CDF, with one cached ``scipy.stats.binom`` CDF table
+    over 0..trials per (trials, p).
     """
 
     def __init__(self, values: Sequence[float]) -> None:
@@ -122,7 +117,7 @@ class TaskResampler:
         self.values = sorted(counts)
         self.counts = [counts[v] for v in self.values]
         self.n = len(values)
-        self._tables: dict[tuple[int, int, int], tuple[int, list[float]]] = {}
+        self._tables: dict[tuple[int, int, int], list[float]] = {}
 
     def _binomial(self, rng: random.Random, trials: int, count: int, weight: int) -> int:
         """A draw of Binomial(trials, count / weight)."""
@@ -132,9 +127,10 @@ class TaskResampler:
             return trials
         key = (trials, count, weight)
         if key not in self._tables:
-            self._tables[key] = _binomial_cdf(trials, count / weight)
-        lo, cdf = self._tables[key]
-        return lo + min(bisect.bisect_right(cdf, rng.random()), len(cdf) - 1)
+            binom = scipy_stats().binom
+            self._tables[key] = binom.cdf(range(trials + 1), trials, count / weight).tolist()
+        cdf = self._tables[key]
+        return min(bisect.bisect_right(cdf, rng.random()), trials)
 
     def draw(self, rng: random.Random) -> float:
         remaining, weight, total = self.n, self.n, 0.0
@@ -183,97 +179,29 @@ def percentile_interval(
 # ---------------------------------------------------------------------- Student's t
 
 
-def _beta_continued_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularized incomplete beta (modified Lentz, to 1e-16)."""
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 10_000):
-        for numerator in (
-            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
-        ):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-16:
-            return h
-    raise ArithmeticError(f"incomplete beta did not converge (a={a}, b={b}, x={x})")
-
-
-def regularized_incomplete_beta(a: float, b: float, x: float) -> float:
-    """``I_x(a, b)`` for ``a, b > 0`` and ``0 <= x <= 1`` (Numerical Recipes 6.4, float64)."""
-    if not (a > 0 and b > 0 and 0.0 <= x <= 1.0):
-        raise ValueError(f"incomplete beta needs a, b > 0 and 0 <= x <= 1 (got {a}, {b}, {x})")
-    if x in (0.0, 1.0):
-        return x
-    log_front = (
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _beta_continued_fraction(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _beta_continued_fraction(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """``P(T <= t)`` for Student's t with ``df > 0`` degrees of freedom."""
-    if df <= 0:
-        raise ValueError(f"degrees of freedom must be positive, got {df}")
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    tail = 0.5 * regularized_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_quantile(q: float, df: float) -> float:
-    """The ``q`` quantile of Student's t with ``df`` degrees of freedom (bisection on
-    :func:`t_cdf` to float64 resolution; ``tests/unit/test_stats.py`` checks table values)."""
-    if not 0.0 < q < 1.0:
-        raise ValueError(f"a quantile needs 0 < q < 1, got {q}")
-    if q == 0.5:
-        return 0.0
-    if q < 0.5:
-        return -t_quantile(1.0 - q, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < q:
-        lo, hi = hi, 2.0 * hi
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid in (lo, hi):
-            break
-        if t_cdf(mid, df) < q:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
 def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """``mean -+ t_{(1+confidence)/2, n-1} * sd / sqrt(n)`` over ``values`` (n >= 2)."""
-    n = len(values)
-    if n < 2:
+    """``mean -+ t_{(1+confidence)/2, n-1} * sd / sqrt(n)`` over ``values`` (n >= 2), as
+    ``scipy.stats.ttest_1samp`` gives it; with sd 0 (every seed agreed) the point ``(mean, mean)``."""
+    if len(values) < 2:
         raise ValueError("a t-interval needs at least two values")
     mean = statistics.fmean(values)
-    half = t_quantile(0.5 + confidence / 2.0, n - 1) * statistics.stdev(values) / math.sqrt(n)
-    return mean - half, mean + half
+    if statistics.stdev(values) == 0.0:
+        return mean, mean
+    low, high = scipy_stats().ttest_1samp(values, 0.0).confidence_interval(confidence)
+    return float(low), float(high)
 
 
 def t_test_p(values: Sequence[float]) -> float:
     """Two-sided p of the one-sample t-test of mean 0 over ``values`` (n >= 2).
 
     With sd 0 the statistic is undefined: p is 1 when every value is 0, and 0 otherwise
-    (every seed agreed on a nonzero difference)."""
-    n = len(values)
-    if n < 2:
+    (every seed agreed on a nonzero difference). The check uses the exact
+    ``statistics.stdev``: numpy's float sum can leave a spread of 1e-17 on equal values."""
+    if len(values) < 2:
         raise ValueError("a t-test needs at least two values")
-    mean, sd = statistics.fmean(values), statistics.stdev(values)
-    if sd == 0.0:
-        return 1.0 if mean == 0.0 else 0.0
-    t = mean / (sd / math.sqrt(n))
-    return regularized_incomplete_beta((n - 1) / 2.0, 0.5, (n - 1) / (n - 1 + t * t))
+    if statistics.stdev(values) == 0.0:
+        return 1.0 if statistics.fmean(values) == 0.0 else 0.0
+    return float(scipy_stats().ttest_1samp(values, 0.0).pvalue)
 
 
 def holm_adjusted(p_values: Sequence[float]) -> list[float]:
@@ -300,7 +228,8 @@ def _t_sum(n: int, alpha: float, power: float) -> float:
         raise ValueError("alpha and power must lie strictly between 0 and 1")
     if n < 2:
         raise ValueError("the MDE needs n >= 2 (a standard deviation over seeds)")
-    return t_quantile(1.0 - alpha / 2.0, n - 1) + t_quantile(power, n - 1)
+    t = scipy_stats().t
+    return float(t.ppf(1.0 - alpha / 2.0, n - 1) + t.ppf(power, n - 1))
 
 
 def minimum_detectable_effect(
@@ -665,13 +594,11 @@ __all__ = [
     "paired_differences",
     "percentile_interval",
     "quantile",
-    "regularized_incomplete_beta",
+    "scipy_stats",
     "seed_rows",
     "seeds_needed",
     "significance_note",
-    "t_cdf",
     "t_interval",
-    "t_quantile",
     "t_test_p",
     "two_level_bootstrap",
 ]

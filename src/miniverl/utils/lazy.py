@@ -46,6 +46,7 @@ _EXTRA_FOR = {
     "accelerate": "hf",
     "tokenizers": "hf",
     "bitsandbytes": "quant",
+    "scipy": "lab",
 }
 
 
