@@ -31,7 +31,6 @@ from miniverl.environments.base import (
     Task,
     ToolCall,
     ToolEnvironment,
-    ToolResult,
     check_turn_budget,
 )
 from miniverl.models.fingerprint import backend_fingerprint

@@ -197,6 +197,15 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
             spec: ModelSpec = getattr(cfg.models, role)
             if spec.toy is None and spec.model_id not in TOY_PRESET_IDS:
                 yield f"models.{role}.model_id {spec.model_id!r} is not a toy preset ({', '.join(TOY_PRESET_IDS)}); add a models.{role}.toy block"
+    if cfg.models.student.checkpoint is not None:
+        yield "models.student.checkpoint is not supported: start a student from trained weights with --cold-start (or --resume)"
+    if cfg.models.teacher.checkpoint is not None:
+        if cfg.models.oracle_teacher is not None:
+            yield "models.teacher.checkpoint and models.oracle_teacher both replace the teacher model: set one"
+        if cfg.models.teacher_fit.enabled:
+            yield "models.teacher.checkpoint loads a trained teacher; models.teacher_fit.enabled would fit another: set it to false"
+        if cfg.models.toy_fit.dagger.enabled:
+            yield "models.teacher.checkpoint loads a trained teacher; models.toy_fit.dagger.enabled would fit another: set it to false"
     if cfg.models.oracle_teacher is not None:
         if cfg.models.backend != "toy":
             yield "models.oracle_teacher needs models.backend: toy (the oracle teacher speaks the toy tokenizer)"

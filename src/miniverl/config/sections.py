@@ -144,6 +144,8 @@ class ToyArchConfig(_Section):
 
 
 class ModelSpec(_Section):
+    omitted_at_default: ClassVar[tuple[str, ...]] = ("checkpoint",)
+
     model_id: str = Field(
         ...,
         min_length=1,
@@ -167,6 +169,10 @@ class ModelSpec(_Section):
     )
     toy: ToyArchConfig | None = Field(
         None, description="Toy decoder shape. None: the preset named by model_id."
+    )
+    checkpoint: str | None = Field(
+        None,
+        description="Teacher only: the trained student of another run as this teacher: a run directory (its checkpoints/final), one checkpoint directory, or a benchmark cold start. Its trainable tensors (the whole toy model, or the LoRA adapter on model_id) are loaded and frozen; model_id, toy and lora must describe that student. A teacher is then never fitted.",
     )
 
 

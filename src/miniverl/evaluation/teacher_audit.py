@@ -237,29 +237,31 @@ def audit_run(
         )
     tokenizer = build_tokenizer(config)
     environment = make_environment(config.environment.name, **config.environment.params)
-    tasks = [t for split in build_splits(environment, config.environment).values() for t in split]
+    splits = build_splits(environment, config.environment)
+    tasks = [t for split in splits.values() for t in split]
     labeller = OracleTeacher(tokenizer, environment, tasks, smoothing=0.5)
-    teacher, name = load_run_teacher(config, paths, tokenizer, tasks)
+    teacher, name = load_run_teacher(config, paths, tokenizer, splits)
     return audit_trajectories(teacher, labeller, rollouts, teacher_name=name)
 
 
 def load_run_teacher(
-    config: Any, paths: Any, tokenizer: Any, tasks: Sequence[Any]
+    config: Any, paths: Any, tokenizer: Any, splits: dict[str, list[Any]]
 ) -> tuple[Any, str]:
     """The run's teacher, rebuilt from its config and the weights the run recorded."""
     from safetensors.torch import load_file
 
     from miniverl.errors import CheckpointError
-    from miniverl.models.factory import build_teacher
-    from miniverl.teachers.oracle import build_oracle_teacher
+    from miniverl.training.assembly import build_run_runtime
 
-    if config.models.oracle_teacher is not None:
-        teacher = build_oracle_teacher(config, tokenizer, tasks)
+    runtime = build_run_runtime(config, tokenizer, "cpu", with_teacher=True, splits=splits)
+    teacher = runtime.teacher
+    models = config.models
+    if models.oracle_teacher is not None:
         return teacher, f"oracle ({teacher.off_path})"
-    if config.models.runtime == "shared_backbone":
-        return _shared_backbone_teacher(config, paths, tokenizer)
-    teacher = build_teacher(config, tokenizer, "cpu")
-    if config.models.backend == "toy":
+    if runtime.teacher_checkpoint is not None:
+        record = runtime.teacher_checkpoint
+        return teacher, f"checkpoint {record['path']} ({record['sha256'][:12]})"
+    if models.backend == "toy":
         from miniverl.training.teacher_fit import TOY_TEACHER_FILE
 
         weights = paths.root / TOY_TEACHER_FILE
@@ -269,22 +271,19 @@ def load_run_teacher(
                 hint="audit the run directory 'miniverl train' wrote (it saves the toy teacher there)",
             )
         teacher.load_full_state_dict(load_file(str(weights)))
-        return teacher, f"toy ({config.models.teacher.model_id})"
-    return teacher, f"hf ({config.models.teacher.model_id})"
+        return teacher, f"toy ({models.teacher.model_id})"
+    if models.runtime == "shared_backbone" and models.teacher_fit.enabled:
+        return teacher, _load_fitted_adapter(teacher, paths, models.teacher.model_id)
+    return teacher, f"hf ({models.teacher.model_id})"
 
 
-def _shared_backbone_teacher(config: Any, paths: Any, tokenizer: Any) -> tuple[Any, str]:
-    """The teacher view of a shared backbone, with the adapter the run fitted or reused
-    (its directory and SHA-256 are in the run's ``eval.json``)."""
+def _load_fitted_adapter(teacher: Any, paths: Any, model_id: str) -> str:
+    """Load the teacher adapter the run fitted or reused (its directory and SHA-256 are in the
+    run's ``eval.json``) into the shared backbone's teacher view; its name."""
     from miniverl.errors import CheckpointError
-    from miniverl.models.runtime import build_runtime
     from miniverl.training.teacher_fit import ADAPTER_FILE, _load_adapter
     from miniverl.utils.hashing import sha256_file
 
-    runtime = build_runtime(config, tokenizer, "cpu", with_teacher=True)
-    name = f"hf ({config.models.teacher.model_id}, shared backbone)"
-    if not config.models.teacher_fit.enabled:
-        return runtime.teacher, name + ", no adapter"
     report = {}
     if paths.eval_json.is_file():
         report = (
@@ -300,8 +299,8 @@ def _shared_backbone_teacher(config: Any, paths: Any, tokenizer: Any) -> tuple[A
         )
     if sha256_file(adapter) != report.get("adapter_sha256"):
         raise CheckpointError(f"{adapter} does not match the SHA-256 the run recorded")
-    _load_adapter(runtime.teacher, adapter)
-    return runtime.teacher, name + f", adapter {report.get('digest', '')[:12]}"
+    _load_adapter(teacher, adapter)
+    return f"hf ({model_id}, shared backbone, adapter {report.get('digest', '')[:12]})"
 
 
 def render_audit(audit: TeacherAudit) -> list[str]:

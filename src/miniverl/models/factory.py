@@ -62,10 +62,16 @@ def _build(config: RunConfig, role: str, tokenizer: TokenizerLike, device: str) 
             seed=seed,
             revision=spec.revision,
         )
-    from miniverl.models.hf import HFBackend
+    from miniverl.models.hf import TEACHER_ADAPTER, HFBackend
 
+    checkpointed = role == "teacher" and spec.checkpoint is not None
     return HFBackend.from_spec(
-        spec, tokenizer=tokenizer, device=device, seed=seed, train_adapters=trainable
+        spec,
+        tokenizer=tokenizer,
+        device=device,
+        seed=seed,
+        train_adapters=trainable or checkpointed,
+        adapter_name=TEACHER_ADAPTER if checkpointed else "default",
     )
 
 

@@ -206,8 +206,9 @@ def build_shared_backbone(
 
     Only the actor's adapter parameters are trainable. The teacher is the base model with
     adapters off, in the student's precision and quantization; with
-    ``models.teacher_fit.enabled`` it is the base plus a second, frozen adapter
-    ``teacher`` (shaped by ``models.teacher.lora``), fitted by the training layer.
+    ``models.teacher_fit.enabled`` or ``models.teacher.checkpoint`` it is the base plus a
+    second, frozen adapter ``teacher`` (shaped by ``models.teacher.lora``), fitted by the
+    training layer or loaded from the checkpoint (``training/teacher_checkpoint.py``).
     """
     student, teacher = config.models.student, config.models.teacher
     if student.model_id != teacher.model_id or student.revision != teacher.revision:
@@ -224,7 +225,7 @@ def build_shared_backbone(
         train_adapters=True,
         adapter_name="actor",
     )
-    if not config.models.teacher_fit.enabled:
+    if not (config.models.teacher_fit.enabled or teacher.checkpoint is not None):
         return actor, HFRoleView(actor, role="teacher")
     settings = LoraSettings.from_mapping(teacher.lora) or LoraSettings()
     actor.add_frozen_adapter(TEACHER_ADAPTER, settings)

@@ -28,6 +28,9 @@ class ModelRuntime:
     student: CausalLMBackend
     teacher: CausalLMBackend | None
     reference: CausalLMBackend | None = None
+    teacher_checkpoint: dict[str, Any] | None = None
+    """What :func:`~miniverl.training.teacher_checkpoint.load_teacher_checkpoint` loaded into
+    the teacher (``models.teacher.checkpoint``), recorded in the manifest."""
 
     def describe(self) -> dict[str, Any]:
         def caps(backend: CausalLMBackend | None) -> str | None:

@@ -43,6 +43,7 @@ from miniverl.training.resolve import (
     rollout_dtype_applies,
 )
 from miniverl.training.sources import TeacherTargets, make_select_and_align, temperature_mismatch
+from miniverl.training.teacher_checkpoint import load_teacher_checkpoint
 from miniverl.utils.io import atomic_write_bytes, atomic_write_text
 from miniverl.utils.logging import EventLog
 from miniverl.utils.runs import RunPaths
@@ -66,12 +67,18 @@ def build_run_runtime(
     splits: dict[str, list[Task]],
 ) -> ModelRuntime:
     """The run's backends: ``models/runtime.py`` builds the models; a ``models.oracle_teacher``
-    is no model, so it is built here (``teachers/oracle.py``) over every task of ``splits``."""
+    is no model, so it is built here (``teachers/oracle.py``) over every task of ``splits``;
+    a ``models.teacher.checkpoint`` is loaded into the teacher (``training/teacher_checkpoint.py``)."""
     oracle = with_teacher and config.models.oracle_teacher is not None
     runtime = build_runtime(config, tokenizer, device, with_teacher=with_teacher and not oracle)
     if oracle:
         tasks = [task for split in splits.values() for task in split]
         runtime.teacher = build_oracle_teacher(config, tokenizer, tasks, device)
+    checkpoint = config.models.teacher.checkpoint
+    if runtime.teacher is not None and checkpoint is not None:
+        runtime.teacher_checkpoint = load_teacher_checkpoint(
+            runtime.teacher, checkpoint, backend=config.models.backend
+        )
     return runtime
 
 

@@ -196,6 +196,7 @@ class ManifestInputs:
     cache_in_use: bool
     state: RunState
     toy_teacher: dict[str, Any] | None
+    teacher_checkpoint: dict[str, Any] | None = None
 
 
 def build_manifest(inputs: ManifestInputs) -> dict[str, Any]:
@@ -268,6 +269,7 @@ def build_manifest(inputs: ManifestInputs) -> dict[str, Any]:
             "cache": cache_note or ("enabled" if inputs.cache_in_use else "not_used"),
         },
         "toy_teacher": inputs.toy_teacher,
+        **({"teacher_checkpoint": inputs.teacher_checkpoint} if inputs.teacher_checkpoint else {}),
     }
 
 

@@ -276,6 +276,7 @@ class OPDTrainer:
                 cache_in_use=self.cache is not None,
                 state=self.state,
                 toy_teacher=self.toy_teacher_report,
+                teacher_checkpoint=self.runtime.teacher_checkpoint,
             )
         )
 
@@ -436,9 +437,14 @@ class OPDTrainer:
         return (report.get("payload") or {}).get("dagger_student_sha256")
 
     def _fitted_toy_teacher(self) -> CausalLMBackend | None:
-        """The fitted toy teacher (its weights travel with the run); None for hf or an oracle."""
+        """The fitted toy teacher (its weights travel with the run); None for hf, an oracle or
+        a teacher loaded from a checkpoint."""
         models = self.config.models
-        fitted = models.backend == "toy" and models.oracle_teacher is None
+        fitted = (
+            models.backend == "toy"
+            and models.oracle_teacher is None
+            and models.teacher.checkpoint is None
+        )
         return self.teacher if fitted else None
 
     def run_sft_warmup(self, cycles: int | None = None) -> None:
