@@ -82,7 +82,7 @@ DECLARED_CROSSINGS: tuple[Crossing, ...] = (
         "agent",
         "trajectory",
         "the j -> j-1 mask convention and segment keys live once, in trajectory/",
-        modules=("miniverl.agent.transcript", "miniverl.agent.loop"),
+        modules=("miniverl.agent.transcript", "miniverl.agent.loop", "miniverl.agent.corrective"),
     ),
     Crossing(
         "models",

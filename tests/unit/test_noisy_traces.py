@@ -8,6 +8,12 @@ import random
 import pytest
 
 from helpers import make_runner, toy_tokenizer
+from miniverl.agent.corrective import (
+    CORRUPTION_KINDS,
+    CorrectiveTrace,
+    corrupt_call_text,
+    noisy_oracle_trace,
+)
 from miniverl.agent.loop import RolloutRunner
 from miniverl.agent.protocol import format_final, format_tool_call
 from miniverl.config.models import RolloutConfig
@@ -19,14 +25,7 @@ from miniverl.environments.registry import make_environment
 from miniverl.errors import ConfigError
 from miniverl.schemas.trajectory import SpanType, Trajectory
 from miniverl.training import teacher_fit
-from miniverl.training.teacher_fit import (
-    CORRUPTION_KINDS,
-    FitTrace,
-    corrupt_call_text,
-    fit_traces,
-    noisy_oracle_trace,
-    toy_fit_traces,
-)
+from miniverl.training.teacher_fit import fit_traces, toy_fit_traces
 from miniverl.utils.seeding import derive_seed
 
 CONFIG = RolloutConfig(
@@ -79,7 +78,7 @@ def _observations(traj: Trajectory) -> list[dict]:
     ]
 
 
-def _all_noisy(tasks: list[Task]) -> list[tuple[Task, FitTrace]]:
+def _all_noisy(tasks: list[Task]) -> list[tuple[Task, CorrectiveTrace]]:
     runner = _runner()
     out = []
     for i, task in enumerate(tasks):

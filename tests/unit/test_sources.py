@@ -131,6 +131,52 @@ def test_oracle_source_yields_the_oracle_token_ids(tmp_path: Path) -> None:
     assert logged[3:] == [s.trajectory for s in again.samples]
 
 
+def test_sft_noise_replaces_a_seeded_share_of_traces_by_corrective_ones(tmp_path: Path) -> None:
+    """train.sft_noise_fraction (DART-style): a corrective trace's corrupted call is context,
+    never a target; its flagged observation and the re-call follow; the rest are oracle traces."""
+    from miniverl.agent.corrective import targets_outside
+    from miniverl.environments.calc_chain import generate_tasks
+    from miniverl.environments.registry import make_environment
+
+    env = make_environment("calc_chain", checked=True)
+    config = RolloutConfig(
+        max_turns=9, max_new_tokens_per_turn=40, max_total_tokens=900, max_parse_errors=3
+    )
+    runner = RolloutRunner(ScriptedBackend([]), env, config)
+    tasks = generate_tasks("train", 40, 1, (2, 3))
+
+    def source(fraction: float, seed: int = 5) -> Any:
+        return S.OracleSource(
+            runner=runner,
+            version=lambda: 0,
+            trajectory_log=tmp_path / f"t-{fraction}-{seed}.jsonl",
+            tasks_per_cycle=40,
+            noise_fraction=fraction,
+            seed=seed,
+        )
+
+    noisy = source(0.5).samples(3, tasks).samples
+    corrective = [s for s in noisy if s.trajectory.metadata["source"] == "noisy_oracle"]
+    assert 10 <= len(corrective) <= 30  # a seeded half, not all or none
+    for sample in corrective:
+        traj = sample.trajectory
+        bad = traj.metadata["corrupted_turn"]
+        assert not traj.turns[bad].tool_result or not traj.turns[bad].tool_result.ok  # flagged
+        assert sample.selection.positions == targets_outside(traj, [bad])
+        corrupted = {j for sp in traj.spans if sp.is_model_generated and sp.turn_id == bad
+                     for j in range(sp.start, sp.end)}  # fmt: skip
+        assert corrupted and not corrupted & set(sample.selection.positions)
+        assert traj.solved
+    for sample in noisy:
+        if sample not in corrective:
+            oracle = runner.oracle_rollout(tasks[noisy.index(sample)])
+            assert sample.trajectory.token_ids == oracle.token_ids
+    again = [s.trajectory.token_ids for s in source(0.5).samples(3, tasks).samples]
+    assert again == [s.trajectory.token_ids for s in noisy]  # seeded
+    clean = source(0.0).samples(3, tasks).samples
+    assert all(s.trajectory.metadata["source"] == "oracle" for s in clean)
+
+
 # ------------------------------------------------------------------ on-policy
 
 

@@ -197,6 +197,8 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
             spec: ModelSpec = getattr(cfg.models, role)
             if spec.toy is None and spec.model_id not in TOY_PRESET_IDS:
                 yield f"models.{role}.model_id {spec.model_id!r} is not a toy preset ({', '.join(TOY_PRESET_IDS)}); add a models.{role}.toy block"
+    if cfg.train.sft_noise_fraction > 0 and cfg.run.mode != "sft":
+        yield f"train.sft_noise_fraction applies to run.mode: sft only (the SFT warm-up of {cfg.run.mode} never sees noise)"
     if cfg.models.student.checkpoint is not None:
         yield "models.student.checkpoint is not supported: start a student from trained weights with --cold-start (or --resume)"
     if cfg.models.teacher.checkpoint is not None:

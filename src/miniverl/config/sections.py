@@ -655,6 +655,8 @@ class WarmupUntilConfig(_Section):
 
 
 class TrainConfig(_Section):
+    omitted_at_default: ClassVar[tuple[str, ...]] = ("sft_noise_fraction",)
+
     lr: float = Field(2e-3, gt=0, le=MAX_LR, description="Peak AdamW learning rate.")
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="Learning-rate schedule over all optimizer steps."
@@ -705,6 +707,12 @@ class TrainConfig(_Section):
         ge=0,
         le=1,
         description="run.mode: gkd_mix only: the fraction λ of each batch's tasks rolled out by the student (the rest are fresh teacher samples).",
+    )
+    sft_noise_fraction: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="run.mode: sft only: the fraction of each cycle's oracle traces replaced by corrective traces (DART-style noise injection): one tool call corrupted (a changed digit, a malformed call or expression), the environment's answer to it, then the oracle's corrective re-call and the rest of its episode; the corrupted call is not trained on. The SFT warm-up of other modes never sees noise.",
     )
 
     @field_validator("gradient_accumulation_steps", "trajectory_batch_size")

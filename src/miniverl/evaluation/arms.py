@@ -29,16 +29,30 @@ DEFAULT_ARMS: dict[str, tuple[str, ...]] = {
 """Each arm is the set of override keys it applies to the base recipe (recorded verbatim).
 ``gkd_mix`` takes λ from ``train.gkd_student_fraction`` (0.5 unless the recipe says otherwise)."""
 
+COLD_START_TEACHER = "cold_start"
+"""The value of ``models.teacher.checkpoint`` in an arm that the harness replaces by the seed's
+cold start, with the teacher's model block set to the student's: the student scoring itself."""
+
 NAMED_ONLY_ARMS: dict[str, tuple[str, ...]] = {
     "opd_privileged": (
         "run.mode=opd",
         "loss.divergence=forward_kl",
         "teacher.mode=privileged_context",
     ),
+    "sft_corrective": ("run.mode=sft", "train.sft_noise_fraction=0.5"),
+    "opd_self": (
+        "run.mode=opd",
+        "loss.divergence=forward_kl",
+        f"models.teacher.checkpoint={COLD_START_TEACHER}",
+        "models.teacher_fit.enabled=false",
+    ),
 }
 """Arms that run only when ``--arms`` names them, never by default: ``opd_privileged`` needs a
 teacher model that reads an oracle block (the on-policy context distillation setting of
-arXiv:2602.12275), which the oracle teacher of the toy recipes cannot be."""
+arXiv:2602.12275), which the oracle teacher of the toy recipes cannot be; ``sft_corrective``
+is the off-policy arm that also sees errors (SFT on corrective traces, DART-style);
+``opd_self`` is the negative control (a teacher with no information about the task beyond
+the student's own: the seed's cold start)."""
 
 ARM_ALIASES: dict[str, str] = {"sft_only": "sft_oracle"}
 """Deprecated arm names, still accepted: the alias runs under its own name with the
@@ -60,6 +74,8 @@ ARM_DESCRIPTIONS: dict[str, str] = {
     "gkd_mix": "per batch a fraction λ of student rollouts and the rest teacher samples, forward KL",
     "opd_entropy_aware": "on-policy distillation, entropy-aware forward/reverse KL",
     "opd_privileged": "on-policy distillation, forward KL, from a teacher that also reads the task's oracle block",
+    "sft_corrective": "off-policy baseline that sees errors: SFT on oracle traces, half of them corrective (a corrupted call, the tool's answer, the oracle's re-call; DART-style)",
+    "opd_self": "negative control: on-policy distillation from the cold-start student itself (a teacher that knows nothing the student does not)",
 }
 
 FIXED_KEYS: tuple[str, ...] = (
@@ -95,10 +111,16 @@ def override_touches(override_key: str, fixed: str) -> bool:
     )
 
 
+ARM_TEACHER_KEYS = ("models.teacher.checkpoint", "models.teacher_fit.enabled")
+"""Keys under ``models`` an arm may set: its own teacher (the cold start stays the seed's)."""
+
+
 def check_arm_overrides(arm: str, overrides: Sequence[str]) -> None:
     """Refuse an arm whose overrides touch anything the benchmark holds fixed."""
     for item in overrides:
         key = ".".join(parse_override(item)[0])
+        if key in ARM_TEACHER_KEYS:
+            continue
         hit = next((fixed for fixed in FIXED_KEYS if override_touches(key, fixed)), None)
         if hit is not None:
             raise ConfigError(
@@ -109,8 +131,13 @@ def check_arm_overrides(arm: str, overrides: Sequence[str]) -> None:
 
 
 def fixed_view(config: RunConfig) -> dict[str, Any]:
-    """The values of :data:`FIXED_KEYS` plus the planned optimizer steps of the arm phase."""
+    """The values of :data:`FIXED_KEYS` plus the planned optimizer steps of the arm phase. The
+    teacher's blocks are left out: the only ``models`` keys an arm may set are its own
+    teacher's (:data:`ARM_TEACHER_KEYS`, checked by :func:`check_arm_overrides`)."""
     data = config.to_dict()
+    data["models"] = {
+        k: v for k, v in data["models"].items() if k not in ("teacher", "teacher_fit")
+    }
     view = {key: _dotted(data, key) for key in FIXED_KEYS}
     view["optimizer_steps"] = config.train.cycles * config.train.steps_per_rollout_batch()
     return view
@@ -195,6 +222,26 @@ def arm_config_for_arm_seed(config: RunConfig, arm_seed: int) -> RunConfig:
     )
 
 
+def with_cold_start_teacher(config: RunConfig, cold_start: str) -> RunConfig:
+    """``config`` with a ``models.teacher.checkpoint`` of :data:`COLD_START_TEACHER` pointed
+    at ``cold_start`` and the teacher's model block made the student's (unchanged otherwise)."""
+    import json
+
+    if config.models.teacher.checkpoint != COLD_START_TEACHER:
+        return config
+    student = config.models.student
+    overrides = [
+        f"models.teacher.checkpoint={cold_start}",
+        f"models.teacher.model_id={student.model_id}",
+        f"models.teacher.lora={json.dumps(student.lora.model_dump(mode='json'))}",
+    ]
+    if student.toy is not None:
+        overrides.append(f"models.teacher.toy={json.dumps(student.toy.model_dump(mode='json'))}")
+    if student.revision is not None:
+        overrides.append(f"models.teacher.revision={student.revision}")
+    return config.with_overrides(overrides)
+
+
 def arm_baseline(arms: Sequence[str]) -> str | None:
     """The arm every other arm's difference is taken against: the first oracle-SFT arm that runs."""
     return next((a for a in arms if a in REFERENCE_CEILING_ARMS), None)
@@ -225,7 +272,9 @@ def arm_record(name: str, overrides: Sequence[str], config: RunConfig) -> dict[s
 __all__ = [
     "ARM_ALIASES",
     "ARM_DESCRIPTIONS",
+    "ARM_TEACHER_KEYS",
     "BASELINE_ARM",
+    "COLD_START_TEACHER",
     "DEFAULT_ARMS",
     "FIXED_KEYS",
     "NAMED_ONLY_ARMS",
@@ -240,4 +289,5 @@ __all__ = [
     "override_touches",
     "resolve_arms",
     "verify_held_fixed",
+    "with_cold_start_teacher",
 ]

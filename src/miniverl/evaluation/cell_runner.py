@@ -33,7 +33,7 @@ from typing import Any
 
 from miniverl.config.models import RunConfig
 from miniverl.errors import CheckpointError
-from miniverl.evaluation.arms import arm_config_for_arm_seed
+from miniverl.evaluation.arms import arm_config_for_arm_seed, with_cold_start_teacher
 from miniverl.evaluation.budgets import (
     REFERENCE_ARM,
     Stopwatch,
@@ -262,7 +262,9 @@ def make_trainer_cell_runner(
         cold_dir = RunPaths(seed_dir).cold_start
         cold = done[Cell(cell.seed, 0, COLD_START)]
         shutil.rmtree(run_dir, ignore_errors=True)
-        config = arm_config_for_arm_seed(plans[cell.seed][1][cell.arm], cell.arm_seed)
+        config = with_cold_start_teacher(
+            arm_config_for_arm_seed(plans[cell.seed][1][cell.arm], cell.arm_seed), str(cold_dir)
+        )
         cap = expected_cap(
             cell.arm, done.get(Cell(cell.seed, cell.arm_seed, REFERENCE_ARM)), compute_matched
         )

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from miniverl.agent.corrective import CorrectiveTrace, noisy_oracle_trace
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task
@@ -185,9 +186,12 @@ class CycleSamples:
     rollout_version: int | None = None
 
 
-def hard_label_sample(traj: Trajectory) -> TrainingSample:
-    """Every model-generated token of ``traj``, weight 1: the sample of cross-entropy arms."""
-    targets = model_target_positions(traj.model_generated_mask)
+def hard_label_sample(traj: Trajectory, targets: Sequence[int] | None = None) -> TrainingSample:
+    """Every model-generated token of ``traj`` (or only ``targets``), weight 1: the sample of
+    cross-entropy arms."""
+    targets = (
+        model_target_positions(traj.model_generated_mask) if targets is None else list(targets)
+    )
     weights = [1.0] * len(targets)
     selection = SelectionResult(
         traj.trajectory_id,
@@ -471,6 +475,10 @@ class SampleSource(Protocol):
 class OracleSource:
     """``sft``, the SFT warm-up and ``kd_oracle``: the environment's oracle traces.
 
+    With ``noise_fraction`` (``sft`` only: ``train.sft_noise_fraction``) a seeded share of the
+    traces are corrective traces (``agent/corrective.py``): one call corrupted, the
+    environment's answer, the oracle's re-call; the corrupted call is not a target.
+
     Without ``targets`` the samples are hard labels (cross-entropy on the oracle's tokens),
     and the log stores each distinct oracle trace once (:class:`SharedTraces`: later draws of
     a task are reference lines). With ``targets`` every line is written in full, since
@@ -488,12 +496,16 @@ class OracleSource:
         trajectory_log: Path,
         tasks_per_cycle: int,
         targets: TeacherTargets | None = None,
+        noise_fraction: float = 0.0,
+        seed: int = 0,
     ) -> None:
         self.runner = runner
         self.version = version
         self.trajectory_log = trajectory_log
         self.tasks_per_cycle = tasks_per_cycle
         self.targets = targets
+        self.noise_fraction = noise_fraction
+        self.seed = seed
         self.shared = SharedTraces(trajectory_log) if targets is None else None
         self.supervision = (
             Supervision(phase="sft", teacher_targets=False)
@@ -501,18 +513,38 @@ class OracleSource:
             else Supervision(phase="kd_oracle", teacher_targets=True)
         )
 
+    def _corrective(self, cycle: int, index: int, task: Task) -> CorrectiveTrace | None:
+        """A corrective trace in place of task ``index``'s oracle trace, for a seeded
+        ``noise_fraction`` of the tasks (``train.sft_noise_fraction``)."""
+        if self.noise_fraction <= 0:
+            return None
+        rng = random.Random(f"sft-noise/{self.seed}/{cycle}/{index}")
+        if rng.random() >= self.noise_fraction:
+            return None
+        return noisy_oracle_trace(
+            self.runner, task, rng, trajectory_id=f"{task.task_id}:corrective:c{cycle}:{index}"
+        )
+
     def samples(self, cycle: int, tasks: Sequence[Task]) -> CycleSamples:
         version = self.version()
         kind = "oracle" if self.targets is None else "kd-oracle"
+        corrective = [self._corrective(cycle, i, t) for i, t in enumerate(tasks)]
         trajectories = [
-            self.runner.oracle_rollout(
+            c.trajectory
+            if c is not None
+            else self.runner.oracle_rollout(
                 t, trajectory_id=f"{t.task_id}:{kind}:c{cycle}", policy_version=version
             )
-            for t in tasks
+            for c, t in zip(corrective, tasks, strict=True)
         ]
         append_trajectories(self.trajectory_log, trajectories, shared=self.shared, sync=False)
         if self.targets is None:
-            return CycleSamples([hard_label_sample(traj) for traj in trajectories])
+            return CycleSamples(
+                [
+                    hard_label_sample(traj, None if c is None else c.targets)
+                    for c, traj in zip(corrective, trajectories, strict=True)
+                ]
+            )
         scored = self.targets.score(
             trajectories, cycle=cycle, version=version, expect_version=version
         )
@@ -973,6 +1005,8 @@ def build_source(
             trajectory_log=trajectory_log,
             tasks_per_cycle=config.train.rollouts_per_cycle,
             targets=scored,
+            noise_fraction=config.train.sft_noise_fraction if mode == "sft" else 0.0,
+            seed=config.run.seed,
         )
     if spec.trajectories == "teacher_samples":
         return TeacherSampleSource(
