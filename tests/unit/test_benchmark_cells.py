@@ -331,6 +331,26 @@ def test_no_interval_over_fewer_than_three_seeds_and_it_says_so(tmp_path: Path, 
     assert "opd vs offline_kd (k=3)" in printed and "cannot be told apart" in printed
 
 
+def test_the_recovery_endpoint_is_the_seed_paired_difference_of_flagged_recovery_rates() -> None:
+    from miniverl.evaluation.contrasts import RECOVERY, contrast, outcome_table
+    from miniverl.evaluation.stats import t_interval
+
+    rates = {"opd": [0.6, 0.5, 0.9, 0.7], "offline_kd": [0.1, 0.2, 0.0, 0.3]}
+    cells = [
+        {"arm": arm, "seed": seed, "arm_seed": a, "endpoints": {"flagged_recovery_rate": r + d}}
+        for arm, values in rates.items()
+        for seed, r in enumerate(values, start=1)
+        for a, d in ((0, -0.05), (1, 0.05))
+    ]
+    cells.append({"arm": "opd", "seed": 9, "endpoints": {"flagged_recovery_rate": None}})
+    assert outcome_table(cells, "opd", RECOVERY)["1"] == {RECOVERY: pytest.approx(0.6)}
+    row = contrast(cells, "opd", "offline_kd", RECOVERY, resamples=200, bootstrap_seed=0)
+    diffs = [a - b for a, b in zip(rates["opd"], rates["offline_kd"], strict=True)]
+    assert row["endpoint"] == "recovery" and len(row["seeds"]) == 4  # seed 9 has no rate
+    assert row["interval"] == pytest.approx(t_interval(diffs))
+    assert "(recovery)" in row["verdict"]
+
+
 def test_contrast_order_is_data_driven() -> None:
     arms = [
         "sft_oracle",

@@ -54,14 +54,35 @@ MIN_ERROR_RATE = 0.30
 CHECK_K = 3
 
 
-def endpoint_label(k: int | None) -> str:
-    return "all" if k is None else f"k={k}"
+RECOVERY = "recovery"
+"""The endpoint "recovery": per seed, the arm's flagged recovery rate (the share of its greedy
+held-out episodes with a flagged tool error that end solved, ``evaluation/endpoints.py``),
+averaged over arm seeds. It is one value per seed, not a per-task outcome, so its contrast is
+the seed-paired difference of rates: the t-interval over seeds is the reading, and the
+bootstrap's task level is trivial."""
+
+Endpoint = int | str | None
+"""A chain length k, :data:`RECOVERY`, or None for success over every task."""
+
+
+def endpoint_label(k: Endpoint) -> str:
+    if k is None:
+        return "all"
+    return k if isinstance(k, str) else f"k={k}"
 
 
 def outcome_table(
-    cells: Sequence[Mapping[str, Any]], arm: str, k: int | None = None
+    cells: Sequence[Mapping[str, Any]], arm: str, k: Endpoint = None
 ) -> dict[str, dict[str, float]]:
-    """Seed -> task_id -> mean solved over the arm seeds of that seed (only tasks of length ``k``)."""
+    """Seed -> task_id -> mean solved over the arm seeds of that seed (only tasks of length
+    ``k``); for :data:`RECOVERY`, seed -> ``{"recovery": mean flagged recovery rate}``."""
+    if k == RECOVERY:
+        rates: dict[str, list[float]] = {}
+        for cell in cells:
+            rate = (cell.get("endpoints") or {}).get("flagged_recovery_rate")
+            if cell.get("arm") == arm and rate is not None:
+                rates.setdefault(str(cell["seed"]), []).append(float(rate))
+        return {seed: {RECOVERY: statistics.fmean(v)} for seed, v in rates.items()}
     sums: dict[str, dict[str, list[float]]] = {}
     for cell in cells:
         if cell.get("arm") != arm:
@@ -103,7 +124,7 @@ def contrast(
     cells: Sequence[Mapping[str, Any]],
     arm: str,
     reference: str,
-    k: int | None,
+    k: Endpoint,
     *,
     resamples: int,
     bootstrap_seed: int,
@@ -150,8 +171,8 @@ def all_contrasts(
     *,
     resamples: int,
     bootstrap_seed: int,
-    ks: Sequence[int | None] = (*PRIMARY_KS, None),
-    primary_endpoints: Sequence[int | None] = PRIMARY_KS,
+    ks: Sequence[Endpoint] = (*PRIMARY_KS, None),
+    primary_endpoints: Sequence[Endpoint] = PRIMARY_KS,
     primary_pairs: Sequence[Sequence[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every contrast of :func:`contrast_pairs` on every endpoint of ``primary_endpoints``
