@@ -51,7 +51,7 @@ def test_the_teacher_is_the_checkpoints_student_frozen_and_recorded(
     assert all(torch.equal(live[k], weights[k]) for k in weights)
     assert not any(p.requires_grad for p in trainer.teacher.trainable_parameters())
     manifest = json.loads(trainer.paths.manifest.read_text())
-    path, digest = resolve_teacher_weights(teacher_run)
+    _, digest = resolve_teacher_weights(teacher_run)
     assert manifest["teacher_checkpoint"]["sha256"] == digest
     assert manifest["toy_teacher"] is None
     assert not (trainer.paths.root / "toy-teacher.safetensors").exists()  # nothing fitted
@@ -83,7 +83,7 @@ def test_run_checkpoint_and_cold_start_directories_resolve_to_verified_weights(
 def test_a_model_of_another_shape_is_refused(teacher_run: Path, tmp_path: Path) -> None:
     config = tiny_config("run.mode=opd", f"models.teacher.checkpoint={teacher_run}")
     with pytest.raises(
-        CheckpointError, match="is not a whole toy model of models.teacher"
+        CheckpointError, match=r"is not a whole toy model of models\.teacher"
     ):
         OPDTrainer(config, output_dir=tmp_path / "bad", quiet=True).setup()
 
@@ -99,7 +99,7 @@ def test_contradictory_keys_are_refused(extra: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         tiny_config("models.teacher.checkpoint=runs/x", extra)
     assert message in str(info.value)
-    with pytest.raises(ConfigError, match="models.student.checkpoint is not supported"):
+    with pytest.raises(ConfigError, match=r"models\.student\.checkpoint is not supported"):
         tiny_config("models.student.checkpoint=runs/x")
 
 
