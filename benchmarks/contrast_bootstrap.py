@@ -1,4 +1,4 @@
-"""Cost of the two-level contrast bootstrap (``miniverl.evaluation.stats``) at protocol size.
+"""Cost of the two-level contrast bootstrap (``miniverl.lab.benchmark.stats``) at protocol size.
 
 A contrast at one chain length of the calc_chain test split has ``seeds x 600`` paired task
 outcomes. This times ``compare_arms`` (multinomial task level, 10,000 replicates) and, side
@@ -16,7 +16,7 @@ import random
 import statistics
 import time
 
-from miniverl.evaluation.stats import DEFAULT_RESAMPLES, compare_arms, paired_differences
+from miniverl.lab.benchmark.stats import DEFAULT_RESAMPLES, compare_arms, paired_differences
 
 
 def main() -> None:

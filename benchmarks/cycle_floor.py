@@ -87,7 +87,7 @@ import torch.nn.functional as F
 from miniverl.agent.loop import RolloutRunner
 from miniverl.config.models import RunConfig
 from miniverl.config.presets import demo_config
-from miniverl.training.trainer import OPDTrainer, PolicyUpdater
+from miniverl.training.recipe import OPDTrainer, PolicyUpdater
 
 PHASES = ("rollouts", "scoring", "update")
 ROOT = Path(__file__).resolve().parents[1]

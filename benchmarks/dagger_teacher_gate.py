@@ -4,7 +4,7 @@ A diagnostic, not a timing. For a cold start's ``student.safetensors`` it fits (
 digest) the toy teacher of ``--old-recipe`` (oracle and noise-injected traces) and that of
 ``--recipe`` (the same plus the student's labelled states on training tasks,
 ``models.toy_fit.dagger``), builds the smoothed oracle of ``--oracle-recipe``, and scores each
-with ``evaluate_state_gate`` (``src/miniverl/evaluation/teacher_gate.py``) on the student's
+with ``evaluate_state_gate`` (``src/miniverl/lab/teachers/gate.py``) on the student's
 rollouts of the first ``--tasks`` validation tasks: per-position top-1 agreement on and off
 the oracle's path (a privileged prediction is an off-path miss) and the teacher's recovery
 rate, with the CPU and wall seconds of each fit and gate. Writes ``--out/gate.json``.
@@ -29,16 +29,16 @@ from miniverl.agent.loop import RolloutRunner
 from miniverl.config.models import RunConfig
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
-from miniverl.evaluation.teacher_gate import (
+from miniverl.lab.teachers.gate import (
     evaluate_state_gate,
     state_gate_failures,
     state_gate_thresholds,
 )
+from miniverl.lab.teachers.oracle import build_oracle_teacher
+from miniverl.lab.teachers.toy_fit import prepare_toy_teacher
 from miniverl.models.factory import build_student, build_teacher, build_tokenizer
-from miniverl.teachers.oracle import build_oracle_teacher
 from miniverl.training.live import ProgressReporter
 from miniverl.training.sources import oom_splitter
-from miniverl.training.teacher_fit import prepare_toy_teacher
 from miniverl.utils.io import write_json
 from miniverl.utils.logging import EventLog
 

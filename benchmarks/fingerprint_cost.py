@@ -40,7 +40,7 @@ import torch
 from miniverl.config.models import RunConfig
 from miniverl.config.presets import demo_config
 from miniverl.models import fingerprint
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET = 0.02

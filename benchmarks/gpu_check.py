@@ -319,7 +319,7 @@ def _opd(ctx: dict[str, Any], strategy: str, quantization: str) -> dict[str, Any
     import torch
 
     from miniverl.config.models import RunConfig
-    from miniverl.training.trainer import OPDTrainer
+    from miniverl.training.recipe import OPDTrainer
 
     device = ctx["device"]
     overrides = [

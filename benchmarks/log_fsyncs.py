@@ -37,7 +37,7 @@ import torch
 
 from miniverl.config.presets import demo_config
 from miniverl.training.checkpoint import run_logs
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 from miniverl.utils import io
 from miniverl.utils.runs import RunPaths
 

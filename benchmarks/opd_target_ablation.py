@@ -15,7 +15,7 @@ from the teacher's top-1 target:
   oracle's path, where the targets are the oracle's own tokens;
 - ``same_turn``: after it, inside the turn that deviated;
 - ``early_answer``: in a later turn where the student opened a final answer while a call was
-  due; the teacher then writes the oracle's final value inside the block (teachers/oracle.py,
+  due; the teacher then writes the oracle's final value inside the block (lab/teachers/oracle.py,
   point 3), a number no tool result in the context shows;
 - ``later``: every other position in later turns: corrective re-calls from the last correct
   value, repeats, and blocks that follow the student's malformed text;
@@ -39,7 +39,7 @@ from typing import Any
 
 from miniverl.config.models import RunConfig
 from miniverl.schemas.text import FINAL_OPEN, TOOL_CALL_OPEN
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 SUBSETS = ("all", "on_path", "same_turn", "early_answer", "later", "after_first")
 AFTER_FIRST = frozenset({"same_turn", "early_answer", "later"})

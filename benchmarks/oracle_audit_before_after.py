@@ -2,9 +2,9 @@
 the fix that removed its "stop now" targets.
 
 Why: the fix is only shown by what the teacher targets at the student's own states. "Before"
-is ``teachers/oracle.py`` as of a given commit (default a918966, the last one with the EOS
+is ``lab/teachers/oracle.py`` as of a given commit (default a918966, the last one with the EOS
 fallback), read with ``git show`` and loaded as a separate module; "after" is the installed
-code. Both are scored by ``evaluation/teacher_audit.py`` with the current oracle as the labeller.
+code. Both are scored by ``lab/teachers/audit.py`` with the current oracle as the labeller.
 
     python benchmarks/oracle_audit_before_after.py RUN_DIR [--cycles 150-199] [--commit a918966]
 
@@ -25,14 +25,14 @@ from pathlib import Path
 from miniverl.config.loading import load_resolved_config
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
-from miniverl.evaluation.teacher_audit import (
+from miniverl.lab.teachers.audit import (
     audit_trajectories,
     parse_cycles,
     render_audit,
     student_rollouts,
 )
+from miniverl.lab.teachers.oracle import OracleTeacher
 from miniverl.models.factory import build_tokenizer
-from miniverl.teachers.oracle import OracleTeacher
 from miniverl.utils.runs import RunPaths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ class _Labelled:
 
 def old_oracle_class(commit: str) -> type:
     source = subprocess.run(
-        ["git", "show", f"{commit}:src/miniverl/teachers/oracle.py"],
+        ["git", "show", f"{commit}:src/miniverl/lab/teachers/oracle.py"],
         cwd=ROOT,
         check=True,
         capture_output=True,
@@ -95,7 +95,10 @@ def main() -> None:
     new = OracleTeacher(tokenizer, env, tasks, smoothing=spec.smoothing, off_path=spec.off_path)
     audits = {
         f"before ({args.commit})": audit_trajectories(
-            _Labelled(old), labeller, rollouts, teacher_name=f"oracle {spec.off_path}, {args.commit}"
+            _Labelled(old),
+            labeller,
+            rollouts,
+            teacher_name=f"oracle {spec.off_path}, {args.commit}",
         ),
         "after": audit_trajectories(
             new, labeller, rollouts, teacher_name=f"oracle {spec.off_path}, this code"

@@ -246,8 +246,8 @@ def bench_hf_decode(new_tokens: int, reps: int) -> None:
 def bench_opd_arm(
     cycles: int | None, sft_cycles: int | None, fit_steps: int | None, root: Path
 ) -> None:
-    from miniverl.evaluation.arms import arm_config, cold_start_config
-    from miniverl.training.trainer import OPDTrainer
+    from miniverl.lab.benchmark.arms import arm_config, cold_start_config
+    from miniverl.training.recipe import OPDTrainer
 
     base = RunConfig.from_yaml(RECIPE)
     shorten = []

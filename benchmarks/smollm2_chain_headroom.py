@@ -33,7 +33,7 @@ from miniverl.agent.loop import EpisodeRequest
 from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task
 from miniverl.errors import ConfigError
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "smollm2_calc_chain.yaml"

@@ -1,7 +1,7 @@
 """The teacher gate of saved weights: is this teacher competent at this student's states?
 
 A diagnostic, not a timing: it scores a teacher's safetensors file against a student's under a
-recipe (``gate_of_weight_files`` in ``src/miniverl/evaluation/teacher_gate.py``) and prints the
+recipe (``gate_of_weight_files`` in ``src/miniverl/lab/teachers/gate.py``) and prints the
 gate with its breakdown, on and off the oracle's path, and by how many turns the student has
 wasted so far (turn index minus oracle steps done). docs/benchmark.md uses it to check
 candidate toy teachers before a long protocol.
@@ -19,7 +19,7 @@ import argparse
 import collections
 
 from miniverl.config.models import RunConfig
-from miniverl.evaluation.teacher_gate import gate_of_weight_files
+from miniverl.lab.teachers.gate import gate_of_weight_files
 
 
 def main() -> None:

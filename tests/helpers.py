@@ -395,7 +395,7 @@ def capture_trained_samples(monkeypatch: Any) -> list[tuple[Any, str | None]]:
 
     ``monkeypatch`` is pytest's fixture; the returned list fills as the trainer runs.
     """
-    from miniverl.training.trainer import PolicyUpdater
+    from miniverl.training.recipe import PolicyUpdater
 
     seen: list[tuple[Any, str | None]] = []
     original = PolicyUpdater.optimize

@@ -118,7 +118,7 @@ class ToolEnvironmentError(MiniverlError):
 class TeacherGateError(MiniverlError):
     """The teacher is not competent enough at the student's states to start a benchmark."""
 
-    default_hint = "fit the teacher longer or on more noise-injected traces (models.toy_fit)"
+    default_hint = "fit the teacher longer or on more noise-injected traces (lab.toy_fit)"
 
 
 class ProtocolError(MiniverlError):

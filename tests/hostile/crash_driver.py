@@ -210,7 +210,7 @@ def targets_from_trace(trace: list[str]) -> list[str]:
 
 def main(workdir: Path) -> dict[str, Any]:
     import miniverl.cli.main
-    import miniverl.training.trainer  # noqa: F401
+    import miniverl.training.recipe  # noqa: F401
 
     workdir.mkdir(parents=True, exist_ok=True)
     recipe = workdir / "crash.yaml"

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from miniverl.cli.main import app
 from miniverl.config.models import RunConfig
 from miniverl.errors import CheckpointError
-from miniverl.training.teacher_fit import COLD_START_IDENTITY, COLD_START_MARKER
-from miniverl.training.trainer import OPDTrainer
+from miniverl.lab.teachers.toy_fit import COLD_START_IDENTITY, COLD_START_MARKER
+from miniverl.training.recipe import OPDTrainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

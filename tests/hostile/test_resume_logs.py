@@ -20,7 +20,7 @@ import pytest
 from helpers import tiny_config
 from miniverl.errors import CheckpointError
 from miniverl.training.checkpoint import MARKER_FILE
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 from miniverl.utils.hashing import sha256_file
 
 OVERRIDES = ("train.cycles=2",)

@@ -17,7 +17,7 @@ import pytest
 from helpers import capture_trained_samples, tiny_config
 from miniverl.agent.loop import RolloutRunner
 from miniverl.models.fingerprint import backend_fingerprint
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 from miniverl.utils.seeding import derive_seed
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import tiny_config
-from miniverl.training.trainer import GroupGradients, OPDTrainer
+from miniverl.training.recipe import GroupGradients, OPDTrainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

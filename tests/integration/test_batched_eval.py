@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from helpers import tiny_config
+from miniverl.training.recipe import OPDTrainer
 from miniverl.training.sources import OnPolicySource
-from miniverl.training.trainer import OPDTrainer
 from miniverl.trajectory.io import read_trajectories
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import tiny_config
 from miniverl.errors import ConfigError, RunDirectoryError
-from miniverl.evaluation.arms import (
+from miniverl.lab.benchmark.arms import (
     BASELINE_ARM,
     DEFAULT_ARMS,
     arm_config,
@@ -21,8 +21,8 @@ from miniverl.evaluation.arms import (
     resolve_arms,
     verify_held_fixed,
 )
-from miniverl.evaluation.benchmark import run_benchmark
-from miniverl.evaluation.stats import (
+from miniverl.lab.benchmark.harness import run_benchmark
+from miniverl.lab.benchmark.stats import (
     DEFAULT_RESAMPLES,
     aggregate,
     bootstrap_interval,
@@ -272,7 +272,7 @@ def test_cli_refuses_bad_arguments_before_training(tmp_path: Path) -> None:
 
 
 def test_every_default_arm_records_its_sampling_and_loss_temperature() -> None:
-    from miniverl.evaluation.arms import arm_record
+    from miniverl.lab.benchmark.arms import arm_record
 
     base = tiny_config("rollout.temperature=1.0", "loss.temperature=2.0")
     records = {

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from helpers import tiny_config
 from miniverl.errors import TeacherGateError
-from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.lab.benchmark.harness import run_benchmark
 from miniverl.utils.runs import RunPaths
 
 GATE = ("eval.teacher_gate_tasks=2", "train.cycles=1")

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from helpers import tiny_config
 from miniverl.cli.main import app
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 from miniverl.trajectory.io import read_trajectories, write_trajectories
 from miniverl.utils.runs import RunPaths
 

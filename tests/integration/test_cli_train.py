@@ -133,9 +133,7 @@ def test_the_readme_set_up_and_test_blocks_are_self_contained_and_name_what_ci_a
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     venv = "python -m venv .venv && . .venv/bin/activate"
     cpu_torch = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
-    command = (
-        'pip install torch==2.13.0 -e ".[hf,dev,lab,verl-export]" && ruff check . && python -m pytest'
-    )
+    command = 'pip install torch==2.13.0 -e ".[hf,dev,lab,verl-export]" && ruff check . && python -m pytest'
     setup = _bash_block_after(readme, "## Quick start")
     assert setup == [venv, cpu_torch, 'pip install -e ".[hf,dev]"', "miniverl demo"], setup
     tests = _bash_block_after(readme, "## Tests")

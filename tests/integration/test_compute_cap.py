@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from helpers import tiny_config
-from miniverl.evaluation.benchmark import run_benchmark
-from miniverl.evaluation.budgets import BudgetCap, cap_outcome, measure_budget
-from miniverl.training.trainer import OPDTrainer
+from miniverl.lab.benchmark.budgets import BudgetCap, cap_outcome, measure_budget
+from miniverl.lab.benchmark.harness import run_benchmark
+from miniverl.training.recipe import OPDTrainer
 
 
 def _records(path: Path) -> list[dict]:

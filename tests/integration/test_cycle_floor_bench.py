@@ -166,7 +166,7 @@ def test_the_timed_cycle_fsyncs_its_logs_as_a_run_does(
     import argparse
 
     from miniverl.agent.loop import RolloutRunner
-    from miniverl.training.trainer import PolicyUpdater
+    from miniverl.training.recipe import PolicyUpdater
 
     floor = _script()
     monkeypatch.setenv("MINIVERL_CACHE_DIR", str(tmp_path / "c"))

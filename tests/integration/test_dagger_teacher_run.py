@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from helpers import tiny_config
-from miniverl.evaluation.cell_runner import gate_subject
-from miniverl.evaluation.teacher_gate import STATE_GATE_FILE, cold_start_teacher_gate
+from miniverl.lab.benchmark.cell_runner import gate_subject
+from miniverl.lab.teachers.gate import STATE_GATE_FILE, cold_start_teacher_gate
 from miniverl.training import teacher_fit
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 
 def test_a_dagger_teacher_is_fitted_on_student_states_and_gated_on_held_out_ones(

@@ -16,7 +16,7 @@ from helpers import tiny_config
 from miniverl.cli.main import app
 from miniverl.config.models import RunConfig
 from miniverl.export.model import load_exported_toy
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -18,7 +18,7 @@ from miniverl.config.models import RunConfig
 from miniverl.errors import TokenizerMismatchError
 from miniverl.models.factory import build_tokenizer
 from miniverl.models.tiny_hf import build_tiny_hf_checkpoint
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")

@@ -16,7 +16,7 @@ from helpers import tiny_config
 from miniverl.errors import ConfigError
 from miniverl.training.checkpoint import prune_cycle_checkpoints
 from miniverl.training.live import cycle_summary, format_live_line
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 
 def _records(path: Path) -> list[dict[str, Any]]:

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from helpers import tiny_config
-from miniverl.evaluation.benchmark import run_benchmark
-from miniverl.evaluation.lr_grid import benchmark_arms_from_grid, grid_arm_name, run_lr_grid
+from miniverl.lab.benchmark.harness import run_benchmark
+from miniverl.lab.benchmark.lr_grid import benchmark_arms_from_grid, grid_arm_name, run_lr_grid
 
 GATE = ("eval.teacher_gate_tasks=2", "eval.teacher_gate_threshold=0")
 

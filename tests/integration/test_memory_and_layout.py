@@ -14,7 +14,7 @@ from helpers import tiny_config
 from miniverl.config.models import RunConfig
 from miniverl.errors import ConfigError, GpuMemoryError
 from miniverl.training import resolve
-from miniverl.training.trainer import GroupGradients, OPDTrainer
+from miniverl.training.recipe import GroupGradients, OPDTrainer
 
 
 def _losses(trainer: OPDTrainer) -> list[float]:

@@ -20,8 +20,8 @@ from miniverl.cache.store import TeacherCache
 from miniverl.errors import OffPolicyError, StaleCacheError
 from miniverl.models.fingerprint import backend_fingerprint, tensor_fingerprint
 from miniverl.training import trainer as trainer_module
+from miniverl.training.recipe import OPDTrainer
 from miniverl.training.sources import OnPolicySource
-from miniverl.training.trainer import OPDTrainer
 from miniverl.trajectory.io import read_trajectories
 
 PATHS = {

@@ -12,10 +12,10 @@ import pytest
 from helpers import capture_trained_samples, tiny_config
 from miniverl.agent.protocol import format_final, format_tool_call
 from miniverl.environments.oracle_state import next_oracle_action
-from miniverl.evaluation.cell_runner import gate_subject
-from miniverl.evaluation.teacher_gate import run_teacher_gate
+from miniverl.lab.benchmark.cell_runner import gate_subject
+from miniverl.lab.teachers.gate import run_teacher_gate
 from miniverl.training import checkpoint
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 EPS = 0.001
 CHAIN = (

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from helpers import tiny_config
 from miniverl.errors import CheckpointError
 from miniverl.training.checkpoint import find_latest_checkpoint, load_checkpoint, read_marker
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 VOLATILE = {"seconds", "train_selected_tokens_per_second", "gpu", "time", "monotonic_s"}
 

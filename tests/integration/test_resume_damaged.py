@@ -18,7 +18,7 @@ from helpers import TINY_RUN_OVERRIDES, tiny_config
 from miniverl.cli.main import app
 from miniverl.errors import CheckpointError
 from miniverl.training.checkpoint import read_marker
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 OVERRIDES = ("train.cycles=2",)
 

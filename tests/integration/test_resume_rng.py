@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from miniverl.config.models import RunConfig
 from miniverl.models.tiny_hf import build_tiny_hf_checkpoint
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")

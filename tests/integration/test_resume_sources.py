@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from helpers import tiny_config
 from miniverl.training.checkpoint import MARKER_FILE, STATE_FILE
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 from miniverl.utils.hashing import sha256_file
 from miniverl.utils.io import write_json
 

@@ -377,8 +377,8 @@ def test_one_opd_cycle_on_the_real_model_changes_only_the_student_adapter(
     from safetensors.torch import load_file
 
     from miniverl.config.models import RunConfig
-    from miniverl.training.teacher_fit import ADAPTER_FILE
-    from miniverl.training.trainer import OPDTrainer
+    from miniverl.lab.teachers.toy_fit import ADAPTER_FILE
+    from miniverl.training.recipe import OPDTrainer
 
     spec = {"model_id": str(smollm2_dir), "lora": {"enabled": True, "r": 2, "alpha": 4}}
     config = RunConfig.from_mapping(
@@ -446,7 +446,7 @@ def test_one_cycle_of_the_calc_chain_recipe(smollm2_dir: Path, tmp_path: Path) -
     """``recipes/smollm2_calc_chain.yaml`` shrunk by overrides, on the real model: one warm-up
     cycle with its criterion check, the teacher-adapter fit, one OPD cycle, the final eval."""
     from miniverl.config.models import RunConfig
-    from miniverl.training.trainer import OPDTrainer
+    from miniverl.training.recipe import OPDTrainer
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "smollm2_calc_chain.yaml"
     overrides = [

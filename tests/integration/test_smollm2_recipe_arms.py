@@ -20,7 +20,7 @@ pytest.importorskip("peft")
 
 from miniverl.config.models import RunConfig
 from miniverl.errors import TeacherGateError
-from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.lab.benchmark.harness import run_benchmark
 from miniverl.models.tiny_hf import build_tiny_hf_checkpoint
 
 pytestmark = [

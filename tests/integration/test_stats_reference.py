@@ -1,4 +1,4 @@
-"""evaluation/stats.py's scipy-based statistics against the hand-written float64 code they
+"""lab/benchmark/stats.py's scipy-based statistics against the hand-written float64 code they
 replaced, on every stored study's inputs.
 
 The stored studies (``results/*/*/cells``) are quoted in the README and docs to one decimal
@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from miniverl.evaluation import stats
-from miniverl.evaluation.contrasts import contrast_pairs, endpoint_label, outcome_table
+from miniverl.lab.benchmark import stats
+from miniverl.lab.benchmark.contrasts import contrast_pairs, endpoint_label, outcome_table
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 TOLERANCE = 1e-9

@@ -21,9 +21,9 @@ from miniverl.cli.main import app
 from miniverl.config.models import RunConfig
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
-from miniverl.evaluation.cell_runner import _eval_trajectories, chain_endpoints
-from miniverl.evaluation.cells import _digest
-from miniverl.evaluation.stats import t_interval, t_test_p
+from miniverl.lab.benchmark.cell_runner import _eval_trajectories, chain_endpoints
+from miniverl.lab.benchmark.cells import _digest
+from miniverl.lab.benchmark.stats import t_interval, t_test_p
 
 ROOT = Path(__file__).resolve().parents[2] / "results" / "positive_control"
 LOG = (ROOT / "LOG.md").read_text(encoding="utf-8")

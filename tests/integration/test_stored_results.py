@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 
 from miniverl.config.models import RunConfig
-from miniverl.evaluation.benchmark import run_benchmark
-from miniverl.evaluation.contrasts import PRIMARY_CONTRASTS
-from miniverl.evaluation.lr_grid import benchmark_arms_from_grid, lr_text, run_lr_grid
-from miniverl.evaluation.stats import minimum_detectable_effect, seeds_needed
-from miniverl.evaluation.stats import p_text as stats_p_text
+from miniverl.lab.benchmark.contrasts import PRIMARY_CONTRASTS
+from miniverl.lab.benchmark.harness import run_benchmark
+from miniverl.lab.benchmark.lr_grid import benchmark_arms_from_grid, lr_text, run_lr_grid
+from miniverl.lab.benchmark.stats import minimum_detectable_effect, seeds_needed
+from miniverl.lab.benchmark.stats import p_text as stats_p_text
 from miniverl.utils.hashing import sha256_file
 from miniverl.utils.io import read_json
 

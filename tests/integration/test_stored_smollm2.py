@@ -29,9 +29,9 @@ from test_stored_results import _refuse_to_train, check_regions, rerun_grid
 from miniverl.config.models import RunConfig
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
-from miniverl.evaluation.benchmark import run_benchmark
-from miniverl.evaluation.cell_runner import _eval_trajectories, chain_endpoints
-from miniverl.evaluation.stats import t_interval
+from miniverl.lab.benchmark.cell_runner import _eval_trajectories, chain_endpoints
+from miniverl.lab.benchmark.harness import run_benchmark
+from miniverl.lab.benchmark.stats import t_interval
 from miniverl.utils.hashing import sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ _REGION = re.compile(
 @pytest.fixture(scope="module")
 def rerun(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """benchmark.json of each stored run, rewritten over a copy of its stored cells."""
-    from miniverl.evaluation.lr_grid import benchmark_arms_from_grid
+    from miniverl.lab.benchmark.lr_grid import benchmark_arms_from_grid
 
     out = {}
     for name, arms in RUNS.items():
@@ -207,7 +207,7 @@ DELTA = 0.10
 
 def _power_table(pilot: dict[str, Any]) -> str:
     """Seeds each primary contrast needs at ``DELTA``, from the pilot's seed differences."""
-    from miniverl.evaluation.stats import minimum_detectable_effect, seeds_needed
+    from miniverl.lab.benchmark.stats import minimum_detectable_effect, seeds_needed
 
     lines = [
         "| primary contrast | sd of the seed differences | MDE at 3 seeds | "
@@ -318,7 +318,7 @@ def test_the_selected_rates_run_is_every_arm_at_its_grids_rate(
     ``opd``'s validated config changed (0.0005 to 0.00015). The cold starts have the test run's
     config but other weights (recomputed on another CPU); the four arms whose config did not
     change still solved exactly the test run's tasks, seed by seed, as README and LOG say."""
-    from miniverl.evaluation.lr_grid import lr_text
+    from miniverl.lab.benchmark.lr_grid import lr_text
 
     grid = json.loads((GRID / "lr_grid.json").read_text())
     test_arms = rerun["test"]["arms"]
@@ -396,7 +396,7 @@ def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> Non
     """The validation grid reruns from its cells alone, started from test seed 1's cold start,
     for the training the test cells ran (same training digest), and selects what the docs say."""
     from miniverl.config.models import RunConfig
-    from miniverl.evaluation.lr_grid import training_digest
+    from miniverl.lab.benchmark.lr_grid import training_digest
 
     stored, record = rerun_grid(GRID, tmp_path)
     assert record["table"] == stored["table"] and record["selected"] == stored["selected"]
@@ -415,7 +415,7 @@ def test_the_power_run_was_frozen_from_the_pilot(rerun: dict[str, dict[str, Any]
     """``test-power/`` is the pilot's protocol at the number of fresh seeds the power procedure
     asks for (``opd`` − ``offline_kd`` over all k at 10 pp), frozen after the pilot; every one
     of its 48 cells is stored, intact and started from its own seed's cold start."""
-    from miniverl.evaluation.stats import seeds_needed
+    from miniverl.lab.benchmark.stats import seeds_needed
 
     record = json.loads((POWER / "protocol.json").read_text())
     pilot = json.loads((STUDY / "test-selected-rates" / "protocol.json").read_text())

@@ -18,9 +18,9 @@ from safetensors.torch import load_file
 from miniverl.config.models import RunConfig
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
-from miniverl.evaluation.teacher_gate import evaluate_state_gate, state_gate_failures
+from miniverl.lab.teachers.gate import evaluate_state_gate, state_gate_failures
+from miniverl.lab.teachers.oracle import build_oracle_teacher
 from miniverl.models.factory import build_student, build_teacher, build_tokenizer
-from miniverl.teachers.oracle import build_oracle_teacher
 from miniverl.utils.hashing import sha256_file
 
 pytestmark = pytest.mark.slow

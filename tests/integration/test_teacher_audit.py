@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from helpers import tiny_config
 from miniverl.cli.main import app
-from miniverl.evaluation.teacher_audit import CLASSES, student_rollouts
+from miniverl.lab.teachers.audit import CLASSES, student_rollouts
 from miniverl.teachers import oracle
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 from miniverl.utils.runs import RunPaths
 
 CHAIN = (

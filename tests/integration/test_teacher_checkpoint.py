@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from helpers import tiny_config
 from miniverl.config.models import RunConfig
 from miniverl.errors import CheckpointError, ConfigError
+from miniverl.training.recipe import OPDTrainer
 from miniverl.training.teacher_checkpoint import resolve_teacher_weights
-from miniverl.training.trainer import OPDTrainer
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +82,7 @@ def test_run_checkpoint_and_cold_start_directories_resolve_to_verified_weights(
 
 def test_a_model_of_another_shape_is_refused(teacher_run: Path, tmp_path: Path) -> None:
     config = tiny_config("run.mode=opd", f"models.teacher.checkpoint={teacher_run}")
-    with pytest.raises(
-        CheckpointError, match=r"is not a whole toy model of models\.teacher"
-    ):
+    with pytest.raises(CheckpointError, match=r"is not a whole toy model of models\.teacher"):
         OPDTrainer(config, output_dir=tmp_path / "bad", quiet=True).setup()
 
 

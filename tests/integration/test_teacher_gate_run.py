@@ -9,14 +9,14 @@ import pytest
 
 from helpers import tiny_config
 from miniverl.errors import TeacherGateError
-from miniverl.evaluation.cell_runner import gate_subject
-from miniverl.evaluation.teacher_gate import (
+from miniverl.lab.benchmark.cell_runner import gate_subject
+from miniverl.lab.teachers.gate import (
     TEACHER_GATE_FILE,
     require_teacher_gate,
     run_teacher_gate,
 )
 from miniverl.training import teacher_fit
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 
 def test_the_gate_of_a_run_is_stored_and_refuses_a_weak_teacher(

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import tiny_config
 from miniverl.training import teacher_fit
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 from miniverl.utils.hashing import sha256_file
 
 VOLATILE = {"seconds", "train_selected_tokens_per_second", "gpu", "time", "monotonic_s"}

@@ -16,7 +16,7 @@ import torch
 
 from helpers import tiny_config
 from miniverl.losses.providers import BucketedTargetProvider, ExactTargetProvider
-from miniverl.training.trainer import GroupGradients, OPDTrainer
+from miniverl.training.recipe import GroupGradients, OPDTrainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -10,8 +10,8 @@ import pytest
 from helpers import tiny_config
 from miniverl.cache.store import TeacherCache
 from miniverl.errors import StaleCacheError
+from miniverl.training.recipe import OPDTrainer
 from miniverl.training.sources import OnPolicySource
-from miniverl.training.trainer import OPDTrainer
 from miniverl.trajectory.io import read_trajectories
 
 STEP_FIELDS = {

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import tiny_config
 from miniverl.training import warmup as warmup_module
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 UNTIL = ("train.sft_warmup_cycles=0", "train.cycles=1", "eval.baseline=false")
 

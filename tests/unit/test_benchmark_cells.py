@@ -21,19 +21,19 @@ from rich.console import Console
 
 from helpers import subprocess_env, tiny_config
 from miniverl.errors import ConfigError, RunDirectoryError
-from miniverl.evaluation.arms import DEFAULT_ARMS, arm_config, arm_config_for_arm_seed
-from miniverl.evaluation.benchmark import print_benchmark, run_benchmark
-from miniverl.evaluation.budgets import BudgetCap, cap_from_reference, cap_outcome
-from miniverl.evaluation.cell_runner import measure_arm
-from miniverl.evaluation.cells import Cell, arm_phase_seed, plan_cells
-from miniverl.evaluation.contrasts import (
+from miniverl.lab.benchmark.arms import DEFAULT_ARMS, arm_config, arm_config_for_arm_seed
+from miniverl.lab.benchmark.budgets import BudgetCap, cap_from_reference, cap_outcome
+from miniverl.lab.benchmark.cell_runner import measure_arm
+from miniverl.lab.benchmark.cells import Cell, arm_phase_seed, plan_cells
+from miniverl.lab.benchmark.contrasts import (
     ceiling_check,
     contrast_pairs,
     error_rate_check,
     stop_or_go,
     teacher_gate_check,
 )
-from miniverl.evaluation.stats import (
+from miniverl.lab.benchmark.harness import print_benchmark, run_benchmark
+from miniverl.lab.benchmark.stats import (
     holm_adjusted,
     percentile_interval,
     t_interval,
@@ -87,7 +87,7 @@ import sys
 from pathlib import Path
 from helpers import tiny_config
 from test_benchmark_cells import fake_payload
-from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.lab.benchmark.harness import run_benchmark
 out, log = Path(sys.argv[1]), Path(sys.argv[2])
 run_benchmark(tiny_config(), arms=%r, seeds=[1, 2, 3], arm_seeds=2, output_dir=out, resamples=2000,
               run_cell=lambda cell, done: fake_payload(cell, done, log))
@@ -305,7 +305,7 @@ def test_contrast_is_the_t_interval_and_two_level_bootstrap_of_the_arm_seed_aver
 def test_no_interval_over_fewer_than_three_seeds_and_it_says_so(tmp_path: Path, capsys) -> None:
     from rich.console import Console
 
-    from miniverl.evaluation.benchmark import print_contrasts
+    from miniverl.lab.benchmark.harness import print_contrasts
 
     result = run_benchmark(
         tiny_config(),
@@ -332,8 +332,8 @@ def test_no_interval_over_fewer_than_three_seeds_and_it_says_so(tmp_path: Path, 
 
 
 def test_the_recovery_endpoint_is_the_seed_paired_difference_of_flagged_recovery_rates() -> None:
-    from miniverl.evaluation.contrasts import RECOVERY, contrast, outcome_table
-    from miniverl.evaluation.stats import t_interval
+    from miniverl.lab.benchmark.contrasts import RECOVERY, contrast, outcome_table
+    from miniverl.lab.benchmark.stats import t_interval
 
     rates = {"opd": [0.6, 0.5, 0.9, 0.7], "offline_kd": [0.1, 0.2, 0.0, 0.3]}
     cells = [

@@ -1,4 +1,4 @@
-"""The pre-registered protocol (evaluation/protocol.py) of a test-split benchmark.
+"""The pre-registered protocol (lab/benchmark/protocol.py) of a test-split benchmark.
 
 Driven through ``run_benchmark`` with the fake cells of ``test_benchmark_cells``: no
 test-split cell runs without a frozen protocol, the protocol is frozen (bytes and SHA-256 in
@@ -19,7 +19,7 @@ from test_benchmark_cells import ARMS, fake_payload
 
 from helpers import tiny_config
 from miniverl.errors import ProtocolError
-from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.lab.benchmark.harness import run_benchmark
 
 PROTOCOL = """\
 endpoints: [k=3, k=5]

@@ -15,16 +15,16 @@ from miniverl.environments.base import Task
 from miniverl.environments.calc_chain import generate_tasks
 from miniverl.environments.registry import make_environment
 from miniverl.errors import TeacherGateError
-from miniverl.evaluation.teacher_gate import (
+from miniverl.lab.teachers.gate import (
     evaluate_state_gate,
     privileged_prediction,
     score_state_gate,
     state_gate_failures,
 )
+from miniverl.lab.teachers.oracle import build_oracle_teacher
+from miniverl.lab.teachers.toy_fit import label_student_states
 from miniverl.schemas.trajectory import Trajectory
-from miniverl.teachers.oracle import build_oracle_teacher
 from miniverl.training import teacher_fit
-from miniverl.training.teacher_fit import label_student_states
 
 CONFIG = RolloutConfig(
     max_turns=9, max_new_tokens_per_turn=40, max_total_tokens=900, max_parse_errors=3
@@ -202,9 +202,9 @@ def test_the_fit_digests_include_the_fitting_code(
     """Editing a hashed source changes code_sha256, and with it the toy teacher's and the HF
     adapter's cache keys."""
     package = Path(teacher_fit.__file__).resolve().parents[1]
-    assert "models/fitting.py" in teacher_fit.FIT_SOURCES
-    assert "models/fitting.py" in teacher_fit.HF_FIT_SOURCES
-    assert "training/teacher_fit.py" in teacher_fit.FIT_SOURCES
+    assert "lab/teachers/fitting.py" in teacher_fit.FIT_SOURCES
+    assert "lab/teachers/fitting.py" in teacher_fit.HF_FIT_SOURCES
+    assert "lab/teachers/toy_fit.py" in teacher_fit.FIT_SOURCES
     before = teacher_fit.code_sha256()
     copy = tmp_path / "pkg"
     for rel in set(teacher_fit.FIT_SOURCES) | set(teacher_fit.HF_FIT_SOURCES):
@@ -212,8 +212,8 @@ def test_the_fit_digests_include_the_fitting_code(
         shutil.copyfile(package / rel, copy / rel)
     monkeypatch.setattr(teacher_fit, "_PACKAGE", copy)
     assert teacher_fit.code_sha256() == before
-    (copy / "models/fitting.py").write_text(
-        (copy / "models/fitting.py").read_text() + "\n# edited\n"
+    (copy / "lab/teachers/fitting.py").write_text(
+        (copy / "lab/teachers/fitting.py").read_text() + "\n# edited\n"
     )
     assert teacher_fit.code_sha256() != before
     monkeypatch.undo()

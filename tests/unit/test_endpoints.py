@@ -1,4 +1,4 @@
-"""calc_chain endpoints on hand-built episodes whose answers are known (evaluation/endpoints.py)."""
+"""calc_chain endpoints on hand-built episodes whose answers are known (lab/benchmark/endpoints.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from helpers import final_text, make_runner, tool_call_text
 from miniverl.config.models import RolloutConfig
 from miniverl.environments.calc_chain import generate_tasks
 from miniverl.environments.registry import make_environment
-from miniverl.evaluation.endpoints import (
+from miniverl.lab.benchmark.endpoints import (
     AnswerEvent,
     CallEvent,
     ChainTask,

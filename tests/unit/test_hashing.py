@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 from miniverl.cache.index import journal_line
 from miniverl.config.models import RunConfig
+from miniverl.lab.teachers.toy_fit import _tasks_sha256, fit_digest, teacher_digest
 from miniverl.models.tokenizers import compute_fingerprint
 from miniverl.schemas.alignment import AlignmentMap
-from miniverl.training.teacher_fit import _tasks_sha256, fit_digest, teacher_digest
 from miniverl.utils import hashing
 from miniverl.utils.hashing import canonical_json, sha256_file, sha256_json, sha256_text
 

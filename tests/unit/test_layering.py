@@ -37,7 +37,9 @@ LAYERS: dict[str, frozenset[str]] = {
     "objective": frozenset({"trajectory", "selection", "losses"}),
     "supervision": frozenset({"teachers", "cache"}),
     "orchestration": frozenset({"training"}),
-    "surfaces": frozenset({"reporting", "evaluation", "export", "inspection", "cli"}),
+    "surfaces": frozenset({"reporting", "export", "inspection"}),
+    "lab": frozenset({"lab"}),
+    "entry": frozenset({"cli"}),
 }
 LAYER_ARROWS: dict[str, frozenset[str]] = {
     "foundation": frozenset(),
@@ -47,7 +49,11 @@ LAYER_ARROWS: dict[str, frozenset[str]] = {
     "supervision": frozenset({"execution", "objective"}),
     "orchestration": frozenset({"supervision"}),
     "surfaces": frozenset({"orchestration"}),
+    "lab": frozenset({"surfaces"}),
+    "entry": frozenset({"lab"}),
 }
+CORE_LAYERS = frozenset(LAYERS) - {"lab", "entry"}
+"""The core: everything a training run needs. Only the CLI (``entry``) sits above the lab."""
 
 
 @dataclass(frozen=True)
@@ -84,30 +90,18 @@ DECLARED_CROSSINGS: tuple[Crossing, ...] = (
         "the j -> j-1 mask convention and segment keys live once, in trajectory/",
         modules=("miniverl.agent.transcript", "miniverl.agent.loop", "miniverl.agent.corrective"),
     ),
-    Crossing(
-        "models",
-        "losses",
-        "the one cross-entropy fit step of the toy teacher and the HF teacher adapter "
-        "(docs/design.md §2.2)",
-        modules=("miniverl.models.fitting",),
-        function="cross_entropy_fit_step",
-    ),
     Crossing("selection", "trajectory", "selectors pick among model target positions (masks)"),
-    Crossing("evaluation", "reporting", "the benchmark reads runs and writes reports"),
     Crossing(
         "export",
         "reporting",
         "result.json reads the run directory through the one reader",
         modules=("miniverl.export.result",),
     ),
-    Crossing("cli", "evaluation", "the benchmark and lr-grid commands"),
-    Crossing("cli", "export", "the export, export-model and export-verl commands"),
-    Crossing("cli", "reporting", "the report command"),
-    Crossing("cli", "inspection", "the inspect command"),
 )
 
 SURFACES = LAYERS["surfaces"]
 TORCH_FREE_MODULES_PREFIXES = (
+    "miniverl.lab.config",
     "miniverl.errors",
     "miniverl.utils",
     "miniverl.config",
@@ -301,7 +295,7 @@ def test_the_parser_sees_the_tree() -> None:
     cli_local = [
         e
         for e in ALL_EDGES
-        if e.importer == "miniverl.cli.main" and e.imported == "miniverl.config.models"
+        if e.importer == "miniverl.cli.main" and e.imported == "miniverl.lab.config"
     ]
     assert cli_local and all(e.functions for e in cli_local)
     assert any(e.functions == ("validate",) for e in cli_local)
@@ -484,8 +478,8 @@ def test_the_file_graph_sees_deferred_and_submodule_imports() -> None:
         (
             "miniverl.agent.loop",
             "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-            "    from miniverl.training.trainer import OPDTrainer\n",
-            "miniverl.agent.loop:3 imports miniverl.training.trainer: a TYPE_CHECKING-only "
+            "    from miniverl.training.recipe import OPDTrainer\n",
+            "miniverl.agent.loop:3 imports miniverl.training.recipe: a TYPE_CHECKING-only "
             "import from agent (execution) to training (orchestration)",
         ),
         (
@@ -518,12 +512,10 @@ def test_the_rules_reject_what_they_should(module: str, source: str, expected: s
 
 def test_the_rules_accept_declared_and_downward_imports() -> None:
     ok = [
-        (
-            "miniverl.models.fitting",
-            "def cross_entropy_fit_step():\n    from miniverl.losses import x\n",
-        ),
+        ("miniverl.lab.teachers.fitting", "from miniverl.losses import x\n"),
+        ("miniverl.cli.main", "def f():\n    from miniverl.lab.config import LabConfig\n"),
         ("miniverl.agent.loop", "from miniverl.models.base import CausalLMBackend\n"),
-        ("miniverl.training.trainer", "from miniverl.cache.store import TeacherCache\n"),
+        ("miniverl.training.recipe", "from miniverl.cache.store import TeacherCache\n"),
         ("miniverl.schemas.text", "from miniverl.errors import ConfigError\n"),
     ]
     for module, source in ok:
@@ -531,7 +523,7 @@ def test_the_rules_accept_declared_and_downward_imports() -> None:
 
 
 def test_cli_imports_heavy_layers_only_inside_commands() -> None:
-    heavy = {"models", "losses", "teachers", "training", "agent"}
+    heavy = {"models", "losses", "teachers", "training", "agent", "lab"}
     bad = [
         e.where
         for e in ALL_EDGES
@@ -541,7 +533,7 @@ def test_cli_imports_heavy_layers_only_inside_commands() -> None:
 
 
 def test_inspection_stays_torch_free() -> None:
-    forbidden = {"models", "losses", "teachers", "training", "evaluation"}
+    forbidden = {"models", "losses", "teachers", "training", "lab"}
     bad = [
         e.where
         for e in ALL_EDGES
@@ -732,3 +724,28 @@ def test_no_dangerous_imports_or_calls() -> None:
                     if n.split(".")[0] in {"pickle", "dill", "shelve", "marshal"}
                 ]
     assert bad == []
+
+
+# -- the core never imports the lab ------------------------------------------------------------
+
+
+def test_the_core_never_imports_the_lab() -> None:
+    """``miniverl.lab`` imports the core; no core module imports the lab, at any scope (only
+    the CLI, above both, does)."""
+    bad = [
+        e.where
+        for e in ALL_EDGES
+        if _layer(e.imported) == "lab" and LAYER_OF.get(_layer(e.importer) or "") in CORE_LAYERS
+    ]
+    assert bad == []
+
+
+def test_the_lab_rule_sees_a_core_import_of_the_lab() -> None:
+    for module in (
+        "miniverl.training.recipe",
+        "miniverl.reporting.report",
+        "miniverl.config.models",
+    ):
+        source = "def f():\n    from miniverl.lab.config import LabConfig\n"
+        [message] = _layer_violations(_edges_of_source(module, source))
+        assert "to lab (lab)" in message

@@ -31,7 +31,7 @@ from miniverl.training.checkpoint import (
     write_training_checkpoint,
 )
 from miniverl.training.optim import Schedule, build_optimizer
-from miniverl.training.trainer import OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 from miniverl.utils.io import DurableLogs, append_jsonl
 from miniverl.utils.logging import EventLog, MetricsLog
 from miniverl.utils.runs import RunPaths

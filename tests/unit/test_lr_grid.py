@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from helpers import tiny_config
 from miniverl.cli.main import app
 from miniverl.errors import ConfigError, RunDirectoryError
-from miniverl.evaluation.cells import Cell
-from miniverl.evaluation.lr_grid import (
+from miniverl.lab.benchmark.cells import Cell
+from miniverl.lab.benchmark.lr_grid import (
     GRID_FILE,
     arms_with_learning_rates,
     benchmark_arms_from_grid,

@@ -156,7 +156,7 @@ def test_manifest_resolve_and_evaluate_never_import_the_trainer(module: str) -> 
     imported = {
         node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
     }
-    assert "miniverl.training.trainer" not in imported
+    assert "miniverl.training.recipe" not in imported
 
 
 def test_the_manifest_reports_the_resolved_plan_and_the_live_sizes() -> None:

@@ -9,12 +9,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from miniverl.errors import BackendError, CheckpointError, TrajectoryError
+from miniverl.lab.teachers.toy_fit import fit_toy_model
 from miniverl.models.base import CausalLMBackend, PaddedTrajectoryBatch
 from miniverl.models.sampling import recompute_step, run_generation
 from miniverl.models.tokenizers import ToyTokenizer
 from miniverl.models.toy import ToyBackend
 from miniverl.models.toy_config import TOY_STUDENT, TOY_TEACHER, ToyModelConfig, toy_preset
-from miniverl.training.teacher_fit import fit_toy_model
 
 TOK = ToyTokenizer()
 PROMPT = TOK.encode(

@@ -23,9 +23,9 @@ from miniverl.environments.calc_chain import generate_tasks
 from miniverl.environments.oracle_state import next_oracle_action
 from miniverl.environments.registry import make_environment
 from miniverl.errors import ConfigError
+from miniverl.lab.teachers.toy_fit import fit_traces, toy_fit_traces
 from miniverl.schemas.trajectory import SpanType, Trajectory
 from miniverl.training import teacher_fit
-from miniverl.training.teacher_fit import fit_traces, toy_fit_traces
 from miniverl.utils.seeding import derive_seed
 
 CONFIG = RolloutConfig(
@@ -255,7 +255,7 @@ def test_the_teacher_digest_covers_the_noise_settings(tasks: list[Task]) -> None
     assert digest(0.2, {"noise_fraction": 0.0}) != base
     # and the setting itself is in the fit dict the trainer passes
     assert digest(0.0, {"noise_fraction": 0.2}) != base
-    assert "training/teacher_fit.py" in teacher_fit.FIT_SOURCES
+    assert "lab/teachers/toy_fit.py" in teacher_fit.FIT_SOURCES
     assert "environments/oracle_state.py" in teacher_fit.FIT_SOURCES
 
 

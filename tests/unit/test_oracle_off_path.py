@@ -1,4 +1,4 @@
-"""The oracle teacher's targets are a policy (teachers/oracle.py, ``models.oracle_teacher.off_path``).
+"""The oracle teacher's targets are a policy (lab/teachers/oracle.py, ``models.oracle_teacher.off_path``).
 
 Property tests over random deviations of oracle traces (a character inserted, deleted or
 replaced inside a call or an answer, a block of the wrong kind, a stray tag, an early answer,
@@ -26,9 +26,9 @@ from miniverl.environments.base import Task
 from miniverl.environments.calc_chain import generate_tasks
 from miniverl.environments.registry import make_environment
 from miniverl.errors import BackendError
+from miniverl.lab.teachers.oracle import OracleTeacher, deviated_continuation
 from miniverl.schemas.text import ASSISTANT_HEADER, IM_END, IM_START
 from miniverl.schemas.trajectory import Trajectory
-from miniverl.teachers.oracle import OracleTeacher, deviated_continuation
 from miniverl.training.sources import make_select_and_align
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The oracle teacher (teachers/oracle.py): the smoothed oracle policy at any state.
+"""The oracle teacher (lab/teachers/oracle.py): the smoothed oracle policy at any state.
 
 Checked by values, not labels: the next token it predicts at every student-generated
 position of scripted episodes (on the oracle's path, after a miscopied operand, after a
@@ -20,10 +20,10 @@ from miniverl.environments.base import Task
 from miniverl.environments.calc_chain import generate_tasks
 from miniverl.environments.registry import make_environment
 from miniverl.errors import BackendError
-from miniverl.evaluation.teacher_gate import score_teacher_gate
+from miniverl.lab.teachers.gate import score_teacher_gate
+from miniverl.lab.teachers.oracle import OracleTeacher, deviated_continuation
 from miniverl.models.batching import build_padded_trajectory_batch
 from miniverl.schemas.trajectory import Trajectory
-from miniverl.teachers.oracle import OracleTeacher, deviated_continuation
 
 CONFIG = RolloutConfig(
     max_turns=9, max_new_tokens_per_turn=40, max_total_tokens=900, max_parse_errors=3

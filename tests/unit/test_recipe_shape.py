@@ -1,10 +1,12 @@
-"""``training/`` reads as one recipe: few files, no import cycle, and one cycle's update in
-at most three files.
+"""``training/`` reads as one recipe: few files, no import cycle, and ``train()`` within three
+frames of ``optimizer.step()`` and of the loss's ``backward()``.
 
-A reader follows one cycle from ``OPDTrainer.run_cycle`` to the loss backward and to
-``optimizer.step()``. Every file on those call stacks is one more file to open, so the
-stacks are measured on a real toy OPD cycle (not read off the source, which would miss a
-call routed through a helper module) and bounded here.
+A reader follows one cycle down from ``OPDTrainer.train``. Every frame between it and the
+update is one more function to open, so the stacks are measured on a real toy run (not read
+off the source, which would miss a call routed through a helper) and bounded here:
+``train()`` counts as frame 1, and the frame that calls ``optimizer.step()`` / ``backward()``
+is at most frame 3 (``train`` -> ``apply_update``; ``train`` -> ``loss_step`` -> the chunked
+loss).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import pytest
 from helpers import SRC_DIR, tiny_config
 
 TRAINING = SRC_DIR / "miniverl" / "training"
+RECIPE = TRAINING / "recipe.py"
 MAX_FILES = 14
+MAX_FRAMES = 3
 MAX_CYCLE_FILES = 3
 
 
@@ -59,50 +63,89 @@ def test_no_training_file_reaches_itself_through_its_imports() -> None:
     assert cycles == []
 
 
-def _stack_files() -> list[str]:
-    """Files of the frames from the innermost ``run_cycle`` to the patched call's caller."""
+def _frames_from_train() -> list[traceback.FrameSummary]:
+    """The frames from the outermost ``OPDTrainer.train`` to the patched call's caller."""
     frames = traceback.extract_stack()[:-2]  # this helper and the patched wrapper
-    starts = [i for i, frame in enumerate(frames) if frame.name == "run_cycle"]
-    assert starts, "the patched call did not happen inside run_cycle"
-    return [frame.filename for frame in frames[starts[-1] :]]
+    starts = [
+        i
+        for i, frame in enumerate(frames)
+        if frame.name == "train" and Path(frame.filename).resolve() == RECIPE.resolve()
+    ]
+    assert starts, "the patched call did not happen inside OPDTrainer.train"
+    return frames[starts[0] :]
 
 
 @pytest.mark.parametrize("mode", ["opd", "sft"])
-def test_cycle_spans_at_most_three_files(
+def test_train_is_within_three_frames_of_the_step_and_the_backward(
     mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch = pytest.importorskip("torch")
-    from miniverl.training.trainer import OPDTrainer
+    from miniverl.training.recipe import OPDTrainer
 
     trainer = OPDTrainer(
         tiny_config(f"run.mode={mode}", "train.cycles=1"), output_dir=tmp_path / "run", quiet=True
     )
     trainer.setup()
-    stacks: dict[str, list[list[str]]] = {"backward": [], "optimizer.step": []}
+    stacks: dict[str, list[list[traceback.FrameSummary]]] = {
+        "backward": [],
+        "optimizer.step": [],
+    }
     backward, step = torch.Tensor.backward, trainer.optimizer.step
 
     def recording_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        stacks["backward"].append(_stack_files())
+        stacks["backward"].append(_frames_from_train())
         return backward(self, *args, **kwargs)
 
     def recording_step(*args: Any, **kwargs: Any) -> Any:
-        stacks["optimizer.step"].append(_stack_files())
+        stacks["optimizer.step"].append(_frames_from_train())
         return step(*args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "backward", recording_backward)
     monkeypatch.setattr(trainer.optimizer, "step", recording_step)
-    trainer.run_cycle(0)
+    trainer.train()
 
     for call, seen in stacks.items():
-        assert seen, f"one cycle never reached {call}"
-        files = sorted({f for stack in seen for f in stack})
+        assert seen, f"the run never reached {call}"
+        deepest = max(seen, key=len)
+        names = [f"{Path(f.filename).name}:{f.name}" for f in deepest]
+        assert len(deepest) <= MAX_FRAMES, (call, names)
+        files = sorted({f.filename for stack in seen for f in stack})
         assert len(files) <= MAX_CYCLE_FILES, (call, files)
-        assert all(
-            Path(stack[0]).resolve() == (TRAINING / "trainer.py").resolve() for stack in seen
-        )
 
 
-TRAINER_OWNERS = {"cli/main.py", "evaluation/cell_runner.py"}
+def test_the_frame_count_sees_a_helper_in_between(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step routed through one more function is four frames from ``train`` and fails the bound."""
+    torch = pytest.importorskip("torch")
+    from miniverl.training import recipe
+
+    original = recipe.apply_update
+
+    def via_helper(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(recipe, "apply_update", lambda *a, **k: via_helper(*a, **k))
+    trainer = recipe.OPDTrainer(
+        tiny_config("train.cycles=1", "train.sft_warmup_cycles=0"),
+        output_dir=tmp_path / "run",
+        quiet=True,
+    )
+    trainer.setup()
+    seen: list[int] = []
+    step = trainer.optimizer.step
+
+    def recording_step(*args: Any, **kwargs: Any) -> Any:
+        seen.append(len(_frames_from_train()))
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.optimizer, "step", recording_step)
+    trainer.train()
+    assert seen and max(seen) > MAX_FRAMES
+    del torch
+
+
+TRAINER_OWNERS = {"cli/main.py", "lab/benchmark/cell_runner.py"}
 """The modules that build and run an ``OPDTrainer``; every other function gets explicit state."""
 
 

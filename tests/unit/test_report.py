@@ -24,7 +24,7 @@ from helpers import (
 )
 from miniverl.config.models import RunConfig
 from miniverl.errors import RunDirectoryError
-from miniverl.evaluation.stats import aggregate, significance_note
+from miniverl.lab.benchmark.stats import aggregate, significance_note
 from miniverl.reporting import plots
 from miniverl.reporting.load import load_run
 from miniverl.reporting.report import write_report

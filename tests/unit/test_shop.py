@@ -96,7 +96,7 @@ def test_shop_trains_end_to_end_on_the_toy_backend(tmp_path) -> None:  # type: i
     import json
 
     from helpers import tiny_config
-    from miniverl.training.trainer import OPDTrainer
+    from miniverl.training.recipe import OPDTrainer
 
     config = tiny_config(
         "environment.name=shop",

@@ -19,8 +19,8 @@ from miniverl.config.models import RolloutConfig
 from miniverl.errors import OffPolicyError
 from miniverl.models.fingerprint import backend_fingerprint
 from miniverl.training import sources as S
+from miniverl.training.recipe import GroupGradients, OPDTrainer, PolicyUpdater, apply_update
 from miniverl.training.run_state import RunState
-from miniverl.training.trainer import GroupGradients, OPDTrainer, PolicyUpdater, apply_update
 from miniverl.trajectory.io import read_trajectories
 from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.logging import EventLog, make_console

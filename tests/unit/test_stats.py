@@ -1,4 +1,4 @@
-"""evaluation/stats.py against brute force and float64 references: exact two-level resampling,
+"""lab/benchmark/stats.py against brute force and float64 references: exact two-level resampling,
 the t-interval and t-test (closed forms and table values), Holm, the t-based MDE."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from scipy.stats import t as student_t
 
 from helpers import run_python
 from miniverl.errors import SchemaValidationError
-from miniverl.evaluation.stats import (
+from miniverl.lab.benchmark.stats import (
     TaskResampler,
     bootstrap_interval,
     compare_arms,
@@ -393,7 +393,7 @@ class Block:
 
 sys.meta_path.insert(0, Block())
 from miniverl.errors import BackendError
-from miniverl.evaluation.stats import aggregate, bootstrap_interval, compare_arms
+from miniverl.lab.benchmark.stats import aggregate, bootstrap_interval, compare_arms
 rows = [{"arm": arm, "seed": seed, "final_success": 0.1 * seed + (arm == "opd")}
         for arm in ("sft_only", "opd") for seed in (1, 2, 3)]
 summary = aggregate(rows, ["sft_only", "opd"], "sft_only")
@@ -402,7 +402,7 @@ try:
     compare_arms("a", "b", {1: [1.0], 2: [0.0], 3: [1.0]}, {1: [0.0], 2: [0.0], 3: [0.0]})
 except BackendError as exc:
     print(str(exc), "|", exc.hint)
-from miniverl.evaluation.benchmark import run_benchmark
+from miniverl.lab.benchmark.harness import run_benchmark
 try:
     run_benchmark(sys.argv[1], arms=["opd"], seeds=[1], output_dir=sys.argv[2],
                   run_cell=lambda *a: sys.exit("a cell ran without scipy"))
@@ -422,7 +422,7 @@ def test_without_scipy_the_summaries_run_and_the_contrasts_name_the_lab_extra(
     assert result.returncode == 0, result.stderr
     refused = (
         "scipy.stats is not installed (needed for the benchmark's contrasts) "
-        "| from a clone of miniverl: pip install -e \".[lab]\" (README, Quick start)"
+        '| from a clone of miniverl: pip install -e ".[lab]" (README, Quick start)'
     )
     assert result.stdout.splitlines() == [
         f"1.0 {bootstrap_interval([0.0, 1.0, 2.0], resamples=50)}",

@@ -189,7 +189,7 @@ def test_validate_reports_task_file_errors(tmp_path: Path) -> None:
 
 def test_the_trainer_takes_its_splits_from_the_task_file(task_file: Path, tmp_path: Path) -> None:
     from helpers import tiny_config
-    from miniverl.training.trainer import OPDTrainer
+    from miniverl.training.recipe import OPDTrainer
 
     config = tiny_config(
         f"environment.tasks={task_file}", "environment.train_tasks=6", "environment.eval_tasks=3"

@@ -22,7 +22,7 @@ from miniverl.models.hf_shared import build_shared_backbone  # noqa: E402
 from miniverl.models.tiny_hf import build_tiny_hf_checkpoint  # noqa: E402
 from miniverl.models.tokenizers import load_hf_tokenizer  # noqa: E402
 from miniverl.training import teacher_fit  # noqa: E402
-from miniverl.training.trainer import OPDTrainer  # noqa: E402
+from miniverl.training.recipe import OPDTrainer  # noqa: E402
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning"),
@@ -218,7 +218,7 @@ def test_dagger_rows_fit_the_hf_adapter_through_the_shared_path(
     tiny_dir: Path, tmp_path: Path
 ) -> None:
     """The toy teacher's student-state rows (``dagger_examples``) fit the HF adapter one step
-    through ``models/fitting.py``, and the rows enter the adapter's digest."""
+    through ``lab/teachers/fitting.py``, and the rows enter the adapter's digest."""
     from miniverl.config.sections import DaggerConfig
     from miniverl.environments.registry import make_environment
     from miniverl.environments.tasks_file import build_splits
@@ -320,8 +320,8 @@ def test_an_hf_teacher_adapter_is_gated_on_held_out_student_states(
     """The held-out state gate scores the fitted adapter (not only the toy teacher); a failed
     gate refuses the arms unless ``eval.teacher_gate_required`` is false, which is recorded."""
     from miniverl.errors import TeacherGateError
-    from miniverl.evaluation.cell_runner import gate_subject
-    from miniverl.evaluation.teacher_gate import (
+    from miniverl.lab.benchmark.cell_runner import gate_subject
+    from miniverl.lab.teachers.gate import (
         STATE_GATE_FILE,
         cold_start_teacher_gate,
         refuse_failed_gates,

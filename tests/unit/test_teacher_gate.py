@@ -18,7 +18,7 @@ from miniverl.environments.calc_chain import generate_tasks
 from miniverl.environments.oracle_state import next_oracle_action
 from miniverl.environments.registry import make_environment
 from miniverl.errors import TeacherGateError
-from miniverl.evaluation.teacher_gate import (
+from miniverl.lab.teachers.gate import (
     TEACHER_GATE_FILE,
     TeacherGateResult,
     evaluate_teacher_gate,
@@ -285,7 +285,7 @@ def test_the_gate_of_weight_files_is_the_gate_of_those_backends(tmp_path: Path) 
     from miniverl.config.models import RunConfig
     from miniverl.environments.tasks_file import build_splits
     from miniverl.errors import CheckpointError
-    from miniverl.evaluation.teacher_gate import gate_of_weight_files
+    from miniverl.lab.teachers.gate import gate_of_weight_files
     from miniverl.models.factory import build_student, build_teacher, build_tokenizer
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "toy_calc_chain.yaml"
@@ -326,7 +326,7 @@ def test_the_gate_of_a_student_file_against_the_oracle_teacher(tmp_path: Path) -
 
     from miniverl.config.models import RunConfig
     from miniverl.errors import CheckpointError
-    from miniverl.evaluation.teacher_gate import gate_of_weight_files
+    from miniverl.lab.teachers.gate import gate_of_weight_files
     from miniverl.models.factory import build_student, build_tokenizer
 
     recipes = Path(__file__).resolve().parents[2] / "recipes"

@@ -1,4 +1,4 @@
-"""Toy-teacher persistence (training/teacher_fit.py) and the benchmark cold start (cold_start.py)."""
+"""Toy-teacher persistence (lab/teachers/toy_fit.py) and the benchmark cold start (cold_start.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,8 @@ import torch
 from miniverl.agent.episode import Episode
 from miniverl.agent.loop import RolloutRunner
 from miniverl.errors import CheckpointError
-from miniverl.losses.chunked import chunked_selected_position_loss
-from miniverl.models.fitting import cross_entropy_fit_step
-from miniverl.models.tokenizers import ToyTokenizer
-from miniverl.models.toy import ToyBackend
-from miniverl.models.toy_config import TOY_STUDENT
-from miniverl.training import teacher_fit
-from miniverl.training.teacher_fit import (
+from miniverl.lab.teachers.fitting import cross_entropy_fit_step
+from miniverl.lab.teachers.toy_fit import (
     COLD_START_MARKER,
     COLD_START_STUDENT,
     TOY_TEACHER_FILE,
@@ -30,6 +25,11 @@ from miniverl.training.teacher_fit import (
     save_teacher,
     toy_fit_traces,
 )
+from miniverl.losses.chunked import chunked_selected_position_loss
+from miniverl.models.tokenizers import ToyTokenizer
+from miniverl.models.toy import ToyBackend
+from miniverl.models.toy_config import TOY_STUDENT
+from miniverl.training import teacher_fit
 from miniverl.utils.io import read_json
 
 SMALL = dataclasses.replace(TOY_STUDENT, hidden_size=32, intermediate_size=64)

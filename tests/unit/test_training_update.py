@@ -13,8 +13,8 @@ from miniverl.errors import GpuMemoryError
 from miniverl.models.tokenizers import ToyTokenizer
 from miniverl.models.toy import ToyBackend, ToyModelConfig
 from miniverl.training.optim import Schedule, build_optimizer, scheduled_lr
+from miniverl.training.recipe import GroupGradients, OPDTrainer, apply_update
 from miniverl.training.sources import hard_label_sample
-from miniverl.training.trainer import GroupGradients, OPDTrainer, apply_update
 from miniverl.utils.logging import EventLog
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

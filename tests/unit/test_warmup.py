@@ -1,4 +1,4 @@
-"""The SFT warm-up loop (training/warmup.py): a fixed count, or until a criterion, with a cap."""
+"""The SFT warm-up loop (lab/benchmark/warmup.py): a fixed count, or until a criterion, with a cap."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from miniverl.config.models import RunConfig
 from miniverl.config.sections import WarmupUntilConfig
 from miniverl.environments.base import Task
 from miniverl.errors import ConfigError
+from miniverl.lab.benchmark.warmup import criterion_tasks, run_sft_warmup, warmup_cycles
 from miniverl.training.live import ProgressReporter
 from miniverl.training.sources import Supervision
-from miniverl.training.warmup import criterion_tasks, run_sft_warmup, warmup_cycles
 from miniverl.utils.logging import EventLog
 
 

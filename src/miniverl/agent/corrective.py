@@ -4,7 +4,7 @@ to it, then the oracle's corrective re-call and the rest of its episode.
 Why: a teacher's traces contain no failed tool call, so nothing trained on them ever sees the
 state after an error. A corrective trace shows exactly that state and what to do in it. Two
 consumers use the same traces: the DART-style SFT arm (``train.sft_noise_fraction``,
-``training/sources.py``) and a fitted teacher (``training/teacher_fit.py``). The corrupted
+``training/sources.py``) and a fitted teacher (``lab/teachers/toy_fit.py``). The corrupted
 call itself is never a training target (:attr:`CorrectiveTrace.excluded_turns`); the
 environment's answer to it is context, as every tool result is.
 
@@ -24,7 +24,6 @@ from typing import Any
 
 from miniverl.agent.loop import RolloutRunner
 from miniverl.agent.protocol import format_final, format_tool_call
-from miniverl.config.sections import DEFAULT_NOISE_KINDS
 from miniverl.environments.base import Task, ToolCall
 from miniverl.environments.oracle_state import oracle_steps_done, oracle_tool_results
 from miniverl.errors import ConfigError, TrajectoryError
@@ -32,8 +31,14 @@ from miniverl.models.base import GenerationResult
 from miniverl.schemas.trajectory import Trajectory
 from miniverl.trajectory.masks import model_target_positions
 
-CORRUPTION_KINDS: dict[str, float] = dict(DEFAULT_NOISE_KINDS)
-"""Every corruption kind -> its default relative weight (``models.toy_fit.noise_kinds``)."""
+CORRUPTION_KINDS: dict[str, float] = {
+    "operand_digit": 0.5,
+    "malformed_json": 0.25,
+    "bad_expression": 0.25,
+    "random_operands": 0.0,
+}
+"""Every corruption kind -> its default relative weight (corrective traces of
+``train.sft_noise_fraction``, and the lab's ``lab.toy_fit.noise_kinds``)."""
 _NUMBER = re.compile(r"\d+")
 _SIGNED = re.compile(r"-?\d+")
 
@@ -284,7 +289,7 @@ def noisy_oracle_trace(
             hint="a corrupted step needs one spare turn, its tokens and (for a malformed call) a "
             "parse error the episode survives: raise rollout.max_turns, rollout.max_new_tokens_per_turn, "
             "rollout.max_total_tokens or rollout.max_parse_errors (>= 2), or set "
-            "models.toy_fit.noise_fraction: 0",
+            "lab.toy_fit.noise_fraction: 0",
         )
     if oracle_steps_done(expected, trajectory.turns[: step + 1 + len(carried)]) != step:
         raise TrajectoryError(

@@ -13,12 +13,16 @@ from typing import Annotated
 import typer
 
 from miniverl.cli.common import console, handles_errors
+from miniverl.config.modes import mode_of_kind
 
 
 @handles_errors
 def export_verl(
     recipe: Annotated[
-        Path, typer.Argument(help="Recipe YAML (models.backend: hf, run.mode: opd).")
+        Path,
+        typer.Argument(
+            help=f"Recipe YAML (models.backend: hf, run.mode: {mode_of_kind('student').name})."
+        ),
     ],
     overrides: Annotated[
         list[str] | None,

@@ -1,9 +1,12 @@
 """The ``miniverl`` command line.
 
 ``doctor``, ``validate``, ``inspect``, ``report``, ``export`` and ``cache`` are torch-free: they
-import only the foundation, contracts and surfaces, and a test runs them in a
-subprocess asserting that ``torch`` never enters ``sys.modules``. Commands that train
-import the training layer inside their function bodies.
+import only the foundation, contracts and surfaces (and the lab's torch-free recipe layer),
+and a test runs them in a subprocess asserting that ``torch`` never enters ``sys.modules``.
+Commands that train import the training layer inside their function bodies. The lab's
+commands (``benchmark``, ``lr-grid``, ``teacher-audit``: ``cli/lab_cmd.py``) are one panel of
+the same CLI; ``train`` and ``demo`` ask the lab for the teacher a recipe's lab section
+describes (``miniverl.lab.teachers.prepare``) and hand it to the core's trainer.
 
 Every :class:`~miniverl.errors.MiniverlError` is printed as message + hint on stderr
 with exit status 1; there is no traceback for user errors.
@@ -35,12 +38,12 @@ from miniverl.cli.common import (
     console,
     fail,
     handles_errors,
-    split_list,
 )
 from miniverl.cli.export_model_cmd import export_model_command
 from miniverl.cli.export_verl_cmd import export_verl
-from miniverl.cli.lr_grid_cmd import lr_grid_command
+from miniverl.cli.lab_cmd import benchmark_command, lr_grid_command, teacher_audit_command
 from miniverl.cli.models_cmd import models_app
+from miniverl.config.modes import MODES
 from miniverl.errors import ConfigError
 from miniverl.utils.lazy import INSTALL_HINT, import_torch, is_available
 from miniverl.utils.runlock import run_lock
@@ -52,11 +55,11 @@ APP_HELP = (
     "Hugging Face models train on the CPU or on a CUDA GPU (models.device)."
 )
 
-RUN, INSPECT, COMPARE, EXPORT, MAINTAIN = "Run", "Inspect", "Compare", "Export", "Maintain"
+RUN, INSPECT, LAB, EXPORT, MAINTAIN = "Run", "Inspect", "Lab", "Export", "Maintain"
 WORKFLOW: dict[str, tuple[str, ...]] = {
     RUN: ("doctor", "demo", "validate", "train", "eval"),
-    INSPECT: ("inspect", "report", "teacher-audit"),
-    COMPARE: ("benchmark", "lr-grid"),
+    INSPECT: ("inspect", "report"),
+    LAB: ("benchmark", "lr-grid", "teacher-audit"),
     EXPORT: ("export", "export-model", "export-verl"),
     MAINTAIN: ("cache", "models"),
 }
@@ -93,11 +96,23 @@ app.command(
     "safetensors (CPU).",
 )(export_model_command)
 app.command(
+    "benchmark",
+    rich_help_panel=LAB,
+    short_help="Compare objectives from one shared SFT cold start per seed (on the recipe's "
+    "models.device: CPU or GPU).",
+)(benchmark_command)
+app.command(
     "lr-grid",
-    rich_help_panel=COMPARE,
+    rich_help_panel=LAB,
     short_help="Select each arm's learning rate on the validation split from one shared grid "
     "(runs on the recipe's models.device: CPU or GPU).",
 )(lr_grid_command)
+app.command(
+    "teacher-audit",
+    rich_help_panel=LAB,
+    short_help="What the run's teacher targets at the student's own states: per position "
+    "class, top targets, EOS and closing tags.",
+)(teacher_audit_command)
 app.add_typer(
     cache_app,
     name="cache",
@@ -246,11 +261,12 @@ def validate(
         typer.Option("--full", help="Print the whole resolved config, not only what differs."),
     ] = False,
 ) -> None:
-    """Validate a recipe: the verdict first, then the settings that differ from the defaults
-    (--full: all of them), or every error with its key path."""
-    from miniverl.config.models import RunConfig
+    """Validate a recipe, its core sections and its lab section together: the verdict first,
+    then the settings that differ from the defaults (--full: all of them), or every error with
+    its key path."""
+    from miniverl.lab.config import load_recipe
 
-    config = RunConfig.from_yaml(recipe, overrides or [])
+    config = load_recipe(recipe, overrides or [])
     from miniverl.environments.tasks_file import check_environment
 
     env_note = check_environment(config.environment, config.rollout.max_turns)
@@ -281,10 +297,8 @@ def validate(
 
 def changed_settings(config: Any) -> dict[str, Any]:
     """``{"train.cycles": 4, ...}``: every leaf of ``config`` whose value differs from the
-    default recipe's (an empty recipe), in the config's own section order."""
-    from miniverl.config.models import RunConfig
-
-    defaults = dict(_leaves(RunConfig.from_mapping({}, source="<defaults>").to_dict()))
+    default recipe's (an empty recipe of the same class), in the config's own section order."""
+    defaults = dict(_leaves(type(config).from_mapping({}, source="<defaults>").to_dict()))
     missing = object()
     return {k: v for k, v in _leaves(config.to_dict()) if defaults.get(k, missing) != v}
 
@@ -556,9 +570,15 @@ def _print_outcome(summary: dict[str, Any], run_dir: Path, *, smoke_test: bool =
         )
 
 
+MODE_LIST = ", ".join(list(MODES)[:-1]) + f" or {list(MODES)[-1]}"
+"""Every ``run.mode``, as the help of ``train`` lists them (``config/modes.py``)."""
+
+
 @app.command(
     rich_help_panel=RUN,
-    short_help="Train from a recipe in any run.mode: sft, offline_kd, opd, seqkd, kd_oracle or gkd_mix (on models.device: CPU for the toy backend and small models, a CUDA GPU for larger ones).",
+    help=f"Train from a recipe in the objective its run.mode names ({MODE_LIST}).",
+    short_help=f"Train from a recipe in any run.mode: {MODE_LIST} (on models.device: CPU for the "
+    "toy backend and small models, a CUDA GPU for larger ones).",
 )
 @handles_errors
 def train(
@@ -593,14 +613,13 @@ def train(
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
-    """Train from a recipe in the objective its run.mode names (sft, offline_kd, opd, seqkd,
-    kd_oracle or gkd_mix)."""
+    """Train from a recipe (the command's help is :data:`MODE_LIST`'s sentence above)."""
     import_torch("miniverl train")
     import shlex
 
     from miniverl.cli.run_support import save_command, stored_overrides
-    from miniverl.config.models import RunConfig
-    from miniverl.training.trainer import OPDTrainer
+    from miniverl.lab.config import load_recipe
+    from miniverl.lab.run import start_run
 
     given = list(overrides or [])
     resume = resume or resume_from is not None
@@ -609,29 +628,29 @@ def train(
             "--cold-start starts a new run and --resume continues one; pass one of them",
             hint="a resumed run already holds the weights it started from",
         )
-    config = RunConfig.from_yaml(recipe, given)
+    config = load_recipe(recipe, given)
     if resume and not given:
-        root = output or Path(config.run.output_dir or Path("runs") / config.run.name)
+        root = output or Path("runs") / config.run.name
         stored = stored_overrides(root)
         if stored:
             given = stored
-            config = RunConfig.from_yaml(recipe, given)
+            config = load_recipe(recipe, given)
             console.print(f"resume: reusing the stored overrides {shlex.join(given)}", markup=False)
     submitted = read_regular_bytes(recipe, limit=MAX_YAML_BYTES, error=ConfigError)
-    trainer = OPDTrainer(
-        config,
-        output_dir=output,
-        submitted_recipe=submitted,
-        resume=resume,
-        resume_from=resume_from,
-        quiet=quiet,
-        verbose=verbose,
-        cold_start=cold_start,
-    )
-    with run_lock(trainer.paths.root):
+    run_dir = output or Path("runs") / config.run.name
+    with run_lock(run_dir):
+        trainer = start_run(
+            config,
+            cold_start=cold_start,
+            output_dir=run_dir,
+            submitted_recipe=submitted,
+            resume=resume,
+            resume_from=resume_from,
+            quiet=quiet,
+            verbose=verbose,
+        )
         if not resume:
-            trainer.setup()
-            save_command(trainer.paths.root, command="train", recipe=str(recipe), overrides=given)
+            save_command(run_dir, command="train", recipe=str(recipe), overrides=given)
         summary = _run_trainer(trainer, no_report=no_report, recipe=recipe)
     _print_outcome(summary, trainer.paths.root)
 
@@ -662,7 +681,8 @@ def demo(
     from miniverl.cli.run_support import clear_for_overwrite
     from miniverl.config.presets import demo_config, demo_recipe_bytes
     from miniverl.errors import RunDirectoryError
-    from miniverl.training.trainer import OPDTrainer
+    from miniverl.lab.config import with_lab
+    from miniverl.lab.run import start_run
     from miniverl.utils.runs import RunPaths
 
     run_dir = output or Path("runs") / "demo"
@@ -674,9 +694,8 @@ def demo(
     with run_lock(run_dir) as lock:
         if overwrite and any(child != lock for child in run_dir.iterdir()):
             clear_for_overwrite(run_dir)  # under the lock: no other writer is inside
-        config = demo_config(fast=fast)
-        trainer = OPDTrainer(
-            config,
+        trainer = start_run(
+            with_lab(demo_config(fast=fast)),
             output_dir=run_dir,
             submitted_recipe=demo_recipe_bytes(),
             quiet=quiet,
@@ -717,36 +736,6 @@ def eval_command(
     )
 
 
-@app.command(
-    "teacher-audit",
-    rich_help_panel=INSPECT,
-    short_help="What the run's teacher targets at the student's own states: per position class, top targets, EOS and closing tags.",
-)
-@handles_errors
-def teacher_audit(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory written by 'miniverl train'.")],
-    cycles: Annotated[
-        str | None,
-        typer.Option("--cycles", help="Only the rollouts of these cycles: 7 or 150-199."),
-    ] = None,
-    limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="Only the last N student rollouts.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the audit as JSON.")] = False,
-) -> None:
-    """Re-score a run's stored student rollouts with its teacher (oracle, toy or HF) and print
-    what it targets on the oracle's path, after a flagged tool error and inside deviated blocks."""
-    import_torch("miniverl teacher-audit")
-    from miniverl.evaluation.teacher_audit import audit_run, render_audit
-
-    audit = audit_run(run_dir, cycles=cycles, limit=limit)
-    if as_json:
-        typer.echo(json.dumps(audit.to_dict(), indent=2))
-        return
-    for line in render_audit(audit):
-        console.print(line, markup=False, highlight=False)
-
-
 # -- report / benchmark / export ----------------------------------------------------
 
 
@@ -760,109 +749,6 @@ def report(
 ) -> None:
     """Write report.html (self-contained, offline) and summary.md into a run directory (torch-free)."""
     _write_report(run_dir)
-
-
-@app.command(
-    rich_help_panel=COMPARE,
-    short_help="Compare objectives from one shared SFT cold start per seed (on the recipe's models.device: CPU or GPU).",
-)
-@handles_errors
-def benchmark(
-    recipe: Annotated[Path, typer.Argument(help="Base YAML recipe shared by every arm.")],
-    overrides: Overrides = None,
-    arms: Annotated[
-        str | None,
-        typer.Option(
-            "--arms",
-            help="Comma-separated arms (default: sft_oracle,seqkd,offline_kd,kd_oracle,opd,opd_reverse_kl,offline_kd_reverse_kl,gkd_mix,opd_entropy_aware; opd_privileged runs only when named; sft_only is a deprecated alias of sft_oracle).",
-        ),
-    ] = None,
-    seeds: Annotated[
-        str,
-        typer.Option("--seeds", help="Comma-separated seeds; one shared SFT cold start per seed."),
-    ] = "1",
-    output: Annotated[
-        Path | None,
-        typer.Option(
-            "--output", "-o", help="Benchmark directory (default runs/benchmark-<run.name>)."
-        ),
-    ] = None,
-    arm_seeds: Annotated[
-        int,
-        typer.Option(
-            "--arm-seeds",
-            help="Arm phases per cold start (seed); averaged per task inside the seed.",
-        ),
-    ] = 1,
-    compute_matched: Annotated[
-        str | None,
-        typer.Option(
-            "--compute-matched",
-            help="Give every arm opd's spend of this resource (wall_seconds, cpu_seconds, teacher_scored_tokens, student_generated_tokens).",
-        ),
-    ] = None,
-    lr_from: Annotated[
-        Path | None,
-        typer.Option(
-            "--lr-from",
-            help="lr_grid.json (or its directory) from `miniverl lr-grid`: run each arm at the learning rate selected for it on the validation split.",
-        ),
-    ] = None,
-    protocol: Annotated[
-        Path | None,
-        typer.Option(
-            "--protocol",
-            help="Pre-registered protocol (YAML/JSON: endpoints, primary_contrasts, seeds, arms, thresholds, lr_grid); frozen by SHA-256 into the output directory before any cell runs. Required to run cells on eval.split=test.",
-        ),
-    ] = None,
-    quiet: Quiet = False,
-) -> None:
-    """Compare objectives from one shared SFT cold start per seed, holding splits, steps and evaluation fixed; rerun to resume."""
-    import_torch("miniverl benchmark")
-    from miniverl.config.models import RunConfig
-    from miniverl.evaluation.arms import resolve_arms
-    from miniverl.evaluation.benchmark import print_benchmark, run_benchmark
-    from miniverl.utils.runs import RunPaths
-
-    try:
-        seed_list = [int(s) for s in split_list(seeds, "--seeds")]
-    except ValueError:
-        raise fail(f"--seeds must be comma-separated integers, got {seeds!r}", code=2) from None
-    arm_list = split_list(arms, "--arms") if arms is not None else None
-    if output is None:
-        output = Path("runs") / f"benchmark-{RunConfig.from_yaml(recipe, overrides or []).run.name}"
-    resolve_arms(arm_list)  # refuse a bad arm before the lock creates the directory
-    arm_definitions = learning_rates = None
-    if lr_from is not None:
-        from miniverl.evaluation.lr_grid import benchmark_arms_from_grid
-
-        base = RunConfig.from_yaml(recipe, overrides or [])
-        arm_definitions, learning_rates = benchmark_arms_from_grid(arm_list, lr_from, base)
-        arm_list = list(arm_definitions)
-    from miniverl.evaluation.budgets import MATCHABLE
-
-    if compute_matched is not None and compute_matched not in MATCHABLE:
-        raise fail(
-            f"--compute-matched must be one of {', '.join(MATCHABLE)}, got {compute_matched!r}",
-            code=2,
-        )
-    with run_lock(output):
-        result = run_benchmark(
-            recipe,
-            arms=arm_list,
-            seeds=seed_list,
-            output_dir=output,
-            overrides=overrides or [],
-            quiet=quiet,
-            arm_seeds=arm_seeds,
-            compute_matched=compute_matched,
-            arm_definitions=arm_definitions,
-            learning_rates=learning_rates,
-            protocol=protocol,
-        )
-    print_benchmark(result, console)
-    paths = RunPaths(output)
-    console.print(f"benchmark: {paths.benchmark_json}  report: {paths.report_html}")
 
 
 @app.command(

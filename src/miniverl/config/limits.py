@@ -19,6 +19,9 @@ MAX_STEPS = 1_000_000
 MAX_SEED = 2**63 - 1
 MAX_THREADS = 4096
 MAX_NAME_CHARS = 128
+MIN_CHUNK_SIZE = 16
+"""The smallest loss projection chunk (rows): an explicit ``loss.chunk_size`` may not go
+below it, and an out-of-memory retry stops halving there."""
 BOUND_HINT = "a sanity bound; to go beyond it, raise the constant in src/miniverl/config/limits.py"
 
 

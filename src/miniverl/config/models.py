@@ -7,6 +7,11 @@ downloaded or allocated, listing every problem at once. ``auto`` values stay ``a
 the training layer resolves them and writes the decision to ``config.resolved.yaml``, which
 ``config/loading.py`` reads back.
 
+The recipe's ``lab:`` section is one opaque mapping here: only the lab's studies read it,
+and ``miniverl.lab.config.LabRunConfig`` (a ``RunConfig`` whose ``lab`` is validated) checks
+it together with the core sections. Where a recipe may still write a lab key or a constant
+among the core sections, and what :meth:`RunConfig.digest` hashes, is ``config/layout.py``.
+
 Reading a recipe happens before and around validation, on plain mappings: safe YAML
 (:func:`load_yaml_mapping`), dotted ``key=value`` overrides (:func:`apply_overrides`) and
 one line per validation problem (:func:`format_validation_error`). They live here because
@@ -24,7 +29,9 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from miniverl.config.limits import BOUND_HINT
+from miniverl.config.layout import canonical_layout, move_lab_keys, relocate
+from miniverl.config.limits import BOUND_HINT, MIN_CHUNK_SIZE
+from miniverl.config.modes import MODES, REPLAY_OBJECTIVE, Mode
 from miniverl.config.sections import (
     CacheConfig,
     CheckpointConfig,
@@ -34,13 +41,12 @@ from miniverl.config.sections import (
     LossConfig,
     MemoryConfig,
     ModelsConfig,
-    ModelSpec,
     RolloutConfig,
     RunSection,
+    Section,
     SelectionConfig,
     TeacherConfig,
     TrainConfig,
-    _Section,
 )
 from miniverl.errors import ConfigError
 from miniverl.utils.hashing import sha256_text
@@ -49,7 +55,7 @@ from miniverl.utils.safe_load import load_yaml_file, loads_yaml
 TOY_PRESET_IDS = ("toy-student", "toy-teacher")
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     """The whole recipe. Build it with :meth:`from_mapping` or :meth:`from_yaml`."""
 
     run: RunSection = Field(default_factory=RunSection, description="Identity, mode and seed.")
@@ -81,14 +87,23 @@ class RunConfig(_Section):
     logging: LoggingConfig = Field(
         default_factory=LoggingConfig, description="Live metric sinks besides metrics.jsonl."
     )
+    lab: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The lab's settings (teacher fitting, the oracle teacher, teacher gates, the warm-up criterion): validated by miniverl.lab.config.LabConfig, never read by a training run (docs/configuration.md, 'The lab section').",
+    )
 
     @model_validator(mode="after")
     def _validate_combination(self) -> RunConfig:
         """Reject contradictions of docs/design.md §2.1 and §4, each with its own message."""
-        problems = list(_combination_problems(self))
+        problems = list(self.combination_problems())
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def combination_problems(self) -> Iterable[str]:
+        """Every rule relating several sections that this recipe breaks, one line each
+        (a subclass that validates more sections adds its own)."""
+        return _combination_problems(self)
 
     # -- construction -------------------------------------------------------------
 
@@ -96,17 +111,25 @@ class RunConfig(_Section):
     def from_mapping(
         cls, data: Mapping[str, Any] | None, *, source: str = "<mapping>"
     ) -> RunConfig:
-        """Validate a plain mapping, raising :class:`ConfigError` listing every problem."""
+        """Validate a plain mapping, raising :class:`ConfigError` listing every problem.
+
+        Lab keys and constants written among the core sections are moved or checked first
+        (:func:`~miniverl.config.layout.relocate`).
+        """
         if data is None:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError(
                 f"{source}: a recipe must be a mapping of sections, got {type(data).__name__}"
             )
+        data, problems = relocate(data)
         try:
-            return cls.model_validate(dict(data))
+            config = cls.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, source)) from None
+            raise ConfigError(format_validation_error(exc, source, problems)) from None
+        if problems:
+            raise ConfigError(_error_text(source, problems))
+        return config
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
@@ -120,52 +143,60 @@ class RunConfig(_Section):
 
     def to_yaml(self) -> str:
         """Canonical YAML: fixed section order, sorted keys inside sections."""
-        return (
-            "\n".join(
-                yaml.safe_dump(
-                    {key: value}, sort_keys=True, default_flow_style=False, allow_unicode=True
-                ).rstrip()
-                for key, value in self.to_dict().items()
-            )
-            + "\n"
-        )
+        return _yaml(self.to_dict())
+
+    def canonical_yaml(self) -> str:
+        """The YAML :meth:`digest` hashes: :func:`~miniverl.config.layout.canonical_layout`
+        of the dump, in :meth:`to_yaml`'s format."""
+        return _yaml(canonical_layout(self.to_dict()))
 
     def digest(self) -> str:
-        """SHA-256 of :meth:`to_yaml`; identical configs have identical digests."""
-        return sha256_text(self.to_yaml())
+        """SHA-256 of :meth:`canonical_yaml`; identical configs have identical digests,
+        whichever layout their recipe was written in."""
+        return sha256_text(self.canonical_yaml())
 
     def with_overrides(self, overrides: Iterable[str]) -> RunConfig:
-        return RunConfig.from_mapping(
+        """This config with dotted overrides applied (validated as this class)."""
+        return type(self).from_mapping(
             apply_overrides(self.to_dict(), overrides), source="<overrides>"
         )
 
     # -- derived views ------------------------------------------------------------
 
+    def mode(self) -> Mode:
+        """The registry row of ``run.mode`` (``config/modes.py``)."""
+        return MODES[self.run.mode]
+
     def objective_label(self) -> str:
         """What the run optimizes, stated honestly (replay is not genuine OPD)."""
-        if self.run.mode == "sft":
-            return "supervised_fine_tuning_on_oracle_traces"
-        if self.run.mode == "offline_kd":
-            return "offline_knowledge_distillation"
-        if self.run.mode == "seqkd":
-            return "sequence_level_knowledge_distillation"
-        if self.run.mode == "kd_oracle":
-            return "knowledge_distillation_at_oracle_states"
-        if self.run.mode == "gkd_mix":
-            return "generalized_knowledge_distillation_mixed_prefixes"
         if self.train.opd_freshness == "replay" and self.train.replay_passes > 1:
-            return "online_distillation_with_replay"
-        return "on_policy_distillation"
+            return REPLAY_OBJECTIVE
+        return self.mode().objective
+
+
+def _yaml(data: Mapping[str, Any]) -> str:
+    """Fixed section order, sorted keys inside sections, one block per section."""
+    return (
+        "\n".join(
+            yaml.safe_dump(
+                {key: value}, sort_keys=True, default_flow_style=False, allow_unicode=True
+            ).rstrip()
+            for key, value in data.items()
+        )
+        + "\n"
+    )
 
 
 def _combination_problems(cfg: RunConfig) -> Iterable[str]:
-    mode = cfg.run.mode
-    if mode == "opd" and cfg.cache.reuse_across_policy_versions:
-        yield "run.mode: opd cannot set cache.reuse_across_policy_versions: true (on-policy targets must come from the current rollouts; only offline_kd may reuse a frozen cache)"
-    if mode not in ("opd", "offline_kd") and cfg.cache.reuse_across_policy_versions:
-        yield "cache.reuse_across_policy_versions is only meaningful in run.mode: offline_kd"
-    if mode in ("opd", "gkd_mix") and not cfg.cache.strict_policy_version:
-        yield f"run.mode: {mode} requires cache.strict_policy_version: true (a target produced under another policy version is not on-policy)"
+    mode = cfg.mode()
+    reuse = cfg.cache.reuse_across_policy_versions
+    frozen = [m.name for m in MODES.values() if m.trajectories == "teacher_pool"]
+    if mode.on_policy and reuse:
+        yield f"run.mode: {mode.name} cannot set cache.reuse_across_policy_versions: true (on-policy targets must come from the current rollouts; only {', '.join(frozen)} may reuse a frozen cache)"
+    elif reuse and mode.trajectories != "teacher_pool":
+        yield f"cache.reuse_across_policy_versions is only meaningful in run.mode: {', '.join(frozen)}"
+    if mode.on_policy and not cfg.cache.strict_policy_version:
+        yield f"run.mode: {mode.name} requires cache.strict_policy_version: true (a target produced under another policy version is not on-policy)"
     if cfg.loss.divergence == "jsd" and cfg.loss.jsd_beta in (0.0, 1.0):
         which = "forward_kl" if cfg.loss.jsd_beta == 0.0 else "reverse_kl"
         yield f"loss.divergence: jsd needs 0 < loss.jsd_beta < 1, got {cfg.loss.jsd_beta}; use loss.divergence: {which} instead"
@@ -185,8 +216,8 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
         value = getattr(cfg.loss, key)
         if isinstance(value, int) and value > 1 << 24:
             yield f"loss.{key} must be <= {1 << 24} ({BOUND_HINT})"
-    if isinstance(cfg.loss.chunk_size, int) and cfg.loss.chunk_size < cfg.memory.min_chunk_size:
-        yield f"loss.chunk_size {cfg.loss.chunk_size} is below memory.min_chunk_size {cfg.memory.min_chunk_size}"
+    if isinstance(cfg.loss.chunk_size, int) and cfg.loss.chunk_size < MIN_CHUNK_SIZE:
+        yield f"loss.chunk_size {cfg.loss.chunk_size} is below the smallest chunk, {MIN_CHUNK_SIZE} rows"
     quantized = [
         role for role in ("student", "teacher") if getattr(cfg.models, role).quantization != "none"
     ]
@@ -194,72 +225,51 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
         yield f"models.backend: toy cannot be quantized (models.{quantized[0]}.quantization); quantization needs the hf backend on CUDA"
     if cfg.models.backend == "toy":
         for role in ("student", "teacher"):
-            spec: ModelSpec = getattr(cfg.models, role)
-            if spec.toy is None and spec.model_id not in TOY_PRESET_IDS:
-                yield f"models.{role}.model_id {spec.model_id!r} is not a toy preset ({', '.join(TOY_PRESET_IDS)}); add a models.{role}.toy block"
-    if cfg.train.sft_noise_fraction > 0 and cfg.run.mode != "sft":
-        yield f"train.sft_noise_fraction applies to run.mode: sft only (the SFT warm-up of {cfg.run.mode} never sees noise)"
-    if cfg.models.student.checkpoint is not None:
-        yield "models.student.checkpoint is not supported: start a student from trained weights with --cold-start (or --resume)"
-    if cfg.models.teacher.checkpoint is not None:
-        if cfg.models.oracle_teacher is not None:
-            yield "models.teacher.checkpoint and models.oracle_teacher both replace the teacher model: set one"
-        if cfg.models.teacher_fit.enabled:
-            yield "models.teacher.checkpoint loads a trained teacher; models.teacher_fit.enabled would fit another: set it to false"
-        if cfg.models.toy_fit.dagger.enabled:
-            yield "models.teacher.checkpoint loads a trained teacher; models.toy_fit.dagger.enabled would fit another: set it to false"
-    if cfg.models.oracle_teacher is not None:
-        if cfg.models.backend != "toy":
-            yield "models.oracle_teacher needs models.backend: toy (the oracle teacher speaks the toy tokenizer)"
-        if cfg.teacher.mode != "standard":
-            yield "models.oracle_teacher needs teacher.mode: standard (it reads the student's own transcript)"
+            model_id = getattr(cfg.models, role).model_id
+            if model_id not in TOY_PRESET_IDS:
+                yield f"models.{role}.model_id {model_id!r} is not a toy preset ({', '.join(TOY_PRESET_IDS)})"
+    if cfg.train.sft_noise_fraction > 0 and not mode.oracle_sft:
+        sft = [m.name for m in MODES.values() if m.oracle_sft]
+        yield f"train.sft_noise_fraction applies to run.mode: {', '.join(sft)} only (the SFT warm-up of {mode.name} never sees noise)"
     if cfg.models.rollout_dtype == "bfloat16" and (
         cfg.models.backend != "hf" or cfg.models.runtime != "dual_model"
     ):
         yield "models.rollout_dtype: bfloat16 needs models.backend: hf and models.runtime: dual_model (the toy decodes in float32; a shared backbone has one set of weights)"
-    if cfg.models.backend == "hf":
-        for role in ("student", "teacher"):
-            if getattr(cfg.models, role).toy is not None:
-                yield f"models.{role}.toy is only valid with models.backend: toy"
     if cfg.memory.strategy == "swap" and quantized:
         yield (
             f"memory.strategy: swap is unavailable with a quantized model (models.{quantized[0]}.quantization): "
             "bitsandbytes 4-bit and 8-bit parameters are pinned to the device they were quantized on; "
             "use memory.strategy: resident"
         )
-    if cfg.memory.strategy == "swap" and not cfg.cache.enabled and mode != "sft":
+    if cfg.memory.strategy == "swap" and not cfg.cache.enabled and mode.uses_teacher:
         yield "memory.strategy: swap needs cache.enabled: true (targets survive evicting the teacher only through the cache)"
-    if mode == "offline_kd" and not cfg.cache.enabled:
-        yield "run.mode: offline_kd needs cache.enabled: true (it trains from one frozen teacher cache)"
+    if mode.trajectories == "teacher_pool" and not cfg.cache.enabled:
+        yield f"run.mode: {mode.name} needs cache.enabled: true (it trains from one frozen teacher cache)"
     if cfg.rollout.max_total_tokens <= cfg.rollout.max_new_tokens_per_turn:
         yield f"rollout.max_total_tokens ({cfg.rollout.max_total_tokens}) must exceed rollout.max_new_tokens_per_turn ({cfg.rollout.max_new_tokens_per_turn})"
     tr = cfg.train
-    if mode == "opd" and tr.opd_freshness == "strict" and tr.steps_per_rollout_batch() > 1:
+    if (
+        mode.trajectories == "student"
+        and tr.opd_freshness == "strict"
+        and tr.steps_per_rollout_batch() > 1
+    ):
         yield (
             f"train.opd_freshness: strict allows one optimizer step per rollout batch, but "
             f"rollouts_per_cycle={tr.rollouts_per_cycle} with gradient_accumulation_steps={tr.group_size()} "
             f"takes {tr.steps_per_rollout_batch()}; set train.gradient_accumulation_steps to {tr.rollouts_per_cycle} (or auto), "
             "or use train.opd_freshness: replay"
         )
-    if mode == "gkd_mix" and tr.steps_per_rollout_batch() > 1:
+    if mode.trajectories == "mixed" and tr.steps_per_rollout_batch() > 1:
         yield (
-            f"run.mode: gkd_mix allows one optimizer step per batch (its student rollouts are on-policy), but "
+            f"run.mode: {mode.name} allows one optimizer step per batch (its student rollouts are on-policy), but "
             f"rollouts_per_cycle={tr.rollouts_per_cycle} with gradient_accumulation_steps={tr.group_size()} "
             f"takes {tr.steps_per_rollout_batch()}; set train.gradient_accumulation_steps to {tr.rollouts_per_cycle} (or auto)"
         )
-    if tr.opd_freshness == "replay" and mode != "opd":
-        yield "train.opd_freshness: replay only applies to run.mode: opd"
+    if tr.opd_freshness == "replay" and mode.trajectories != "student":
+        student = [m.name for m in MODES.values() if m.trajectories == "student"]
+        yield f"train.opd_freshness: replay only applies to run.mode: {', '.join(student)}"
     if tr.replay_passes > 1 and tr.opd_freshness != "replay":
         yield "train.replay_passes > 1 requires train.opd_freshness: replay"
-    if tr.sft_warmup_until is not None:
-        if tr.sft_warmup_cycles > 0:
-            yield (
-                f"train.sft_warmup_until and train.sft_warmup_cycles ({tr.sft_warmup_cycles}) both set "
-                "the warm-up length; set train.sft_warmup_cycles: 0 to warm up by criterion (the cap "
-                "is train.sft_warmup_until.max_cycles), or drop train.sft_warmup_until"
-            )
-        if cfg.environment.eval_tasks == 0:
-            yield "train.sft_warmup_until measures validation success, but environment.eval_tasks is 0"
     gas = tr.group_size()
     if isinstance(tr.trajectory_batch_size, int) and tr.trajectory_batch_size > gas:
         yield f"train.trajectory_batch_size ({tr.trajectory_batch_size}) cannot exceed the optimizer group size ({gas})"
@@ -278,8 +288,6 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
             yield "models.runtime: shared_backbone needs student and teacher to share one base (same model_id)"
         if cfg.memory.strategy == "swap":
             yield "models.runtime: shared_backbone keeps one base model on the device, so memory.strategy: swap cannot evict the teacher; use resident or auto"
-    if cfg.models.teacher_fit.enabled and cfg.models.runtime != "shared_backbone":
-        yield "models.teacher_fit.enabled needs models.runtime: shared_backbone (the teacher adapter lives on the student's base)"
     if cfg.eval.split == "test" and cfg.environment.test_tasks == 0:
         yield "eval.split: test needs environment.test_tasks > 0"
     if (
@@ -340,9 +348,10 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
     """Return a deep copy of ``data`` with dotted overrides applied.
 
     Unknown keys are not rejected here: validation rejects them with their key path,
-    exactly as it would in the file.
+    exactly as it would in the file. Lab keys written at their core places are moved under
+    ``lab:`` first (``config/layout.py``), so an override wins whichever place it names.
     """
-    result = _deep_copy(data)
+    result = _deep_copy(move_lab_keys(data))
     for item in overrides:
         parts, value = parse_override(item)
         node = result
@@ -367,9 +376,14 @@ def _deep_copy(value: Any) -> Any:
     return value
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    """One line per problem, each with its dotted key path."""
-    lines: list[str] = []
+def _error_text(source: str, lines: list[str]) -> str:
+    return "\n".join([f"{source}: {len(lines)} configuration error(s)", *lines])
+
+
+def format_validation_error(exc: ValidationError, source: str, also: Iterable[str] = ()) -> str:
+    """One line per problem, each with its dotted key path (``also``: lines found before
+    validation, already in this format)."""
+    lines: list[str] = list(also)
     for err in exc.errors(include_url=False):
         loc = ".".join(str(p) for p in err["loc"]) or "<root>"
         msg = err["msg"]
@@ -383,7 +397,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             lines.extend(f"  - {part}" for part in msg.split("\n"))
         else:
             lines.append(f"  - {loc}: {msg}")
-    return "\n".join([f"{source}: {len(lines)} configuration error(s)", *lines])
+    return _error_text(source, lines)
 
 
 __all__ = [

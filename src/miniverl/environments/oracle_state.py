@@ -1,8 +1,8 @@
 """The oracle's next action from any state of an episode, including states after errors.
 
-The teacher gate (``evaluation/teacher_gate.py``) asks "what should the policy do next?" at
+The teacher gate (``lab/teachers/gate.py``) asks "what should the policy do next?" at
 every state the *student* visited, and the noise-injected fitting traces
-(``training/teacher_fit.py``) continue after a corrupted step with the same answer. Both use
+(``lab/teachers/toy_fit.py``) continue after a corrupted step with the same answer. Both use
 :func:`next_oracle_action`, so the gate measures the teacher on exactly the behaviour the fit
 taught it.
 
@@ -74,7 +74,7 @@ def steps_done_of_results(
 ) -> int:
     """How many oracle calls a sequence of tool outcomes ``(ok, result text)`` completed in order.
 
-    The oracle teacher (``teachers/oracle.py``) reads the outcomes from transcript text;
+    The oracle teacher (``lab/teachers/oracle.py``) reads the outcomes from transcript text;
     :func:`oracle_steps_done` from recorded turns. A call that never reached the tool (a
     parse error) has ``ok`` false.
     """

@@ -150,7 +150,7 @@ def _environment_block(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return {key: env[key] for key in ("name", "difficulty", "split_sizes", "tools") if key in env}
 
 
-def _toy_teacher(report: Any) -> dict[str, Any] | None:
+def _teacher_fit(report: Any) -> dict[str, Any] | None:
     if not isinstance(report, Mapping):
         return None
     keys = (
@@ -225,7 +225,7 @@ def build_result(run_dir: str | Path) -> dict[str, Any]:
             key: (manifest.get("tokenizer") or {}).get(key) for key in ("fingerprint", "vocab_size")
         }
         result["environment"] = _environment_block(manifest)
-        result["toy_teacher"] = _toy_teacher(manifest.get("toy_teacher"))
+        result["teacher"] = _teacher_fit(manifest.get("teacher"))
     config, _ = read_config(paths)
     if config is not None:
         run_section = config.get("run")

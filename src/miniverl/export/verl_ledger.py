@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miniverl.config.models import RunConfig
+from miniverl.config.modes import MODES, mode_of_kind
 from miniverl.export.verl_tool import TOOL_CLASS_NAME
 from miniverl.schemas.text import FINAL_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
@@ -45,7 +46,7 @@ Rule = Callable[[Any, RunConfig], "KeyFate | str"]
 
 ORACLE_TEACHER_REASON = (
     "models.oracle_teacher: verl's teacher is a served checkpoint; the smoothed oracle policy "
-    "(teachers/oracle.py) is not a model it can load"
+    "(lab/teachers/oracle.py) is not a model it can load"
 )
 
 
@@ -241,7 +242,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
     rules: dict[str, Rule] = {
         "run.name": mapped("trainer.experiment_name"),
         "run.mode": refuse_unless(
-            lambda v: v == "opd",
+            lambda v: MODES[v].trajectories == "student",
             f"run.mode: {mode} — verl's distillation is on-policy only; export an opd recipe (sft/offline_kd have no ppo_trainer equivalent)",
             mapped("distillation.enabled", True, "opd -> on-policy distillation"),
         ),
@@ -498,7 +499,10 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
             for key in ("metric", "k", "threshold", "max_cycles", "check_every")
         },
         "train.sft_lr": n_a("warm-up only"),
-        "train.gkd_student_fraction": n_a("gkd_mix only; a verl export needs run.mode: opd"),
+        "train.gkd_student_fraction": n_a(
+            f"{mode_of_kind('mixed').name} only; a verl export needs run.mode: "
+            f"{mode_of_kind('student').name}"
+        ),
         "train.opd_freshness": freshness,
         "train.replay_passes": lambda v, c: KeyFate(
             "",

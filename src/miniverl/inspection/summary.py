@@ -42,7 +42,7 @@ ORIGIN_NAMES: dict[str, tuple[str, str]] = {
 
 ORACLE_SOURCES = frozenset({"oracle", "corrective", "noisy_oracle"})
 """``metadata["source"]`` of scripted traces: the oracle's solution, with or without injected
-noise (``agent/loop.py``, ``training/teacher_fit.py``)."""
+noise (``agent/loop.py``, ``lab/teachers/toy_fit.py``)."""
 
 
 def origin_of(metadata: Mapping[str, Any]) -> str:

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from miniverl.config.models import ModelSpec, RunConfig
+from miniverl.config.models import RunConfig
+from miniverl.config.sections import ModelSpec, TeacherSpec
 from miniverl.models.base import CausalLMBackend
 from miniverl.models.tokenizers import ToyTokenizer, check_same_tokenizer, load_hf_tokenizer
 from miniverl.schemas.text import TokenizerLike
 from miniverl.utils.seeding import derive_seed
 
 
-def _tokenizer_source(spec: ModelSpec) -> tuple[str, str | None]:
-    if spec.tokenizer_id:
-        return spec.tokenizer_id, None
+def _tokenizer_source(spec: ModelSpec | TeacherSpec) -> tuple[str, str | None]:
+    tokenizer_id = getattr(spec, "tokenizer_id", None)
+    if tokenizer_id:
+        return tokenizer_id, None
     return spec.model_id, spec.revision
 
 
@@ -35,20 +37,30 @@ def build_tokenizer(config: RunConfig) -> TokenizerLike:
 
 
 def toy_config_for(spec: ModelSpec, tokenizer: TokenizerLike, *, trainable_lora: bool):
-    """The ``ToyModelConfig`` of a recipe's model block (preset or explicit ``toy``)."""
-    from miniverl.models.toy_config import ToyModelConfig, toy_preset
+    """The ``ToyModelConfig`` of a recipe's model block: the preset ``model_id`` names."""
+    from miniverl.models.toy_config import toy_preset
 
-    if spec.toy is not None:
-        base = ToyModelConfig(vocab_size=tokenizer.vocab_size, **spec.toy.model_dump())
-    else:
-        base = dataclasses.replace(toy_preset(spec.model_id), vocab_size=tokenizer.vocab_size)
+    base = dataclasses.replace(toy_preset(spec.model_id), vocab_size=tokenizer.vocab_size)
     if trainable_lora and spec.lora.enabled:
         return base.with_lora(spec.lora.r, spec.lora.alpha, spec.lora.dropout)
     return base.with_lora(0)
 
 
-def _build(config: RunConfig, role: str, tokenizer: TokenizerLike, device: str) -> CausalLMBackend:
-    spec: ModelSpec = getattr(config.models, role)
+def teacher_model_spec(config: RunConfig) -> ModelSpec:
+    """``models.teacher`` as a model block: a base model without adapters."""
+    teacher = config.models.teacher
+    return ModelSpec(
+        model_id=teacher.model_id,
+        revision=teacher.revision,
+        precision=teacher.precision,
+        quantization=teacher.quantization,
+        lora={"enabled": False},
+    )
+
+
+def _build(
+    config: RunConfig, role: str, tokenizer: TokenizerLike, device: str, spec: ModelSpec
+) -> CausalLMBackend:
     seed = derive_seed(config.run.seed, "init", role)
     trainable = role == "student"
     if config.models.backend == "toy":
@@ -64,7 +76,7 @@ def _build(config: RunConfig, role: str, tokenizer: TokenizerLike, device: str) 
         )
     from miniverl.models.hf import TEACHER_ADAPTER, HFBackend
 
-    checkpointed = role == "teacher" and spec.checkpoint is not None
+    checkpointed = role == "teacher" and spec.lora.enabled
     return HFBackend.from_spec(
         spec,
         tokenizer=tokenizer,
@@ -80,15 +92,16 @@ def build_student(config: RunConfig, tokenizer: TokenizerLike, device: str) -> C
 
     ``device`` is already resolved (:func:`miniverl.training.resolve.resolve_device`).
     """
-    return _build(config, "student", tokenizer, device)
+    return _build(config, "student", tokenizer, device, config.models.student)
 
 
-def build_teacher(config: RunConfig, tokenizer: TokenizerLike, device: str) -> CausalLMBackend:
-    """The frozen teacher (never has trainable adapters), built on a resolved ``device``.
-
-    Not for ``models.oracle_teacher``, which is no model: ``teachers/oracle.py`` builds it.
-    """
-    teacher = _build(config, "teacher", tokenizer, device)
+def build_teacher(
+    config: RunConfig, tokenizer: TokenizerLike, device: str, spec: ModelSpec | None = None
+) -> CausalLMBackend:
+    """The frozen teacher, built on a resolved ``device``: the base model ``models.teacher``
+    names, or ``spec`` (a teacher checkpoint's recorded student: its toy preset, or the
+    frozen ``teacher`` adapter its LoRA tensors are loaded into)."""
+    teacher = _build(config, "teacher", tokenizer, device, spec or teacher_model_spec(config))
     for p in teacher.trainable_parameters():
         p.requires_grad_(False)
     return teacher

@@ -25,6 +25,7 @@ from miniverl.utils.seeding import derive_seed
 
 if TYPE_CHECKING:
     from miniverl.config.models import RunConfig
+    from miniverl.config.sections import LoraConfig
     from miniverl.schemas.text import TokenizerLike
 
 
@@ -200,15 +201,18 @@ class HFRoleView:
 
 
 def build_shared_backbone(
-    config: RunConfig, tokenizer: TokenizerLike, device: str
+    config: RunConfig,
+    tokenizer: TokenizerLike,
+    device: str,
+    *,
+    teacher_adapter: LoraConfig | None = None,
 ) -> tuple[HFBackend, HFRoleView]:
     """One base model: the actor (student, adapter ``actor``) and a teacher view of it.
 
     Only the actor's adapter parameters are trainable. The teacher is the base model with
-    adapters off, in the student's precision and quantization; with
-    ``models.teacher_fit.enabled`` or ``models.teacher.checkpoint`` it is the base plus a
-    second, frozen adapter ``teacher`` (shaped by ``models.teacher.lora``), fitted by the
-    training layer or loaded from the checkpoint (``training/teacher_checkpoint.py``).
+    adapters off, in the student's precision and quantization; with ``teacher_adapter`` it is
+    the base plus a second, frozen adapter ``teacher`` of that shape, into which a teacher
+    checkpoint is loaded (``training/teacher_checkpoint.py``) or the lab fits one.
     """
     student, teacher = config.models.student, config.models.teacher
     if student.model_id != teacher.model_id or student.revision != teacher.revision:
@@ -225,9 +229,9 @@ def build_shared_backbone(
         train_adapters=True,
         adapter_name="actor",
     )
-    if not (config.models.teacher_fit.enabled or teacher.checkpoint is not None):
+    if teacher_adapter is None:
         return actor, HFRoleView(actor, role="teacher")
-    settings = LoraSettings.from_mapping(teacher.lora) or LoraSettings()
+    settings = LoraSettings.from_mapping(teacher_adapter) or LoraSettings()
     actor.add_frozen_adapter(TEACHER_ADAPTER, settings)
     return actor, HFRoleView(actor, role="teacher", adapter=TEACHER_ADAPTER)
 

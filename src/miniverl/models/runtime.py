@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miniverl.config.models import RunConfig
+from miniverl.config.sections import ModelSpec
 from miniverl.models.base import CausalLMBackend
 from miniverl.models.factory import build_student, build_teacher
 from miniverl.schemas.text import TokenizerLike
@@ -65,17 +66,27 @@ def teacher_load_device(config: RunConfig, device: str) -> str:
 
 
 def build_runtime(
-    config: RunConfig, tokenizer: TokenizerLike, device: str, *, with_teacher: bool = True
+    config: RunConfig,
+    tokenizer: TokenizerLike,
+    device: str,
+    *,
+    with_teacher: bool = True,
+    teacher_spec: ModelSpec | None = None,
 ) -> ModelRuntime:
-    """Build the runtime ``models.runtime`` asks for (teacher placement: :func:`teacher_load_device`)."""
+    """Build the runtime ``models.runtime`` asks for (teacher placement: :func:`teacher_load_device`).
+
+    ``teacher_spec``: the student a teacher checkpoint holds (``training/teacher_checkpoint.py``);
+    on a shared backbone its LoRA shape becomes the frozen ``teacher`` adapter.
+    """
     if config.models.runtime == "shared_backbone":
         from miniverl.models.hf_shared import build_shared_backbone
 
-        student, teacher = build_shared_backbone(config, tokenizer, device)
+        adapter = teacher_spec.lora if with_teacher and teacher_spec is not None else None
+        student, teacher = build_shared_backbone(config, tokenizer, device, teacher_adapter=adapter)
         return ModelRuntime("shared_backbone", student, teacher if with_teacher else None)
     student = build_student(config, tokenizer, device)
     teacher = (
-        build_teacher(config, tokenizer, teacher_load_device(config, device))
+        build_teacher(config, tokenizer, teacher_load_device(config, device), teacher_spec)
         if with_teacher
         else None
     )

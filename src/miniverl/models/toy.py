@@ -10,7 +10,7 @@ style) so it can be read in one sitting:
 with rotary position embeddings, causal multi-head attention over a KV cache, a SwiGLU MLP,
 a tied or untied LM head, and optional LoRA on the seven attention/MLP projections.
 Shapes and presets are ``models/toy_config.py``; fitting the decoder into a competent toy
-teacher is ``training/teacher_fit.py``.
+teacher is ``lab/teachers/toy_fit.py``.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def toy_preset(model_id: str) -> ToyModelConfig:
     except KeyError:
         raise ConfigError(
             f"{model_id!r} is not a toy preset ({', '.join(TOY_PRESETS)})",
-            hint="use a preset id or give an explicit toy block",
+            hint="name one of these presets in models.student.model_id / models.teacher.model_id",
         ) from None
 
 

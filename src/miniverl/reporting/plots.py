@@ -25,6 +25,8 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from miniverl.config.modes import DEFAULT_MODE, MODES
+
 SPAN_COLORS: dict[str, str] = {
     "system": "#9e9e9e",
     "user": "#b0b0b0",
@@ -33,7 +35,8 @@ SPAN_COLORS: dict[str, str] = {
     "assistant_tool_call": "#2a9d8f",
     "assistant_final": "#e76f51",
 }
-PHASE_COLORS: dict[str, str] = {"sft": "#8d6cab", "opd": "#2a9d8f", "offline_kd": "#e9c46a"}
+PHASE_COLORS: dict[str, str] = {m.name: m.color for m in MODES.values() if m.color is not None}
+"""A step record's phase (its mode's name) -> its colour (``config/modes.py``)."""
 _DEFAULT_COLOR = "#264653"
 MAX_MARKED_POINTS = 120
 """Series longer than this are drawn as plain lines: thousands of markers bloat the SVG."""
@@ -174,7 +177,7 @@ def success_per_cycle_figure(
             ax.plot(
                 xs,
                 [100.0 * y for y in ys],
-                color=PHASE_COLORS["opd"],
+                color=PHASE_COLORS[DEFAULT_MODE],
                 linewidth=1.0,
                 alpha=0.8,
                 marker="o" if len(xs) <= MAX_MARKED_POINTS else None,

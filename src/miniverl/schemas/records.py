@@ -268,11 +268,9 @@ class CheckpointState(RunRecord):
     jsonl_sizes: dict[str, int] | None = None
     jsonl_digests: dict[str, str] | None = None
     source: dict[str, Any] | None = None
-    offline_kd: dict[str, Any] | None = None
-    toy_teacher: dict[str, Any] | None = None
-    teacher_adapter_student_sha256: str | None = None
-    """The student weights a DAgger-fitted teacher adapter labelled (``models.teacher_fit.dagger``):
-    a resumed run's student has moved on, and the adapter is found by this identity."""
+    teacher: dict[str, Any] | None = None
+    """What the run keeps about the teacher it was given (the lab's fit report); a resume must
+    be given the teacher with the same ``weights_sha256``."""
     miniverl_version: str | None = None
 
     @field_validator("rng")

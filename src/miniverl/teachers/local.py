@@ -24,7 +24,7 @@ K = V), otherwise the entropy of the K + 1 buckets, a lower bound flagged as suc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -52,6 +52,10 @@ if TYPE_CHECKING:
     from miniverl.schemas.trajectory import Trajectory
 
 LossMode = Literal["bucketed", "exact_full_vocab"]
+TargetMask = Callable[[Sequence[int], Sequence[int]], list[bool]]
+"""``(token ids, target positions j) -> keep j?``: a teacher without a target at some positions."""
+EXACT_MAX_VOCAB = 8192
+"""The largest vocabulary whose exact targets a swapped teacher persists ([positions, V])."""
 ScoreShape = Literal["exact_hidden", "bucketed"]
 TeacherMode = Literal["standard", "privileged_context"]
 
@@ -125,13 +129,19 @@ class LocalTeacherScorer:
     - ``top_k``: K for ``bucketed``, in ``[1, V]``; ignored for ``exact_full_vocab``.
     - ``teacher_resident``: the teacher stays loaded while the student trains. Only then is
       the ``exact_hidden`` shape possible.
-    - ``exact_max_vocab`` / ``allow_large_exact``: ``loss.exact_max_vocab`` and
-      ``loss.allow_large_exact``; see :meth:`_check_exact_is_affordable`.
+    - ``exact_max_vocab`` / ``allow_large_exact``: the largest V whose exact targets a
+      swapped teacher may persist (:data:`EXACT_MAX_VOCAB`), and whether to allow more;
+      see :meth:`_check_exact_is_affordable`.
     - ``student_fingerprint``: the student tokenizer's fingerprint, checked against the
       teacher's at construction and on every score.
     - ``chunk_size``: rows projected to ``[chunk, V]`` at a time while scoring.
     - ``teacher_model_id``: recorded in results and cache provenance (default: the
       backend's ``capabilities.model_id``).
+
+    Every teacher is scored through this one class: a model, the trained student of another
+    run, or a teacher that is no model at all (the lab's oracle teacher) alike. A teacher
+    that has no target at some positions also implements ``target_mask(token_ids,
+    positions) -> keep?`` (:attr:`target_mask`); the rest supervise every selected position.
     """
 
     def __init__(
@@ -142,7 +152,7 @@ class LocalTeacherScorer:
         loss_mode: LossMode,
         top_k: int,
         teacher_resident: bool = True,
-        exact_max_vocab: int = 8192,
+        exact_max_vocab: int = EXACT_MAX_VOCAB,
         allow_large_exact: bool = False,
         student_fingerprint: str | None = None,
         chunk_size: int = 256,
@@ -152,7 +162,7 @@ class LocalTeacherScorer:
             raise ConfigError(f"loss.mode must be bucketed or exact_full_vocab; got {loss_mode!r}")
         check_chunk_size(chunk_size)
         if exact_max_vocab < 1:
-            raise ConfigError(f"loss.exact_max_vocab must be >= 1; got {exact_max_vocab}")
+            raise ConfigError(f"exact_max_vocab must be >= 1; got {exact_max_vocab}")
         self.teacher = teacher
         self.spec = spec
         self.loss_mode: LossMode = loss_mode
@@ -181,6 +191,12 @@ class LocalTeacherScorer:
             self.shape = "exact_hidden" if teacher_resident else "bucketed"
             self.top_k = None if teacher_resident else self.vocab_size
 
+    @property
+    def target_mask(self) -> TargetMask | None:
+        """The teacher's ``target_mask(token_ids, target_positions) -> [keep j?]``, if it has one."""
+        mask = getattr(self.teacher, "target_mask", None)
+        return mask if callable(mask) else None
+
     def _check_exact_is_affordable(self, vocab_size: int) -> None:
         """Refuse ``exact_full_vocab`` with a swapped teacher when V > ``exact_max_vocab``.
 
@@ -194,11 +210,8 @@ class LocalTeacherScorer:
             raise ConfigError(
                 f"loss.mode: exact_full_vocab with a swapped (non-resident) teacher would persist "
                 f"[positions, {vocab_size}] teacher targets; V = {vocab_size} exceeds "
-                f"loss.exact_max_vocab = {self.exact_max_vocab} and loss.allow_large_exact is false",
-                hint=(
-                    "use loss.mode: bucketed, keep the teacher resident (memory.strategy: resident), "
-                    "or set loss.allow_large_exact: true to accept the size"
-                ),
+                f"the {self.exact_max_vocab} entries a swapped teacher may persist per position",
+                hint="use loss.mode: bucketed, or keep the teacher resident (memory.strategy: resident)",
             )
 
     def cache_provenance(

@@ -1,7 +1,9 @@
 """The parts :meth:`OPDTrainer.setup` assembles, each built from explicit inputs.
 
-``training/trainer.py`` reads as the recipe; how each collaborator is built lives here:
+``training/recipe.py`` reads as the recipe; how each collaborator is built lives here:
 
+- :func:`build_run_runtime`: the student and the teacher (the one the caller gave, the
+  trained student at a teacher checkpoint, or the base model the recipe names);
 - :func:`plan_run`: every ``auto`` decided once (``training/resolve.py``, with the decode
   probe of ``models/probe.py`` where an ``auto`` needs it), torch's thread count and the
   student's rollout weights set, the teacher placed per the memory plan;
@@ -31,7 +33,6 @@ from miniverl.models.probe import probe_decode_step
 from miniverl.models.runtime import ModelRuntime, build_runtime
 from miniverl.schemas.text import TokenizerLike
 from miniverl.teachers.local import LocalTeacherScorer
-from miniverl.teachers.oracle import OracleTeacher, build_oracle_teacher
 from miniverl.training.optim import move_optimizer_state
 from miniverl.training.resolve import (
     HostCapabilities,
@@ -43,7 +44,7 @@ from miniverl.training.resolve import (
     rollout_dtype_applies,
 )
 from miniverl.training.sources import TeacherTargets, make_select_and_align, temperature_mismatch
-from miniverl.training.teacher_checkpoint import load_teacher_checkpoint
+from miniverl.training.teacher_checkpoint import load_teacher_checkpoint, recorded_student
 from miniverl.utils.io import atomic_write_bytes, atomic_write_text
 from miniverl.utils.logging import EventLog
 from miniverl.utils.runs import RunPaths
@@ -64,18 +65,31 @@ def build_run_runtime(
     device: str,
     *,
     with_teacher: bool,
-    splits: dict[str, list[Task]],
+    teacher: CausalLMBackend | str | Path | None = None,
 ) -> ModelRuntime:
-    """The run's backends: ``models/runtime.py`` builds the models; a ``models.oracle_teacher``
-    is no model, so it is built here (``teachers/oracle.py``) over every task of ``splits``;
-    a ``models.teacher.checkpoint`` is loaded into the teacher (``training/teacher_checkpoint.py``)."""
-    oracle = with_teacher and config.models.oracle_teacher is not None
-    runtime = build_runtime(config, tokenizer, device, with_teacher=with_teacher and not oracle)
-    if oracle:
-        tasks = [task for split in splits.values() for task in split]
-        runtime.teacher = build_oracle_teacher(config, tokenizer, tasks, device)
-    checkpoint = config.models.teacher.checkpoint
-    if runtime.teacher is not None and checkpoint is not None:
+    """The run's backends (``models/runtime.py``) and its teacher.
+
+    ``teacher``: a ready backend the caller built (the lab's oracle or fitted teacher) is
+    used as given; a path is a teacher checkpoint, loaded like ``models.teacher.checkpoint``
+    (which it takes precedence over): the trained student there, its shape read from what
+    the checkpoint records (:func:`~miniverl.training.teacher_checkpoint.recorded_student`),
+    loaded and frozen. Without either, the teacher is the base model ``models.teacher`` names.
+    """
+    given = teacher if with_teacher and not isinstance(teacher, str | Path) else None
+    checkpoint = teacher if isinstance(teacher, str | Path) else config.models.teacher.checkpoint
+    student_spec = (
+        recorded_student(checkpoint, config) if with_teacher and checkpoint is not None else None
+    )
+    runtime = build_runtime(
+        config,
+        tokenizer,
+        device,
+        with_teacher=with_teacher and given is None,
+        teacher_spec=student_spec,
+    )
+    if given is not None:
+        runtime.teacher = given
+    elif runtime.teacher is not None and checkpoint is not None:
         runtime.teacher_checkpoint = load_teacher_checkpoint(
             runtime.teacher, checkpoint, backend=config.models.backend
         )
@@ -140,8 +154,6 @@ def build_supervision(
         loss_mode=config.loss.mode,
         top_k=resolved.top_k,
         teacher_resident=resolved.memory_plan.teacher_resident,
-        exact_max_vocab=config.loss.exact_max_vocab,
-        allow_large_exact=config.loss.allow_large_exact,
         student_fingerprint=tokenizer_fingerprint,
         chunk_size=resolved.chunk_size,
         teacher_model_id=config.models.teacher.model_id,
@@ -153,8 +165,6 @@ def build_supervision(
         scorer.cache_provenance(dtype=config.cache.dtype, teacher_mode=config.teacher.mode),
         strict_policy_version=config.cache.strict_policy_version,
         reuse_across_policy_versions=config.cache.reuse_across_policy_versions,
-        max_entries_per_shard=config.cache.max_entries_per_shard,
-        journal=config.cache.journal,
     )
     return scorer, cache
 
@@ -170,15 +180,18 @@ def teacher_targets(
     events: EventLog,
     swap: Callable[[], Any],
 ) -> TeacherTargets:
-    """How sources get teacher targets; privileged-context teachers see the rendered task."""
+    """How sources get teacher targets; privileged-context teachers see the rendered task.
+
+    A teacher that has no target at some positions says so through the scorer protocol's
+    optional ``target_mask`` (:attr:`LocalTeacherScorer.target_mask`).
+    """
     render = None
     if config.teacher.mode == "privileged_context":
 
         def render(traj: Any) -> Any:
             return runner.privileged_render(traj, tasks_by_id[traj.task_id])
 
-    teacher = scorer.teacher if scorer is not None else None
-    mask = teacher.target_mask if isinstance(teacher, OracleTeacher) else None
+    mask = scorer.target_mask if scorer is not None else None
     return TeacherTargets(
         scorer=scorer,
         cache=cache,
@@ -219,7 +232,7 @@ def write_config_files(
     atomic_write_text(paths.config_validated, validated)
     atomic_write_text(
         paths.config_original,
-        "# v0.2 resume-compatibility copy of the runtime input; not the submitted bytes\n"
+        "# a copy of config.validated.yaml (a recipe to rerun); not the submitted bytes\n"
         + validated,
     )
     atomic_write_text(paths.config_resolved, resolved.resolved_yaml(config))

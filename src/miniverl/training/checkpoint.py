@@ -449,7 +449,6 @@ def prune_cycle_checkpoints(checkpoints_dir: Path, *, keep: int | None) -> list[
     return [child.name for _, child in doomed]
 
 
-TOY_TEACHER_FILE = "toy-teacher.safetensors"
 _STAGING = re.compile(r"\.[A-Za-z0-9][A-Za-z0-9_.-]*\.[A-Za-z0-9_]{8}")
 """``checkpoints/.<name>.<mkdtemp suffix>``: a checkpoint being assembled (checkpoint.py)."""
 
@@ -472,7 +471,6 @@ def restart_artifacts(paths: RunPaths) -> list[Path]:
         paths.eval_json,
         paths.report_html,
         paths.summary_md,
-        paths.root / TOY_TEACHER_FILE,
     ]
     temporaries = (
         [p for p in paths.root.glob(".*.tmp") if p.name != LOCK_NAME] if paths.root.is_dir() else []
@@ -705,9 +703,8 @@ def write_training_checkpoint(
     optimizer: torch.optim.Optimizer,
     schedule: Schedule,
     source: StatefulSource,
-    toy_teacher: dict[str, Any] | None,
+    teacher: dict[str, Any] | None,
     paths: RunPaths,
-    teacher_adapter_student_sha256: str | None = None,
     config_digest: str,
     logs: DurableLogs | None = None,
 ) -> Path:
@@ -736,11 +733,9 @@ def write_training_checkpoint(
         "jsonl_sizes": (sizes := log_sizes(paths)),
         "jsonl_digests": log_digests(paths, sizes),
         "source": source.state_dict(),
-        "toy_teacher": toy_teacher,
+        "teacher": teacher,
         "miniverl_version": __version__,
     }
-    if teacher_adapter_student_sha256 is not None:
-        state["teacher_adapter_student_sha256"] = teacher_adapter_student_sha256
     return save_checkpoint(
         directory,
         trainable=student.trainable_state_dict(),
@@ -811,9 +806,8 @@ def restore_logs(
 
 
 def source_state(state: dict[str, Any]) -> dict[str, Any]:
-    """The sample source's position; checkpoints before sample sources kept the offline pool
-    under ``offline_kd``."""
-    return state.get("source") or state.get("offline_kd") or {}
+    """The sample source's position (``SampleSource.state_dict``)."""
+    return state.get("source") or {}
 
 
 __all__ = [

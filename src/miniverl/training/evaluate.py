@@ -131,8 +131,7 @@ def eval_summary(
     global_step: int,
     parameter_version: int,
     evaluations: Mapping[str, dict[str, Any]],
-    toy_teacher: dict[str, Any] | None,
-    teacher_adapter: dict[str, Any] | None,
+    teacher: dict[str, Any] | None,
     seconds: float | None = None,
 ) -> dict[str, Any]:
     """The ``eval.json`` of a run: every evaluation by tag, with the headline ones named."""
@@ -147,8 +146,7 @@ def eval_summary(
         "baseline": evaluations.get("baseline"),
         "after_warmup": evaluations.get("after_warmup"),
         "final": evaluations.get("final", {}),
-        "toy_teacher": toy_teacher,
-        "teacher_adapter": teacher_adapter,
+        "teacher": teacher,
     }
     if seconds is not None:
         summary["seconds"] = round(seconds, 2)
@@ -213,7 +211,7 @@ def _evaluate_checkpoint(
     """Student, runner and held-out tasks only: no teacher, scorer, cache or optimizer."""
     torch = import_torch("miniverl eval")
     target = paths.eval_tag_json(tag)
-    seed_everything(config.run.seed, deterministic=config.run.deterministic)
+    seed_everything(config.run.seed)
     device = resolve_device(config, cuda_available=bool(torch.cuda.is_available()))
     tokenizer = build_tokenizer(config)
     environment = make_environment(config.environment.name, **config.environment.params)

@@ -95,6 +95,8 @@ class ProgressReporter:
 
 TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
+WANDB_PROJECT = "miniverl"
+"""The Weights & Biases project every run logs to (offline)."""
 
 
 def _tensorboard_writer_class() -> Any:
@@ -143,7 +145,7 @@ class LiveSinks:
             wandb = _import_wandb()
             (run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
             self.wandb_run = wandb.init(
-                project=config.wandb_project,
+                project=WANDB_PROJECT,
                 name=run_name,
                 dir=str(run_dir),
                 mode="offline",

@@ -31,7 +31,6 @@ from miniverl.schemas.text import TokenizerLike
 from miniverl.teachers.local import LocalTeacherScorer
 from miniverl.training.resolve import ResolvedRun
 from miniverl.training.run_state import RunState
-from miniverl.training.sources import mode_of
 from miniverl.utils import gpu
 from miniverl.utils.env import collect_environment
 from miniverl.utils.logging import utc_now
@@ -125,7 +124,7 @@ class LocalRoleGraph:
 
 def supervision_shape(config: RunConfig, scorer_shape: str | None) -> str:
     """What the student is trained against: oracle tokens, exact hidden states or buckets."""
-    if not mode_of(config).uses_teacher:
+    if not config.mode().uses_teacher:
         return "oracle_tokens"
     return "exact_hidden" if scorer_shape == "exact_hidden" else "bucketed_topk_plus_tail"
 
@@ -139,7 +138,7 @@ def objective_block(
     """
     cfg = config
     supervision = supervision_shape(cfg, scorer_shape)
-    mode = mode_of(cfg)
+    mode = cfg.mode()
     distills = mode.teacher_targets
     entropy_aware = cfg.loss.divergence == "entropy_aware"
     return {
@@ -195,7 +194,7 @@ class ManifestInputs:
     scorer_shape: str | None
     cache_in_use: bool
     state: RunState
-    toy_teacher: dict[str, Any] | None
+    teacher_record: dict[str, Any] | None
     teacher_checkpoint: dict[str, Any] | None = None
 
 
@@ -217,7 +216,7 @@ def build_manifest(inputs: ManifestInputs) -> dict[str, Any]:
             "capabilities": backend.capabilities.to_dict(),
         }
     cache_note = None
-    if not inputs.cache_in_use and mode_of(cfg).uses_teacher:
+    if not inputs.cache_in_use and cfg.mode().uses_teacher:
         cache_note = "cache disabled" if not cfg.cache.enabled else None
     return {
         "miniverl_version": __version__,
@@ -230,7 +229,7 @@ def build_manifest(inputs: ManifestInputs) -> dict[str, Any]:
         "gpu": env["gpu"],
         "mode": cfg.run.mode,
         "seed": cfg.run.seed,
-        "deterministic": cfg.run.deterministic,
+        "deterministic": True,
         "config_digest": cfg.digest(),
         "environment": {
             **inputs.environment.describe(),
@@ -268,7 +267,7 @@ def build_manifest(inputs: ManifestInputs) -> dict[str, Any]:
             "gpu_memory": "measured" if gpu.cuda_available() else gpu.NOT_RUN_NO_CUDA,
             "cache": cache_note or ("enabled" if inputs.cache_in_use else "not_used"),
         },
-        "toy_teacher": inputs.toy_teacher,
+        "teacher": inputs.teacher_record,
         **({"teacher_checkpoint": inputs.teacher_checkpoint} if inputs.teacher_checkpoint else {}),
     }
 

@@ -1,5 +1,5 @@
-"""Resolve once: every ``auto`` of a recipe, the memory plan, out-of-memory retries and the
-compute cap (docs/design.md §3.9, §3.10).
+"""Resolve once: every ``auto`` of a recipe, the memory plan and out-of-memory retries
+(docs/design.md §3.9, §3.10).
 
 A recipe may leave the device, CPU threads, projection chunk, bucketed top-k, memory
 strategy, optimizer group and trajectory batch at ``auto``. :func:`resolve_run` turns
@@ -15,17 +15,10 @@ without hardware. :func:`place_teacher` carries a resident plan out and may fall
 swap (the one decision that needs a real attempt). The device is the one value resolved
 before the models exist (they are built on it), hence :func:`resolve_device` is separate.
 
-When memory still runs out, :func:`run_with_oom_retry` halves the projection chunk size and
-nothing else (the chunked loss is exactly invariant to it) and :func:`split_on_oom` halves a
-batch of independent items; both record an event per change.
-
-Compute-matched benchmark arms get a cap on one resource at ``opd``'s spend
-(``evaluation/budgets.py``). :class:`CapMeter` measures what each cycle spent (wall or CPU
-seconds, student-generated tokens from the cycle records, teacher-scored tokens from the
-trajectory log minus :data:`UNSCORED_ID_PARTS`), charges it evenly over the cycle's
-optimizer steps and says when to stop; the cap may overshoot by at most one cycle, never
-cutting one in half. The cap is duck-typed (:class:`ChargeableCap`), so this layer does not
-import the evaluation layer.
+When memory still runs out, :func:`after_oom` gives the loss step its next sizes (the
+projection chunk halved, then the trajectory batch; the chunked loss is exactly invariant to
+both) and :func:`split_on_oom` halves a batch of independent items; both record an event per
+change.
 
 Nothing here imports torch at module level: ``validate`` and ``inspect`` read it.
 """
@@ -33,13 +26,12 @@ Nothing here imports torch at module level: ``validate`` and ``inspect`` read it
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from miniverl.config.limits import MIN_CHUNK_SIZE
 from miniverl.config.models import RunConfig
 from miniverl.errors import ConfigError, GpuMemoryError
 from miniverl.losses import DivergenceSpec
@@ -79,6 +71,14 @@ SWAP_QUANTIZED_MESSAGE = (
     "parameters are pinned to the device they were quantized on; use memory.strategy: resident"
 )
 AUTO_QUANTIZED_REASON = "auto -> resident: a quantized model cannot be moved off the accelerator, so swap is unavailable"
+
+AUTO_SWAP_HEADROOM_GIB = 2.0
+"""``memory.strategy: auto`` keeps both models resident only with this much accelerator
+memory (GiB) still free after loading them."""
+
+OOM_RETRIES = 3
+"""Times an out-of-memory loss step halves the projection chunk before it halves the
+trajectory batch instead (:func:`after_oom`)."""
 
 
 @dataclass(frozen=True)
@@ -225,16 +225,17 @@ def resolve_rollout_dtype(
     )
 
 
-def resolve_chunk_size(requested: int | str, vocab_size: int, min_chunk_size: int) -> int:
+def resolve_chunk_size(requested: int | str, vocab_size: int) -> int:
     """``auto`` -> rows such that one ``[chunk, V]`` float32 buffer stays near 256 MiB.
 
     An explicit value was already checked by the config rules (``>= 1``,
-    ``>= memory.min_chunk_size``); this is the only place a chunk size is decided.
+    ``>=`` :data:`~miniverl.config.limits.MIN_CHUNK_SIZE`); this is the only place a chunk
+    size is decided.
     """
     if requested != "auto":
         return int(requested)
     rows = DEFAULT_CHUNK_BUDGET_ELEMENTS // max(1, vocab_size)
-    return max(min_chunk_size, min(MAX_AUTO_CHUNK, rows))
+    return max(MIN_CHUNK_SIZE, min(MAX_AUTO_CHUNK, rows))
 
 
 def resolve_top_k(config: RunConfig, vocab_size: int) -> int:
@@ -272,7 +273,7 @@ def resolve_strategy(
     ``auto``: quantized models force resident (they cannot move); on CPU there is no
     accelerator memory to save, so resident; on CUDA, resident when the free VRAM
     (``free_gib``) minus the teacher+student weight bytes keeps
-    ``memory.auto_swap_vram_headroom_gb``, else swap. :func:`place_teacher` then actually
+    :data:`AUTO_SWAP_HEADROOM_GIB`, else swap. :func:`place_teacher` then actually
     loads the teacher and falls back to swap on OOM.
     """
     requested = config.memory.strategy
@@ -301,7 +302,7 @@ def resolve_strategy(
             "resident", requested, "auto -> resident: free VRAM could not be measured", True
         )
     need = (model_bytes or 0) / (1 << 30)
-    headroom = config.memory.auto_swap_vram_headroom_gb
+    headroom = AUTO_SWAP_HEADROOM_GIB
     if free_gib - need >= headroom:
         return MemoryPlan(
             "resident",
@@ -473,7 +474,7 @@ def resolve_run(
         rollout_dtype=rollout_dtype,
         rollout_dtype_reason=dtype_reason,
         vocab_size=vocab,
-        chunk_size=resolve_chunk_size(config.loss.chunk_size, vocab, config.memory.min_chunk_size),
+        chunk_size=resolve_chunk_size(config.loss.chunk_size, vocab),
         top_k=resolve_top_k(config, vocab),
         memory_plan=plan,
         trajectory_batch_size=rows,
@@ -518,7 +519,6 @@ T = TypeVar("T")
 
 OOM_KNOBS = (
     "loss.chunk_size (smaller [chunk, V] projections)",
-    "memory.min_chunk_size (let retries go lower)",
     "train.trajectory_batch_size (fewer trajectories per padded forward)",
     "rollout.max_total_tokens (shorter sequences)",
     "memory.strategy: swap (one model on the device at a time)",
@@ -526,49 +526,53 @@ OOM_KNOBS = (
 )
 
 
-def run_with_oom_retry(
-    fn: Callable[[int], T],
+def after_oom(
+    exc: BaseException,
     *,
+    halvings: int,
     chunk_size: int,
-    min_chunk_size: int,
-    retries: int,
+    batch_rows: int,
+    step_chunk_size: int,
     events: EventLog | None = None,
-    on_retry: Callable[[], None] | None = None,
-) -> tuple[T, int]:
-    """Call ``fn(chunk_size)``; on out-of-memory halve the chunk and call again.
+) -> tuple[int, int, int]:
+    """The sizes a loss step retries with after running out of memory, recorded as an event.
 
-    Returns ``(result, chunk_size_used)``. Only the chunk size changes between attempts;
-    ``on_retry`` lets the caller drop partial gradients before the next attempt. When
-    retries run out (or the chunk cannot shrink) raise :class:`GpuMemoryError` naming six
-    concrete knobs.
+    Returns ``(halvings, chunk_size, batch_rows)``: the projection chunk halved (at most
+    :data:`OOM_RETRIES` times per batch size, never below
+    :data:`~miniverl.config.limits.MIN_CHUNK_SIZE`); once it cannot be, the trajectory batch
+    halved and the chunk back at ``step_chunk_size`` (its size when the step began). Neither
+    changes the loss or the gradient (``tests/unit/test_chunked_equivalence.py``). When
+    neither can shrink: :class:`GpuMemoryError` naming the knobs that save memory.
     """
-    chunk = int(chunk_size)
-    attempt = 0
-    while True:
-        try:
-            return fn(chunk), chunk
-        except Exception as exc:
-            if not is_oom_error(exc):
-                raise
-            smaller = max(min_chunk_size, chunk // 2)
-            if attempt >= retries or smaller == chunk:
-                raise GpuMemoryError(
-                    f"out of memory at projection chunk size {chunk} after {attempt} retr{'y' if attempt == 1 else 'ies'}",
-                    hint="turn one of these knobs: " + "; ".join(OOM_KNOBS),
-                ) from exc
-            attempt += 1
-            if events is not None:
-                events.emit(
-                    "oom_chunk_retry",
-                    echo=f"chunk {chunk} -> {smaller}",
-                    previous_chunk_size=chunk,
-                    chunk_size=smaller,
-                    attempt=attempt,
-                )
-            if on_retry is not None:
-                on_retry()
-            _empty_cuda_cache()
-            chunk = smaller
+    smaller = max(MIN_CHUNK_SIZE, chunk_size // 2)
+    if halvings < OOM_RETRIES and smaller < chunk_size:
+        if events is not None:
+            events.emit(
+                "oom_chunk_retry",
+                echo=f"chunk {chunk_size} -> {smaller}",
+                previous_chunk_size=chunk_size,
+                chunk_size=smaller,
+                attempt=halvings + 1,
+            )
+        _empty_cuda_cache()
+        return halvings + 1, smaller, batch_rows
+    if batch_rows > 1:
+        half = batch_rows // 2
+        if events is not None:
+            events.emit(
+                "oom_batch_split",
+                echo=f"trajectory batch {batch_rows} -> {half}",
+                what="trajectory batch",
+                batch_size=batch_rows,
+                split_into=[half, batch_rows - half],
+            )
+        _empty_cuda_cache()
+        return 0, step_chunk_size, half
+    raise GpuMemoryError(
+        f"out of memory at projection chunk size {chunk_size} with one trajectory per batch "
+        f"after {halvings} retr{'y' if halvings == 1 else 'ies'}",
+        hint="turn one of these knobs: " + "; ".join(OOM_KNOBS),
+    ) from exc
 
 
 def _empty_cuda_cache() -> None:
@@ -617,127 +621,15 @@ def split_on_oom(
     )
 
 
-UNSCORED_ID_PARTS = (":oracle:", ":eval-", ":seqkd:")
-"""Trajectory-id parts of trajectories the teacher never scored: SFT oracle traces,
-evaluation episodes, and seqkd's teacher samples (trained on as hard labels)."""
-
-
-class ChargeableCap(Protocol):
-    """What the meter needs of ``evaluation.budgets.BudgetCap``."""
-
-    resource: str
-    limit: float
-    spent: float
-    enforced: bool
-    stopped_at: dict[str, Any] | None
-
-    def charge(self, amount: float) -> None: ...
-
-    @property
-    def exhausted(self) -> bool: ...
-
-
-def _new_jsonl(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
-    """Complete JSON lines appended to ``path`` since byte ``offset``, and the new offset."""
-    if not path.exists():
-        return [], offset
-    with path.open("rb") as handle:
-        handle.seek(offset)
-        data = handle.read()
-    end = data.rfind(b"\n") + 1
-    rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
-    return rows, offset + end
-
-
-class CapMeter:
-    """Measures each cycle's spend of ``cap.resource`` and charges it; see the module docstring."""
-
-    def __init__(self, cap: ChargeableCap, *, metrics: Path, trajectories: Path) -> None:
-        self.cap = cap
-        self.paths = {"metrics": metrics, "trajectories": trajectories}
-        self.offsets = {k: p.stat().st_size if p.exists() else 0 for k, p in self.paths.items()}
-        self.scored: set[str] = set()
-        self.wall = time.perf_counter()
-        self.cpu = time.process_time()
-        cap.enforced = True
-
-    def _take(self, key: str) -> list[dict[str, Any]]:
-        rows, self.offsets[key] = _new_jsonl(self.paths[key], self.offsets[key])
-        return rows
-
-    def spend(self) -> float:
-        """What was spent since the last call, in the unit of ``cap.resource``."""
-        resource = self.cap.resource
-        if resource == "wall_seconds":
-            now = time.perf_counter()
-            amount, self.wall = now - self.wall, now
-            return amount
-        if resource == "cpu_seconds":
-            now = time.process_time()
-            amount, self.cpu = now - self.cpu, now
-            return amount
-        if resource == "student_generated_tokens":
-            return float(
-                sum(
-                    int((r.get("rollouts") or {}).get("generated_tokens") or 0)
-                    for r in self._take("metrics")
-                    if r.get("kind") == "cycle"
-                )
-            )
-        if resource == "teacher_scored_tokens":
-            total = 0
-            for record in self._take("trajectories"):
-                tid = str(record.get("trajectory_id"))
-                if tid in self.scored or any(part in tid for part in UNSCORED_ID_PARTS):
-                    continue
-                self.scored.add(tid)
-                total += len(record.get("token_ids") or [])
-            return float(total)
-        raise ValueError(f"no meter for resource {resource!r}")
-
-    def after_cycle(self, *, cycle: int, steps: int, global_step: int, events: EventLog) -> bool:
-        """Charge the cycle (evenly over its ``steps`` optimizer steps); True when the cap is spent."""
-        amount = self.spend()
-        if steps > 0:
-            for _ in range(steps):
-                self.cap.charge(amount / steps)
-        else:
-            self.cap.spent += amount
-        if not self.cap.exhausted:
-            return False
-        self.cap.stopped_at = {
-            "cycle": cycle,
-            "global_optimizer_step": global_step,
-            "spent": self.cap.spent,
-            "limit": self.cap.limit,
-        }
-        events.emit(
-            "compute_cap_reached",
-            echo=f"compute cap reached after cycle {cycle}: {self.cap.resource} "
-            f"{self.cap.spent:.1f} of {self.cap.limit:.1f}; training stops here",
-            resource=self.cap.resource,
-            **self.cap.stopped_at,
-        )
-        return True
-
-
-def make_cap_meter(cap: ChargeableCap | None, paths: Any) -> CapMeter | None:
-    """A meter for ``cap`` over a run's ``RunPaths``; None without a cap."""
-    if cap is None:
-        return None
-    return CapMeter(cap, metrics=paths.metrics, trajectories=paths.trajectories)
-
-
 __all__ = [
+    "AUTO_SWAP_HEADROOM_GIB",
     "DEFAULT_TOP_K",
-    "UNSCORED_ID_PARTS",
-    "CapMeter",
-    "ChargeableCap",
+    "OOM_RETRIES",
     "HostCapabilities",
     "MemoryPlan",
     "ResolvedRun",
+    "after_oom",
     "decode_rows",
-    "make_cap_meter",
     "needs_decode_probe",
     "place_teacher",
     "planned_steps",

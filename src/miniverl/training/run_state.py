@@ -1,6 +1,6 @@
 """``RunState``: the counters a training run advances, in one object (like HF's ``TrainerState``).
 
-The trainer, its updater (``training/trainer.py``) and its sample source all read the same
+The trainer, its updater (``training/recipe.py``) and its sample source all read the same
 counters: the source stamps rollouts with ``parameter_version`` and checks them against
 ``policy_fingerprint``; the updater advances both on every committed update. Keeping them in
 one mutable object shared by reference -- rather than attributes of the trainer -- lets those
@@ -33,7 +33,7 @@ class RunState:
     ``cycle`` is the cycle being run (-1 before the first; warm-up cycles are negative),
     ``start_cycle`` the first cycle this process runs (after a resume, ``state.cycle + 1``).
     ``chunk_size`` and ``trajectory_batch_size`` start at the resolved plan and only shrink,
-    when an out-of-memory retry halves them (``training/trainer.py``).
+    when an out-of-memory retry halves them (``training/recipe.py``).
     ``main_start_step`` is the step the KD/OPD phase began at (the lr schedule counts from it).
     ``finished`` is set when a resume finds the final checkpoint: only summaries remain.
     """

@@ -2,15 +2,15 @@
 
 The trainer's cycle is the same for every mode: tasks -> ``source.samples`` -> optimize ->
 commit. What differs between the modes is only *where the trajectories come from* and
-*whether the teacher scores them*; each way of getting data is one small class here, built
-by :func:`build_source`:
+*whether the teacher scores them* (the mode registry's ``trajectories`` and
+``teacher_targets``, ``config/modes.py``); each way of getting data is one small class here,
+built by :func:`build_source` from the registry row:
 
-- ``sft``: oracle traces, hard labels (:class:`OracleSource`);
-- ``kd_oracle``: oracle traces, teacher targets (:class:`OracleSource` with targets);
-- ``seqkd``: fresh teacher samples every cycle, hard labels (:class:`TeacherSampleSource`);
-- ``offline_kd``: one fixed pool of teacher samples, teacher targets (:class:`OfflinePoolSource`);
-- ``opd``: fresh student rollouts, teacher targets (:class:`OnPolicySource`);
-- ``gkd_mix``: per batch a fraction λ of student rollouts and the rest fresh teacher samples,
+- ``oracle``: the environment's oracle traces, hard labels or teacher targets (:class:`OracleSource`);
+- ``teacher_samples``: fresh teacher samples every cycle, hard labels (:class:`TeacherSampleSource`);
+- ``teacher_pool``: one fixed pool of teacher samples, teacher targets (:class:`OfflinePoolSource`);
+- ``student``: fresh student rollouts, teacher targets (:class:`OnPolicySource`);
+- ``mixed``: per batch a fraction λ of student rollouts and the rest fresh teacher samples,
   teacher targets (:class:`MixedPrefixSource`).
 
 Two pieces compose: a source chooses the trajectories, and :class:`TeacherTargets` turns
@@ -46,88 +46,25 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from miniverl.agent.corrective import CorrectiveTrace, noisy_oracle_trace
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.config.models import RunConfig
+from miniverl.config.modes import MODES, WARMUP_MODE, Mode
 from miniverl.environments.base import Task
 from miniverl.errors import OffPolicyError
 from miniverl.losses import ChunkTargetProvider, DivergenceSpec
 from miniverl.schemas.alignment import AlignmentMap
 from miniverl.schemas.trajectory import Trajectory
 from miniverl.selection.selectors import SelectionResult, select_positions
+from miniverl.teachers.local import TargetMask
 from miniverl.training.resolve import split_on_oom
 from miniverl.trajectory.alignment import build_alignment_map
 from miniverl.trajectory.io import SharedTraces, append_trajectories, read_trajectories
 from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.logging import EventLog
 from miniverl.utils.seeding import derive_seed
-
-# ====================================================================== the mode table
-
-Trajectories = Literal["oracle", "teacher_samples", "teacher_pool", "student", "mixed"]
-
-
-@dataclass(frozen=True)
-class Mode:
-    """Every fact that depends on ``run.mode``; the rest of the lab reads it from :data:`MODES`.
-
-    The cycle itself never branches on the mode: setup reads one of these once, builds the
-    source it names, and the source's :class:`Supervision` carries the rest into the cycle.
-    The combination rules a recipe must satisfy (``config/models.py``) sit in the config
-    layer, below this one, and are validated before any of this is read.
-    """
-
-    name: str
-    trajectories: Trajectories
-    """Where one cycle's trajectories come from: the environment's oracle, fresh teacher
-    samples, one fixed pool of teacher samples, fresh student rollouts, or a mix of the last
-    two (:func:`build_source` builds the matching source)."""
-    teacher_targets: bool
-    """The loss is a divergence from teacher targets at ``loss.temperature``; otherwise it
-    is cross-entropy on the trajectory's own tokens (hard labels, temperature 1)."""
-
-    @property
-    def samples(self) -> bool:
-        """Trajectories are sampled (by student or teacher) at ``rollout.temperature``."""
-        return self.trajectories != "oracle"
-
-    @property
-    def on_policy(self) -> bool:
-        """Some rollouts come from the student being trained: they are checked against its
-        fingerprint, and a sampling / loss temperature mismatch is warned about."""
-        return self.trajectories in ("student", "mixed")
-
-    @property
-    def uses_teacher(self) -> bool:
-        """A teacher is built (to sample or to score); pure SFT needs none."""
-        return self.samples or self.teacher_targets
-
-    @property
-    def warmup(self) -> bool:
-        """An SFT warm-up on oracle traces may precede the cycles (``sft`` is SFT throughout)."""
-        return self.uses_teacher
-
-
-MODES: dict[str, Mode] = {
-    m.name: m
-    for m in (
-        Mode("sft", "oracle", teacher_targets=False),
-        Mode("kd_oracle", "oracle", teacher_targets=True),
-        Mode("seqkd", "teacher_samples", teacher_targets=False),
-        Mode("offline_kd", "teacher_pool", teacher_targets=True),
-        Mode("opd", "student", teacher_targets=True),
-        Mode("gkd_mix", "mixed", teacher_targets=True),
-    )
-}
-"""One row per ``run.mode`` (the ``Literal`` of ``config/sections.py``'s ``RunSection``)."""
-
-
-def mode_of(config: RunConfig) -> Mode:
-    """The :class:`Mode` row of ``config.run.mode``."""
-    return MODES[config.run.mode]
-
 
 # ====================================================================== what a sample is
 
@@ -271,7 +208,7 @@ def temperature_fields(config: RunConfig, phase: str | None = None) -> dict[str,
     ``sft``) train on oracle traces with cross-entropy; ``seqkd`` samples but trains with
     cross-entropy; ``kd_oracle`` matches the teacher but samples nothing.
     """
-    mode = MODES["sft"] if phase == "sft" else mode_of(config)
+    mode = WARMUP_MODE if phase == WARMUP_MODE.name else config.mode()
     return {
         "sampling_temperature": config.rollout.temperature if mode.samples else None,
         "loss_temperature": config.loss.temperature if mode.teacher_targets else None,
@@ -281,7 +218,7 @@ def temperature_fields(config: RunConfig, phase: str | None = None) -> dict[str,
 def temperature_mismatch(config: RunConfig) -> dict[str, Any] | None:
     """The warning event's fields when an on-policy recipe samples and matches at different τ."""
     sampling, loss = config.rollout.temperature, config.loss.temperature
-    if not mode_of(config).on_policy or sampling == loss:
+    if not config.mode().on_policy or sampling == loss:
         return None
     return {
         "sampling_temperature": sampling,
@@ -308,11 +245,6 @@ RESIDENT_ROUND_TRIP_REASON = (
 
 
 SelectAndAlign = Callable[[Trajectory, int], tuple[TrainingSample, Trajectory | None]]
-
-
-TargetMask = Callable[[Sequence[int], Sequence[int]], list[bool]]
-"""``(token ids, target positions j) -> keep j?``: a teacher that has no target at some
-positions (the oracle teacher with ``off_path: turn_only``, ``teachers/oracle.py``)."""
 
 
 def make_select_and_align(
@@ -498,6 +430,7 @@ class OracleSource:
         targets: TeacherTargets | None = None,
         noise_fraction: float = 0.0,
         seed: int = 0,
+        mode: Mode = WARMUP_MODE,
     ) -> None:
         self.runner = runner
         self.version = version
@@ -507,11 +440,7 @@ class OracleSource:
         self.noise_fraction = noise_fraction
         self.seed = seed
         self.shared = SharedTraces(trajectory_log) if targets is None else None
-        self.supervision = (
-            Supervision(phase="sft", teacher_targets=False)
-            if targets is None
-            else Supervision(phase="kd_oracle", teacher_targets=True)
-        )
+        self.supervision = Supervision(phase=mode.name, teacher_targets=targets is not None)
 
     def _corrective(self, cycle: int, index: int, task: Task) -> CorrectiveTrace | None:
         """A corrective trace in place of task ``index``'s oracle trace, for a seeded
@@ -581,6 +510,7 @@ class OnPolicySource:
         events: EventLog,
         progress: Any,
         trajectory_log: Path,
+        mode: Mode,
     ) -> None:
         self.runner = runner
         self.student = student
@@ -596,7 +526,7 @@ class OnPolicySource:
         strict = train.opd_freshness == "strict"
         self.tasks_per_cycle = train.rollouts_per_cycle
         self.supervision = Supervision(
-            phase="opd",
+            phase=mode.name,
             teacher_targets=True,
             passes=train.replay_passes if train.opd_freshness == "replay" else 1,
             strict_on_policy=strict,
@@ -683,7 +613,6 @@ class OfflinePoolSource:
     the cache, so the walk continues at the same position.
     """
 
-    supervision = Supervision(phase="offline_kd", teacher_targets=True)
     tasks_per_cycle = 0
 
     def __init__(
@@ -696,8 +625,10 @@ class OfflinePoolSource:
         version: Callable[[], int],
         events: EventLog,
         trajectory_log: Path,
+        mode: Mode,
         vocab_size: int | None = None,
     ) -> None:
+        self.supervision = Supervision(phase=mode.name, teacher_targets=True)
         self.teacher_runner = teacher_runner
         self.targets = targets
         self.pool_tasks = list(pool_tasks)
@@ -802,8 +733,6 @@ class TeacherSampleSource:
     nothing. Stateless: a cycle's samples are a function of (run seed, cycle, tasks).
     """
 
-    supervision = Supervision(phase="seqkd", teacher_targets=False)
-
     def __init__(
         self,
         *,
@@ -812,7 +741,9 @@ class TeacherSampleSource:
         version: Callable[[], int],
         events: EventLog,
         trajectory_log: Path,
+        mode: Mode,
     ) -> None:
+        self.supervision = Supervision(phase=mode.name, teacher_targets=False)
         self.teacher_runner = teacher_runner
         self.config = config
         self.version = version
@@ -827,7 +758,7 @@ class TeacherSampleSource:
             tasks,
             config=self.config,
             cycle=cycle,
-            kind="seqkd",
+            kind=self.supervision.phase,
             version=version,
             events=self.events,
             trajectory_log=self.trajectory_log,
@@ -864,18 +795,20 @@ class MixedPrefixSource:
         on_policy: OnPolicySource,
         teacher_runner: Callable[[], RolloutRunner],
         student_fraction: float,
+        mode: Mode,
     ) -> None:
         self.on_policy = on_policy
         self.teacher_runner = teacher_runner
         self.student_fraction = float(student_fraction)
         self.tasks_per_cycle = on_policy.tasks_per_cycle
-        self.supervision = Supervision(phase="gkd_mix", teacher_targets=True)
+        self.supervision = Supervision(phase=mode.name, teacher_targets=True)
 
     def split(self, cycle: int, count: int) -> list[bool]:
         """``is_student[i]`` for the batch's ``count`` tasks: round(λ · count) of them, seeded."""
         n_student = round(self.student_fraction * count)
         order = list(range(count))
-        random.Random(derive_seed(self.on_policy.config.run.seed, "gkd_mix", cycle)).shuffle(order)
+        salt = self.supervision.phase
+        random.Random(derive_seed(self.on_policy.config.run.seed, salt, cycle)).shuffle(order)
         chosen = set(order[:n_student])
         return [i in chosen for i in range(count)]
 
@@ -992,8 +925,8 @@ def build_source(
     trajectory_log: Path,
     vocab_size: int | None = None,
 ) -> SampleSource:
-    """The source of ``MODES[mode]``: its ``trajectories`` pick the class, and
-    ``teacher_targets`` whether the teacher scores them."""
+    """The source of ``MODES[mode]`` (``config/modes.py``): its ``trajectories`` pick the
+    class, and ``teacher_targets`` whether the teacher scores them."""
     if mode not in MODES:
         raise ValueError(f"no sample source for run.mode {mode!r}")
     spec = MODES[mode]
@@ -1005,8 +938,9 @@ def build_source(
             trajectory_log=trajectory_log,
             tasks_per_cycle=config.train.rollouts_per_cycle,
             targets=scored,
-            noise_fraction=config.train.sft_noise_fraction if mode == "sft" else 0.0,
+            noise_fraction=config.train.sft_noise_fraction if spec.oracle_sft else 0.0,
             seed=config.run.seed,
+            mode=spec,
         )
     if spec.trajectories == "teacher_samples":
         return TeacherSampleSource(
@@ -1015,6 +949,7 @@ def build_source(
             version=version,
             events=events,
             trajectory_log=trajectory_log,
+            mode=spec,
         )
     if spec.trajectories == "teacher_pool":
         return OfflinePoolSource(
@@ -1025,6 +960,7 @@ def build_source(
             version=version,
             events=events,
             trajectory_log=trajectory_log,
+            mode=spec,
             vocab_size=vocab_size,
         )
     on_policy = OnPolicySource(
@@ -1038,6 +974,7 @@ def build_source(
         events=events,
         progress=progress,
         trajectory_log=trajectory_log,
+        mode=spec,
     )
     if spec.trajectories == "student":
         return on_policy
@@ -1045,17 +982,16 @@ def build_source(
         on_policy=on_policy,
         teacher_runner=teacher_runner,
         student_fraction=config.train.gkd_student_fraction,
+        mode=spec,
     )
 
 
 __all__ = [
-    "MODES",
     "OFFLINE_POOL_CYCLE",
     "RESIDENT_ROUND_TRIP_REASON",
     "CycleSamples",
     "FingerprintedSample",
     "MixedPrefixSource",
-    "Mode",
     "OfflinePoolSource",
     "OnPolicySource",
     "OracleSource",
@@ -1071,7 +1007,6 @@ __all__ = [
     "check_on_policy",
     "hard_label_sample",
     "make_select_and_align",
-    "mode_of",
     "oom_splitter",
     "summarize_rollouts",
     "teacher_rollouts",

@@ -14,7 +14,7 @@ levels of durability:
   default, for a writer with no later durability point) fsyncs each append; a training
   run appends with ``sync=False`` and makes its logs durable together at explicit
   points with :class:`DurableLogs`: before a checkpoint records their lengths, at the
-  end of every cycle and of the warm-up, and when the run ends (``training/trainer.py``).
+  end of every cycle and of the warm-up, and when the run ends (``training/recipe.py``).
 
 A power loss between two durability points can therefore lose part of what a log gained
 since the last one (possibly leaving a torn final line), never bytes it held at that point

@@ -18,7 +18,7 @@ from miniverl.reporting.tables import (
 
 
 def learning_rate_note(bench: Mapping[str, Any]) -> str | None:
-    """Where the arms' ``train.lr`` came from, when ``benchmark --lr-from`` set it (evaluation/lr_grid.py)."""
+    """Where the arms' ``train.lr`` came from, when ``benchmark --lr-from`` set it (lab/benchmark/lr_grid.py)."""
     record = bench.get("learning_rates")
     if not record:
         return None

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from miniverl.config.modes import WARMUP_MODE
 from miniverl.reporting import plots
 from miniverl.reporting.load import RunData
 from miniverl.reporting.sections.common import collect_evaluations
@@ -33,8 +34,10 @@ def split_loss_series(steps: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
     return [
         {
             **s,
-            "sft_loss": s.get("loss") if s.get("phase") == "sft" else None,
-            "kd_divergence": s.get("divergence_loss") if s.get("phase") != "sft" else None,
+            "sft_loss": s.get("loss") if s.get("phase") == WARMUP_MODE.name else None,
+            "kd_divergence": s.get("divergence_loss")
+            if s.get("phase") != WARMUP_MODE.name
+            else None,
         }
         for s in steps
     ]

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from miniverl.config.modes import WARMUP_MODE
 from miniverl.errors import MiniverlError
 from miniverl.reporting import plots
 from miniverl.reporting.load import RunData
@@ -51,7 +52,7 @@ def objective_line(data: RunData) -> str | None:
         return None
     label = objective.get("label") or NOT_RECORDED
     parts = [f"Objective: {label} (run.mode {objective.get('mode', NOT_RECORDED)})"]
-    if objective.get("mode") != "sft" and objective.get("divergence"):
+    if objective.get("mode") != WARMUP_MODE.name and objective.get("divergence"):
         target = (
             f"top-{objective['top_k']} " if isinstance(objective.get("top_k"), int) else ""
         ) + str(objective.get("supervision_shape") or objective.get("loss_mode") or "")

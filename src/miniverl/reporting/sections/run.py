@@ -83,7 +83,7 @@ def identity_section(data: RunData) -> Section:
         ["os", " ".join(str(v) for v in (m.get("os") or {}).values()) or NOT_RECORDED],
     ]
     section.tables.append(Table(["field", "value"], rows))
-    toy = m.get("toy_teacher") or summary.get("toy_teacher")
+    toy = m.get("teacher") or summary.get("teacher")
     if toy:
         section.tables.append(
             Table(
@@ -102,12 +102,12 @@ def identity_section(data: RunData) -> Section:
                         "reused from the teacher cache",
                         NOT_RECORDED
                         if toy.get("reused") is None
-                        else ("yes" if toy["reused"] else "no (fitted by this run)"),
+                        else ("yes" if toy["reused"] else "no (fitted for this run)"),
                     ],
                     ["cache digest", str(toy.get("cache_digest") or NOT_RECORDED)],
                     ["weights sha256", str(toy.get("weights_sha256") or NOT_RECORDED)],
                 ],
-                caption="The toy teacher is fitted on oracle traces at run start, or reused from the cache when every input matches (toy backend only).",
+                caption="The lab fits the toy teacher on oracle traces before the run starts, or reuses it from the cache when every input matches (toy backend only).",
             )
         )
     if data.config_text:

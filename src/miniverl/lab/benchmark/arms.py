@@ -12,22 +12,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from miniverl.config.models import RunConfig, parse_override
+from miniverl.config.modes import DEFAULT_MODE, MODES, arm_role, default_arms
 from miniverl.errors import ConfigError
 
-BASELINE_ARM = "sft_oracle"
-DEFAULT_ARMS: dict[str, tuple[str, ...]] = {
-    "sft_oracle": ("run.mode=sft",),
-    "seqkd": ("run.mode=seqkd",),
-    "offline_kd": ("run.mode=offline_kd", "loss.divergence=forward_kl"),
-    "kd_oracle": ("run.mode=kd_oracle", "loss.divergence=forward_kl"),
-    "opd": ("run.mode=opd", "loss.divergence=forward_kl"),
-    "opd_reverse_kl": ("run.mode=opd", "loss.divergence=reverse_kl"),
-    "offline_kd_reverse_kl": ("run.mode=offline_kd", "loss.divergence=reverse_kl"),
-    "gkd_mix": ("run.mode=gkd_mix", "loss.divergence=forward_kl"),
-    "opd_entropy_aware": ("run.mode=opd", "loss.divergence=entropy_aware"),
-}
-"""Each arm is the set of override keys it applies to the base recipe (recorded verbatim).
-``gkd_mix`` takes λ from ``train.gkd_student_fraction`` (0.5 unless the recipe says otherwise)."""
+BASELINE_ARM = arm_role("reference_ceiling")
+DEFAULT_ARMS: dict[str, tuple[str, ...]] = default_arms()
+"""Each arm is the set of override keys it applies to the base recipe (recorded verbatim):
+every mode's arms of the mode registry (``config/modes.py``), mode by mode. The mixed-prefix
+mode's arm takes λ from ``train.gkd_student_fraction`` (0.5 unless the recipe says otherwise)."""
 
 COLD_START_TEACHER = "cold_start"
 """The value of ``models.teacher.checkpoint`` in an arm that the harness replaces by the seed's
@@ -35,16 +27,14 @@ cold start, with the teacher's model block set to the student's: the student sco
 
 NAMED_ONLY_ARMS: dict[str, tuple[str, ...]] = {
     "opd_privileged": (
-        "run.mode=opd",
-        "loss.divergence=forward_kl",
+        *DEFAULT_ARMS[arm_role("compute_reference")],
         "teacher.mode=privileged_context",
     ),
-    "sft_corrective": ("run.mode=sft", "train.sft_noise_fraction=0.5"),
+    "sft_corrective": (*DEFAULT_ARMS[BASELINE_ARM], "train.sft_noise_fraction=0.5"),
     "opd_self": (
-        "run.mode=opd",
-        "loss.divergence=forward_kl",
+        *DEFAULT_ARMS[arm_role("compute_reference")],
         f"models.teacher.checkpoint={COLD_START_TEACHER}",
-        "models.teacher_fit.enabled=false",
+        "lab.teacher_fit.enabled=false",
     ),
 }
 """Arms that run only when ``--arms`` names them, never by default: ``opd_privileged`` needs a
@@ -58,21 +48,13 @@ ARM_ALIASES: dict[str, str] = {"sft_only": "sft_oracle"}
 """Deprecated arm names, still accepted: the alias runs under its own name with the
 definition and description of the arm it stands for."""
 
-REFERENCE_CEILING_ARMS = ("sft_oracle", "sft_only")
+REFERENCE_CEILING_ARMS = (BASELINE_ARM, "sft_only")
 """Arms that copy a perfect oracle: a reference ceiling, not a like-for-like baseline
 (every other arm distils an imperfect teacher)."""
 
 ARM_DESCRIPTIONS: dict[str, str] = {
-    "sft_oracle": "reference ceiling: continues oracle-trace SFT for the same number of optimizer steps",
+    **{arm.name: arm.description for mode in MODES.values() for arm in mode.arms},
     "sft_only": "deprecated alias of sft_oracle (reference ceiling: oracle-trace SFT)",
-    "seqkd": "sequence-level KD: cross-entropy on fresh teacher samples every cycle",
-    "offline_kd": "one fixed set of teacher rollouts and one frozen teacher cache (forward KL)",
-    "kd_oracle": "teacher forward-KL targets at the oracle's states (oracle prefixes)",
-    "opd": "on-policy distillation, forward KL",
-    "opd_reverse_kl": "on-policy distillation, reverse KL",
-    "offline_kd_reverse_kl": "offline_kd with reverse KL",
-    "gkd_mix": "per batch a fraction λ of student rollouts and the rest teacher samples, forward KL",
-    "opd_entropy_aware": "on-policy distillation, entropy-aware forward/reverse KL",
     "opd_privileged": "on-policy distillation, forward KL, from a teacher that also reads the task's oracle block",
     "sft_corrective": "off-policy baseline that sees errors: SFT on oracle traces, half of them corrective (a corrupted call, the tool's answer, the oracle's re-call; DART-style)",
     "opd_self": "negative control: on-policy distillation from the cold-start student itself (a teacher that knows nothing the student does not)",
@@ -82,6 +64,7 @@ FIXED_KEYS: tuple[str, ...] = (
     "environment",
     "eval",
     "models",
+    "lab",
     "run.seed",
     "train.cycles",
     "train.rollouts_per_cycle",
@@ -111,8 +94,13 @@ def override_touches(override_key: str, fixed: str) -> bool:
     )
 
 
-ARM_TEACHER_KEYS = ("models.teacher.checkpoint", "models.teacher_fit.enabled")
-"""Keys under ``models`` an arm may set: its own teacher (the cold start stays the seed's)."""
+ARM_TEACHER_KEYS = (
+    "models.teacher.checkpoint",
+    "lab.teacher_fit.enabled",
+    "models.teacher_fit.enabled",
+)
+"""Keys an arm may set among the held-fixed sections: its own teacher (the cold start stays the
+seed's); the teacher-adapter switch may be written at its place under ``lab:`` or ``models``."""
 
 
 def check_arm_overrides(arm: str, overrides: Sequence[str]) -> None:
@@ -132,12 +120,11 @@ def check_arm_overrides(arm: str, overrides: Sequence[str]) -> None:
 
 def fixed_view(config: RunConfig) -> dict[str, Any]:
     """The values of :data:`FIXED_KEYS` plus the planned optimizer steps of the arm phase. The
-    teacher's blocks are left out: the only ``models`` keys an arm may set are its own
+    teacher's blocks are left out: the only held-fixed keys an arm may set are its own
     teacher's (:data:`ARM_TEACHER_KEYS`, checked by :func:`check_arm_overrides`)."""
     data = config.to_dict()
-    data["models"] = {
-        k: v for k, v in data["models"].items() if k not in ("teacher", "teacher_fit")
-    }
+    data["models"] = {k: v for k, v in data["models"].items() if k != "teacher"}
+    data["lab"] = {k: v for k, v in (data.get("lab") or {}).items() if k != "teacher_fit"}
     view = {key: _dotted(data, key) for key in FIXED_KEYS}
     view["optimizer_steps"] = config.train.cycles * config.train.steps_per_rollout_batch()
     return view
@@ -161,17 +148,17 @@ def verify_held_fixed(configs: Mapping[str, RunConfig]) -> dict[str, Any]:
 def cold_start_config(base: RunConfig, seed: int) -> RunConfig:
     """The shared cold start: the base recipe with no distillation cycles.
 
-    ``train()`` then fits the toy teacher, evaluates the baseline, runs the SFT warm-up
-    and evaluates again. ``sft`` mode skips the warm-up and loads no teacher, so an sft
-    base recipe is run in opd mode for the cold start only.
+    Its run evaluates the baseline, runs the SFT warm-up and evaluates again (the cell
+    prepares its teacher, ``lab/benchmark/cell_runner.py``). A mode without a teacher has no
+    warm-up, so such a base recipe is run in the default mode for the cold start only.
     """
     overrides = [
         f"run.seed={seed}",
         "train.cycles=0",
         f"run.name={base.run.name}-cold-start-s{seed}",
     ]
-    if base.run.mode == "sft":
-        overrides.append("run.mode=opd")
+    if not base.mode().warmup:
+        overrides.append(f"run.mode={DEFAULT_MODE}")
     return base.with_overrides(overrides)
 
 
@@ -210,7 +197,7 @@ def arm_config_for_arm_seed(config: RunConfig, arm_seed: int) -> RunConfig:
 
     Splits come from ``environment.split_seed``, so the held-out tasks stay the same.
     """
-    from miniverl.evaluation.cells import arm_phase_seed
+    from miniverl.lab.benchmark.cells import arm_phase_seed
 
     if arm_seed == 0:
         return config
@@ -224,19 +211,15 @@ def arm_config_for_arm_seed(config: RunConfig, arm_seed: int) -> RunConfig:
 
 def with_cold_start_teacher(config: RunConfig, cold_start: str) -> RunConfig:
     """``config`` with a ``models.teacher.checkpoint`` of :data:`COLD_START_TEACHER` pointed
-    at ``cold_start`` and the teacher's model block made the student's (unchanged otherwise)."""
-    import json
-
+    at ``cold_start`` and the teacher's base made the student's (unchanged otherwise); the
+    cold start records its own adapter shape (``training/teacher_checkpoint.py``)."""
     if config.models.teacher.checkpoint != COLD_START_TEACHER:
         return config
     student = config.models.student
     overrides = [
         f"models.teacher.checkpoint={cold_start}",
         f"models.teacher.model_id={student.model_id}",
-        f"models.teacher.lora={json.dumps(student.lora.model_dump(mode='json'))}",
     ]
-    if student.toy is not None:
-        overrides.append(f"models.teacher.toy={json.dumps(student.toy.model_dump(mode='json'))}")
     if student.revision is not None:
         overrides.append(f"models.teacher.revision={student.revision}")
     return config.with_overrides(overrides)

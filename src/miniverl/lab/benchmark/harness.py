@@ -13,15 +13,15 @@ teacher query ratio, wall clock) is measured per arm instead of being pretended 
 With one or two seeds the harness says that no statistical significance is claimed;
 with three or more it reports mean, standard deviation and a seeded, paired bootstrap
 interval of the difference to ``sft_oracle`` (a reference ceiling; see
-:mod:`miniverl.evaluation.arms`). Nothing in here imports torch at module
+:mod:`miniverl.lab.benchmark.arms`). Nothing in here imports torch at module
 level: the aggregation is plain Python and can be tested and reused without a trainer.
 
 Before any arm of a seed runs, that seed's cold start must have passed the teacher gate
-(:func:`~miniverl.evaluation.teacher_gate.refuse_failed_gates`); otherwise the benchmark
+(:func:`~miniverl.lab.teachers.gate.refuse_failed_gates`); otherwise the benchmark
 raises :class:`~miniverl.errors.TeacherGateError` and writes no ``benchmark.json``. The arm
-definitions live in :mod:`~miniverl.evaluation.arms`, the statistics in
-:mod:`~miniverl.evaluation.stats`, the trainer behind each cell in
-:mod:`~miniverl.evaluation.cell_runner`; this module plans, runs, records and prints
+definitions live in :mod:`~miniverl.lab.benchmark.arms`, the statistics in
+:mod:`~miniverl.lab.benchmark.stats`, the trainer behind each cell in
+:mod:`~miniverl.lab.benchmark.cell_runner`; this module plans, runs, records and prints
 (:func:`print_benchmark` reads only a benchmark.json mapping).
 """
 
@@ -38,7 +38,7 @@ from rich.table import Table
 from miniverl import __version__
 from miniverl.config.models import RunConfig
 from miniverl.errors import ConfigError, RunDirectoryError
-from miniverl.evaluation.arms import (
+from miniverl.lab.benchmark.arms import (
     FIXED_KEYS,
     arm_baseline,
     arm_config,
@@ -49,7 +49,7 @@ from miniverl.evaluation.arms import (
     resolve_arms,
     verify_held_fixed,
 )
-from miniverl.evaluation.stats import (
+from miniverl.lab.benchmark.stats import (
     DEFAULT_BOOTSTRAP_SEED,
     DEFAULT_RESAMPLES,
     MIN_VALUES_FOR_INTERVAL,
@@ -59,7 +59,8 @@ from miniverl.evaluation.stats import (
     seed_rows,
     significance_note,
 )
-from miniverl.evaluation.teacher_gate import refuse_failed_gates
+from miniverl.lab.config import load_recipe, with_lab
+from miniverl.lab.teachers.gate import refuse_failed_gates
 from miniverl.utils.hashing import sha256_file
 from miniverl.utils.io import read_json, write_json
 from miniverl.utils.logging import utc_now
@@ -82,11 +83,12 @@ REFUSES_TO_CLAIM = (
 def _load_base(
     recipe: str | Path | RunConfig, overrides: Sequence[str]
 ) -> tuple[RunConfig, str, str | None]:
-    """The base config, the recipe's file name (never its directory) and the SHA-256 of its bytes."""
+    """The base config (its lab section validated, ``lab/config.py``), the recipe's file name
+    (never its directory) and the SHA-256 of its bytes."""
     if isinstance(recipe, RunConfig):
-        return recipe.with_overrides(overrides), "<config>", None
+        return with_lab(recipe).with_overrides(overrides), "<config>", None
     path = Path(recipe)
-    config = RunConfig.from_yaml(path, overrides)
+    config = load_recipe(path, overrides)
     return config, path.name, sha256_file(path)
 
 
@@ -104,9 +106,9 @@ def plan_digest(base: RunConfig) -> str:
     same computation step-matched or compute-matched, so a compute-matched run reuses them
     from a step-matched directory (and the reverse); every other arm's cell records the
     cap it ran under (``compute_cap``), and :func:`run_benchmark` reruns a cell whose cap
-    is not the one this run would give it (``evaluation/budgets.py`` ``expected_cap``,
-    ``same_cap``). The ``compute_matched`` key stays in the hashed text, always null, so
-    that the digests of directories written when it held the mode still match.
+    is not the one this run would give it (``lab/benchmark/budgets.py`` ``expected_cap``,
+    ``same_cap``). It hashes ``{"base": base.digest(), "compute_matched": null}``: the base
+    config's digest beside a constant key, the form every ``plan.json`` carries.
     """
     from miniverl.utils.hashing import sha256_bytes
     from miniverl.utils.io import to_json_text
@@ -137,25 +139,25 @@ def run_benchmark(
     All configs are built and checked before anything trains, so a refused arm costs
     nothing. ``arm_definitions`` replaces :data:`DEFAULT_ARMS` (name -> override keys).
     Finished cells are stored under ``cells/`` and reused on a rerun with the same base
-    config (``evaluation/cells.py``) when the validated config a cell ran under (its
+    config (``lab/benchmark/cells.py``) when the validated config a cell ran under (its
     ``config_digest``) is the one this plan would run it with, so spelling out a value the
     recipe already has (``--lr-from`` selecting the recipe's own ``train.lr``) reuses it, and
     any real change reruns it; ``run_cell`` replaces the trainer (tests).
     ``learning_rates`` (where the arms' ``train.lr`` came from, e.g. the shared grid of
-    ``evaluation/lr_grid.py``) is recorded verbatim in benchmark.json. ``protocol`` is the
-    pre-registered protocol file (``evaluation/protocol.py``): frozen into ``output_dir``
+    ``lab/benchmark/lr_grid.py``) is recorded verbatim in benchmark.json. ``protocol`` is the
+    pre-registered protocol file (``lab/benchmark/protocol.py``): frozen into ``output_dir``
     before any cell runs; with ``eval.split=test`` no cell runs without one (stored cells
     are still recomputed).
     """
     scipy_stats()  # the contrasts need it: refuse now rather than after every cell has trained
-    from miniverl.evaluation.budgets import (
+    from miniverl.lab.benchmark.budgets import (
         BUDGET_FIELDS,
         MATCHABLE,
         REFERENCE_ARM,
         expected_cap,
         same_cap,
     )
-    from miniverl.evaluation.cells import COLD_START, CellStore, plan_cells, run_cells
+    from miniverl.lab.benchmark.cells import COLD_START, CellStore, plan_cells, run_cells
 
     console = Console(quiet=quiet, highlight=False)
     unsilenced = Console(stderr=True, highlight=False)  # a stored cell about to be recomputed
@@ -196,7 +198,7 @@ def run_benchmark(
             f"{root} already holds a benchmark", hint="choose another --output directory"
         )
 
-    from miniverl.evaluation.protocol import (
+    from miniverl.lab.benchmark.protocol import (
         freeze_protocol,
         primary_endpoints,
         refuse_unprotocolled_cell,
@@ -225,7 +227,7 @@ def run_benchmark(
     from miniverl.reporting.report import write_report
 
     if run_cell is None:
-        from miniverl.evaluation.cell_runner import make_trainer_cell_runner
+        from miniverl.lab.benchmark.cell_runner import make_trainer_cell_runner
 
         run_cell = make_trainer_cell_runner(
             root, plans, quiet=quiet, compute_matched=compute_matched
@@ -285,7 +287,7 @@ def run_benchmark(
     refuse_failed_gates(cold_starts)
     rows = [done[c] for c in plan if not c.is_cold_start]
 
-    from miniverl.evaluation.contrasts import all_contrasts, statistics_note, stop_or_go
+    from miniverl.lab.benchmark.contrasts import all_contrasts, statistics_note, stop_or_go
 
     names = list(chosen)
     family = (
@@ -449,7 +451,7 @@ def _interval_text(interval: Sequence[float] | None) -> str:
 def contrast_table(contrasts: Sequence[Mapping[str, Any]]) -> Table:
     """One row per contrast and endpoint: estimate, t-interval, p, Holm-adjusted p (primary
     family only), two-level bootstrap interval and t-based MDE, all in pp."""
-    from miniverl.evaluation.stats import p_text
+    from miniverl.lab.benchmark.stats import p_text
 
     table = Table(title="contrasts (arm - reference, pp)")
     for column in (

@@ -17,7 +17,7 @@ Per class it counts positions with and without a target (an oracle teacher's
 target tokens, its agreement with the oracle's label (the next token of the action, which
 exists on the path and after an error), and its EOS and closing-tag targets. The oracle's
 action per turn is read from the transcript by the same rule the oracle teacher uses
-(``teachers/oracle.py``), for any teacher.
+(``lab/teachers/oracle.py``), for any teacher.
 """
 
 from __future__ import annotations
@@ -220,8 +220,8 @@ def audit_run(
     from miniverl.config.loading import load_resolved_config
     from miniverl.environments.registry import make_environment
     from miniverl.environments.tasks_file import build_splits
+    from miniverl.lab.teachers.oracle import OracleTeacher
     from miniverl.models.factory import build_tokenizer
-    from miniverl.teachers.oracle import OracleTeacher
     from miniverl.utils.runs import RunPaths
 
     paths = RunPaths(run_dir)
@@ -247,60 +247,55 @@ def audit_run(
 def load_run_teacher(
     config: Any, paths: Any, tokenizer: Any, splits: dict[str, list[Any]]
 ) -> tuple[Any, str]:
-    """The run's teacher, rebuilt from its config and the weights the run recorded."""
+    """The run's teacher, rebuilt from its config and the teacher the run recorded: the oracle
+    teacher, its teacher checkpoint, its fitted toy teacher (``<run>/toy-teacher.safetensors``)
+    or its fitted HF adapter (the file its ``eval.json`` names, checked against its SHA-256)."""
     from safetensors.torch import load_file
 
     from miniverl.errors import CheckpointError
+    from miniverl.lab.config import lab_of
+    from miniverl.lab.teachers.oracle import build_oracle_teacher
+    from miniverl.lab.teachers.toy_fit import TOY_TEACHER_FILE
     from miniverl.training.assembly import build_run_runtime
+    from miniverl.utils.hashing import sha256_file
 
-    runtime = build_run_runtime(config, tokenizer, "cpu", with_teacher=True, splits=splits)
-    teacher = runtime.teacher
+    lab = lab_of(config)
     models = config.models
-    if models.oracle_teacher is not None:
+    if lab.oracle_teacher is not None:
+        tasks = [t for split in splits.values() for t in split]
+        teacher = build_oracle_teacher(config, tokenizer, tasks, "cpu")
         return teacher, f"oracle ({teacher.off_path})"
+    record: dict[str, Any] = {}
+    if paths.eval_json.is_file():
+        record = json.loads(paths.eval_json.read_text(encoding="utf-8")).get("teacher") or {}
+    adapter = Path(record["adapter"]) if record.get("adapter") else None
+    if adapter is not None and (
+        not adapter.is_file() or sha256_file(adapter) != record.get("adapter_sha256")
+    ):
+        raise CheckpointError(
+            f"the run's teacher adapter {adapter} is no longer on disk or does not match "
+            "the SHA-256 the run recorded",
+            hint="audit a finished run whose teacher adapter directory still exists "
+            "(lab.teacher_fit.cache_dir)",
+        )
+    runtime = build_run_runtime(config, tokenizer, "cpu", with_teacher=True, teacher=adapter)
+    teacher = runtime.teacher
+    if adapter is not None:
+        digest = str(record.get("digest", ""))[:12]
+        return teacher, f"hf ({models.teacher.model_id}, shared backbone, adapter {digest})"
     if runtime.teacher_checkpoint is not None:
-        record = runtime.teacher_checkpoint
-        return teacher, f"checkpoint {record['path']} ({record['sha256'][:12]})"
+        checkpoint = runtime.teacher_checkpoint
+        return teacher, f"checkpoint {checkpoint['path']} ({checkpoint['sha256'][:12]})"
     if models.backend == "toy":
-        from miniverl.training.teacher_fit import TOY_TEACHER_FILE
-
         weights = paths.root / TOY_TEACHER_FILE
         if not weights.is_file():
             raise CheckpointError(
                 f"{weights} not found: the run's fitted toy teacher is missing",
-                hint="audit the run directory 'miniverl train' wrote (it saves the toy teacher there)",
+                hint="audit the run directory 'miniverl train' wrote (it keeps the toy teacher there)",
             )
         teacher.load_full_state_dict(load_file(str(weights)))
         return teacher, f"toy ({models.teacher.model_id})"
-    if models.runtime == "shared_backbone" and models.teacher_fit.enabled:
-        return teacher, _load_fitted_adapter(teacher, paths, models.teacher.model_id)
     return teacher, f"hf ({models.teacher.model_id})"
-
-
-def _load_fitted_adapter(teacher: Any, paths: Any, model_id: str) -> str:
-    """Load the teacher adapter the run fitted or reused (its directory and SHA-256 are in the
-    run's ``eval.json``) into the shared backbone's teacher view; its name."""
-    from miniverl.errors import CheckpointError
-    from miniverl.training.teacher_fit import ADAPTER_FILE, _load_adapter
-    from miniverl.utils.hashing import sha256_file
-
-    report = {}
-    if paths.eval_json.is_file():
-        report = (
-            json.loads(paths.eval_json.read_text(encoding="utf-8")).get("teacher_adapter") or {}
-        )
-    directory = report.get("directory")
-    adapter = Path(directory) / ADAPTER_FILE if directory else None
-    if adapter is None or not adapter.is_file():
-        raise CheckpointError(
-            "the run's teacher adapter is not recorded in its eval.json or is no longer on disk",
-            hint="audit a finished run whose teacher adapter directory still exists "
-            "(models.teacher_fit.cache_dir)",
-        )
-    if sha256_file(adapter) != report.get("adapter_sha256"):
-        raise CheckpointError(f"{adapter} does not match the SHA-256 the run recorded")
-    _load_adapter(teacher, adapter)
-    return f"hf ({model_id}, shared backbone, adapter {report.get('digest', '')[:12]})"
 
 
 def render_audit(audit: TeacherAudit) -> list[str]:

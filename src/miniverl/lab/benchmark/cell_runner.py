@@ -1,27 +1,32 @@
 """The trainer behind each benchmark cell: cold starts and arm phases, measured into cell payloads.
 
 :func:`make_trainer_cell_runner` returns the ``run_cell(cell, done)`` callable that
-:func:`miniverl.evaluation.cells.run_cells` drives. A cell first removes whatever an
+:func:`miniverl.lab.benchmark.cells.run_cells` drives. A cell first removes whatever an
 interrupted attempt left in its directories (a partial run is never resumed into a
 result), then trains, then measures:
 
 - a cold-start cell: the exported weights' SHA-256, the cold start's evaluations, the
-  teacher gate (``teacher_gate``: :func:`~miniverl.evaluation.teacher_gate.cold_start_teacher_gate`
+  teacher gate (``teacher_gate``: :func:`~miniverl.lab.teachers.gate.cold_start_teacher_gate`
   of the finished cold start, ``{value, threshold, passed, ...}`` or ``{skipped, reason}``;
   also copied beside the cold-start weights) and, for calc_chain,
   the endpoints of its last greedy evaluation (the state every arm starts from);
 - an arm cell: :func:`measure_arm` (read back from the run's artifacts), the budget
-  (:func:`miniverl.evaluation.budgets.measure_budget`), the final greedy outcome of every
+  (:func:`miniverl.lab.benchmark.budgets.measure_budget`), the final greedy outcome of every
   held-out task, the learning curve over every evaluation tag and, for calc_chain, the
-  endpoints of :mod:`miniverl.evaluation.endpoints`, the model-scored exposure endpoints
-  (:func:`~miniverl.evaluation.endpoints.score_exposure`) included.
+  endpoints of :mod:`miniverl.lab.benchmark.endpoints`, the model-scored exposure endpoints
+  (:func:`~miniverl.lab.benchmark.endpoints.score_exposure`) included.
 
-**Compute-matched mode.** ``compute_matched=<resource>`` hands every non-opd arm a
-:class:`~miniverl.evaluation.budgets.BudgetCap` at opd's spend of the same (seed, arm
-seed) (opd is planned first). The cap is passed to the trainer as ``OPDTrainer(budget_cap=...)``; the
-trainer enforces it (``training/resolve.py``: each cycle's spend is charged over its optimizer
-steps and training stops cleanly after the cycle that spends it, ``enforced: true`` and
-``stopped_at``). The cell records :func:`~miniverl.evaluation.budgets.cap_outcome`.
+Every cell's teacher comes from the lab (``lab/teachers/prepare.py``): the cold start
+prepares it (fitting a DAgger teacher from its own warmed-up student after the warm-up) and
+keeps it beside the student; each arm loads it from there and hands it to its run.
+
+**Compute-matched mode.** ``compute_matched=<resource>`` hands every non-reference arm a
+:class:`~miniverl.lab.benchmark.budgets.BudgetCap` at the reference arm's spend of the same
+(seed, arm seed) (the reference is planned first). The run enforces it through a
+:class:`~miniverl.lab.benchmark.budgets.CapMeter` as its ``stop_after_cycle``: each cycle's
+spend is charged over its optimizer steps and training stops cleanly after the cycle that
+spends it, ``enforced: true`` and ``stopped_at``. The cell records
+:func:`~miniverl.lab.benchmark.budgets.cap_outcome`.
 """
 
 from __future__ import annotations
@@ -32,17 +37,19 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.config.models import RunConfig
+from miniverl.config.modes import MODES
 from miniverl.errors import CheckpointError
-from miniverl.evaluation.arms import arm_config_for_arm_seed, with_cold_start_teacher
-from miniverl.evaluation.budgets import (
+from miniverl.lab.benchmark.arms import arm_config_for_arm_seed, with_cold_start_teacher
+from miniverl.lab.benchmark.budgets import (
     REFERENCE_ARM,
+    CapMeter,
     Stopwatch,
     cap_outcome,
     expected_cap,
     measure_budget,
 )
-from miniverl.evaluation.cells import COLD_START, Cell, RunCell
-from miniverl.evaluation.endpoints import (
+from miniverl.lab.benchmark.cells import COLD_START, Cell, RunCell
+from miniverl.lab.benchmark.endpoints import (
     PRIMARY_KS,
     analyze_trajectory,
     area_under_curve,
@@ -50,11 +57,13 @@ from miniverl.evaluation.endpoints import (
     score_exposure,
     summarize_episodes,
 )
-from miniverl.evaluation.teacher_gate import (
+from miniverl.lab.teachers.gate import (
     TEACHER_GATE_FILE,
     GateSubject,
     cold_start_teacher_gate,
 )
+from miniverl.lab.teachers.prepare import PreparedTeacher, prepare_teacher
+from miniverl.training.cold_start import COLD_START_MARKER, COLD_START_STUDENT
 from miniverl.utils.hashing import sha256_file
 from miniverl.utils.io import read_json
 from miniverl.utils.runs import RunPaths
@@ -118,7 +127,7 @@ def measure_arm(run_dir: Path) -> dict[str, Any]:
         ),
         "selected_training_tokens": sum(int(s.get("selected_positions") or 0) for s in steps),
         "teacher_query_ratio": None
-        if mode in ("sft", "seqkd") or not model_tokens
+        if mode not in MODES or not MODES[mode].teacher_targets or not model_tokens
         else selected_in_cycles / model_tokens,
         "optimizer_steps": summary.get("global_optimizer_step"),
         "skipped_cycles": sum(1 for c in cycles if c.get("skipped")),
@@ -189,18 +198,19 @@ def chain_endpoints(trajectories: list[Any], tasks: Mapping[str, Any]) -> dict[s
     return summarize_episodes([analyze_trajectory(t, task.data) for t, task in pairs])
 
 
-def gate_subject(trainer: Any) -> GateSubject:
-    """The gate's inputs from a set-up ``OPDTrainer``: its teacher, student, environment,
+def gate_subject(trainer: Any, teacher: PreparedTeacher) -> GateSubject:
+    """The gate's inputs from a finished ``OPDTrainer`` and the teacher the lab prepared for it
+    (its live model when the lab holds one, else the run's): teacher, student, environment,
     ``eval`` split, config, run directory and event log."""
     return GateSubject(
-        teacher=trainer.teacher,
+        teacher=teacher.backend or trainer.teacher,
         student=trainer.student,
         environment=trainer.environment,
         eval_tasks=trainer.splits["eval"],
         config=trainer.config,
         directory=trainer.paths.root,
         events=trainer.events,
-        fit_task_ids=(getattr(trainer, "toy_teacher_report", None) or {}).get(
+        fit_task_ids=(teacher.record or {}).get(
             "fit_task_ids", [t.task_id for t in trainer.splits["train"]]
         ),
     )
@@ -219,20 +229,46 @@ def make_trainer_cell_runner(
     score_exposure_endpoints: bool = True,
 ) -> RunCell:
     """``plans[seed] = (cold-start config, {arm: config at arm seed 0})``; see the module docstring."""
-    from miniverl.training.teacher_fit import COLD_START_MARKER, COLD_START_STUDENT
-    from miniverl.training.trainer import OPDTrainer
+    from miniverl.lab.benchmark.cold_start import save_cold_start
+    from miniverl.lab.benchmark.warmup import warmup_criterion
+    from miniverl.lab.config import lab_of
+    from miniverl.training.recipe import OPDTrainer
 
     def cold_start(cell: Cell) -> dict[str, Any]:
         seed_dir, run_dir = cell_dirs(root, cell)
         cold_dir = RunPaths(seed_dir).cold_start
         for stale in (run_dir, cold_dir):
             shutil.rmtree(stale, ignore_errors=True)
+        config = plans[cell.seed][0]
+        lab = lab_of(config)
+        dagger = lab.toy_fit.dagger.enabled or lab.teacher_fit.dagger.enabled
         watch = Stopwatch()
-        trainer = OPDTrainer(plans[cell.seed][0], output_dir=run_dir, quiet=quiet)
+        prepared = PreparedTeacher() if dagger else prepare_teacher(config, quiet=quiet)
+        trainer = OPDTrainer(
+            config,
+            output_dir=run_dir,
+            quiet=quiet,
+            teacher=prepared.teacher,
+            teacher_record=prepared.record,
+            warmup_until=warmup_criterion(config),
+        )
+        trainer.setup()
+        prepared.keep(run_dir, trainer.events)
         trainer.train()
-        trainer.export_cold_start(cold_dir)
+        if dagger:  # the teacher labels the states of the student this run warmed up
+            prepared = prepare_teacher(config, student=trainer.student, quiet=quiet)
+            prepared.keep(run_dir, trainer.events)
+        save_cold_start(
+            cold_dir,
+            config=config,
+            student=trainer.student,
+            teacher=prepared,
+            parameter_version=trainer.state.parameter_version,
+            global_step=trainer.state.global_step,
+            evaluations=trainer.state.eval_results,
+        )
         wall, cpu = watch.read()
-        gate = cold_start_teacher_gate(gate_subject(trainer))
+        gate = cold_start_teacher_gate(gate_subject(trainer, prepared))
         if not gate.get("skipped"):
             shutil.copyfile(run_dir / TEACHER_GATE_FILE, cold_dir / TEACHER_GATE_FILE)
         marker = read_json(cold_dir / COLD_START_MARKER)
@@ -269,9 +305,18 @@ def make_trainer_cell_runner(
             cell.arm, done.get(Cell(cell.seed, cell.arm_seed, REFERENCE_ARM)), compute_matched
         )
         watch = Stopwatch()
+        prepared = prepare_teacher(config, cold_start=cold_dir, quiet=quiet)
         trainer = OPDTrainer(
-            config, output_dir=run_dir, cold_start=cold_dir, quiet=quiet, budget_cap=cap
+            config,
+            output_dir=run_dir,
+            initial_weights=cold_dir,
+            quiet=quiet,
+            teacher=prepared.teacher,
+            teacher_record=prepared.record,
+            stop_after_cycle=None if cap is None else CapMeter(cap),
         )
+        trainer.setup()
+        prepared.keep(run_dir, trainer.events)
         trainer.train()
         wall, cpu = watch.read()
         measured = measure_arm(run_dir)

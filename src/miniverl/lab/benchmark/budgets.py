@@ -18,22 +18,30 @@ is not matched and is measured instead (:func:`measure_budget`):
 **Compute-matched mode** gives every arm the budget ``opd`` spent on the same seed and arm
 seed, in one resource (:data:`MATCHABLE`). The harness runs ``opd`` first in each
 (seed, arm seed), reads its spend with :func:`measure_budget`, and hands every other arm a
-:class:`BudgetCap`. The trainer honours the cap (``training/resolve.py``): it sets ``enforced``,
-charges each cycle's spend over its optimizer steps with :meth:`BudgetCap.charge`, and
-stops after the cycle in which :meth:`BudgetCap.exhausted` became True, recording
-``stopped_at`` (cycle, global optimizer step, spend) and a ``compute_cap_reached`` event. The cell always records the cap, the spend and
-whether the cap bound, so an arm that overran an unenforced cap is visible, not hidden.
+:class:`BudgetCap`. The arm's run honours it through :class:`CapMeter`, the trainer's
+``stop_after_cycle`` (``OPDTrainer``'s :class:`~miniverl.training.recipe.CycleStop`): it sets
+``enforced``, measures what each cycle spent (wall or CPU seconds, student-generated tokens
+from the cycle records, teacher-scored tokens from the trajectory log minus
+:data:`UNSCORED_ID_PARTS`), charges it evenly over the cycle's optimizer steps with
+:meth:`BudgetCap.charge`, and stops the run after the cycle in which
+:meth:`BudgetCap.exhausted` became True, recording ``stopped_at`` (cycle, global optimizer
+step, spend) and a ``compute_cap_reached`` event; the cap may overshoot by at most one
+cycle, never cutting one in half. The cell always records the cap, the spend and whether
+the cap bound, so an arm that overran an unenforced cap is visible, not hidden.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miniverl.training.resolve import UNSCORED_ID_PARTS
+from miniverl.config.modes import MODES, arm_role
+from miniverl.utils.logging import EventLog
+from miniverl.utils.runs import RunPaths
 
 BUDGET_FIELDS = (
     "optimizer_steps",
@@ -47,7 +55,108 @@ BUDGET_FIELDS = (
 )
 MATCHABLE = ("wall_seconds", "cpu_seconds", "teacher_scored_tokens", "student_generated_tokens")
 """Resources a compute-matched benchmark may hold equal to opd's spend."""
-REFERENCE_ARM = "opd"
+REFERENCE_ARM = arm_role("compute_reference")
+"""The arm whose spend a compute-matched benchmark gives every other arm (``config/modes.py``)."""
+
+UNSCORED_ID_PARTS = (":oracle:", ":eval-", ":seqkd:")
+"""Trajectory-id parts of trajectories the teacher never scored: SFT oracle traces,
+evaluation episodes, and seqkd's teacher samples (trained on as hard labels)."""
+
+
+def _new_jsonl(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """Complete JSON lines appended to ``path`` since byte ``offset``, and the new offset."""
+    if not path.exists():
+        return [], offset
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        data = handle.read()
+    end = data.rfind(b"\n") + 1
+    rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    return rows, offset + end
+
+
+class CapMeter:
+    """Measures each cycle's spend of ``cap.resource`` and charges it; see the module docstring.
+
+    A run's ``stop_after_cycle``: :meth:`begin` starts the clocks and the log offsets just
+    before the run's first cycle, :meth:`after_cycle` charges each cycle.
+    """
+
+    def __init__(self, cap: BudgetCap) -> None:
+        self.cap = cap
+        self.paths: dict[str, Path] = {}
+        self.offsets: dict[str, int] = {}
+        self.scored: set[str] = set()
+        self.events: EventLog | None = None
+        self.wall = self.cpu = 0.0
+
+    def begin(self, paths: RunPaths, events: EventLog) -> None:
+        self.paths = {"metrics": paths.metrics, "trajectories": paths.trajectories}
+        self.offsets = {k: p.stat().st_size if p.exists() else 0 for k, p in self.paths.items()}
+        self.events = events
+        self.wall = time.perf_counter()
+        self.cpu = time.process_time()
+        self.cap.enforced = True
+
+    def _take(self, key: str) -> list[dict[str, Any]]:
+        rows, self.offsets[key] = _new_jsonl(self.paths[key], self.offsets[key])
+        return rows
+
+    def spend(self) -> float:
+        """What was spent since the last call, in the unit of ``cap.resource``."""
+        resource = self.cap.resource
+        if resource == "wall_seconds":
+            now = time.perf_counter()
+            amount, self.wall = now - self.wall, now
+            return amount
+        if resource == "cpu_seconds":
+            now = time.process_time()
+            amount, self.cpu = now - self.cpu, now
+            return amount
+        if resource == "student_generated_tokens":
+            return float(
+                sum(
+                    int((r.get("rollouts") or {}).get("generated_tokens") or 0)
+                    for r in self._take("metrics")
+                    if r.get("kind") == "cycle"
+                )
+            )
+        if resource == "teacher_scored_tokens":
+            total = 0
+            for record in self._take("trajectories"):
+                tid = str(record.get("trajectory_id"))
+                if tid in self.scored or any(part in tid for part in UNSCORED_ID_PARTS):
+                    continue
+                self.scored.add(tid)
+                total += len(record.get("token_ids") or [])
+            return float(total)
+        raise ValueError(f"no meter for resource {resource!r}")
+
+    def after_cycle(self, cycle: int, *, steps: int, global_step: int) -> bool:
+        """Charge the cycle (evenly over its ``steps`` optimizer steps); True when the cap is spent."""
+        amount = self.spend()
+        if steps > 0:
+            for _ in range(steps):
+                self.cap.charge(amount / steps)
+        else:
+            self.cap.spent += amount
+        if not self.cap.exhausted:
+            return False
+        self.cap.stopped_at = {
+            "cycle": cycle,
+            "global_optimizer_step": global_step,
+            "spent": self.cap.spent,
+            "limit": self.cap.limit,
+        }
+        assert self.events is not None, "begin() runs before the first cycle"
+        self.events.emit(
+            "compute_cap_reached",
+            echo=f"compute cap reached after cycle {cycle}: {self.cap.resource} "
+            f"{self.cap.spent:.1f} of {self.cap.limit:.1f}; training stops here",
+            resource=self.cap.resource,
+            **self.cap.stopped_at,
+        )
+        return True
 
 
 @dataclass
@@ -154,7 +263,7 @@ def measure_budget(
     mode = next((e.get("mode") for e in events if e.get("event") == "run_start"), None)
     optimizer_steps = sum(int(c.get("steps") or 0) for c in cycles)
     scored = 0
-    if mode != "sft" and paths.trajectories.exists():
+    if mode in MODES and MODES[mode].teacher_targets and paths.trajectories.exists():
         seen: set[str] = set()
         for record in read_jsonl(paths.trajectories):
             tid = str(record.get("trajectory_id"))

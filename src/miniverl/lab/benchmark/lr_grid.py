@@ -8,7 +8,7 @@ rule, and the rule only ever sees the validation split (``eval.split=eval``):
     selected(arm) = the rate with the highest mean final validation success over all
                     (seed, arm seed) cells of that arm; an exact tie goes to the smaller rate.
 
-The grid is an ordinary benchmark (:func:`~miniverl.evaluation.benchmark.run_benchmark`)
+The grid is an ordinary benchmark (:func:`~miniverl.lab.benchmark.harness.run_benchmark`)
 whose arms are (arm, rate) pairs named ``opd@lr=0.001``: each seed has one cold start for
 all of them, every held-fixed key is checked, and every finished cell is stored and reused
 on a rerun. ``lr_grid.json`` records the whole table, not only the winners, so a reader sees
@@ -19,11 +19,11 @@ the grid was selected for the same training settings.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from miniverl.config.layout import canonical_layout
 from miniverl.config.models import RunConfig, parse_override
 from miniverl.errors import ConfigError, RunDirectoryError
 from miniverl.utils.hashing import sha256_bytes, sha256_file
@@ -75,7 +75,7 @@ def grid_arm_name(arm: str, lr: float) -> str:
 
 
 def _sets_lr(overrides: Sequence[str]) -> bool:
-    from miniverl.evaluation.arms import override_touches
+    from miniverl.lab.benchmark.arms import override_touches
 
     return any(
         override_touches(".".join(parse_override(item)[0]), "train.lr") for item in overrides
@@ -115,12 +115,13 @@ def validation_overrides(overrides: Sequence[str]) -> list[str]:
 
 
 def training_digest(config: Mapping[str, Any]) -> str:
-    """SHA-256 of everything that shapes training: the config (``RunConfig.to_dict()``) without ``eval`` and ``train.lr``.
+    """SHA-256 of everything that shapes training: the config (``RunConfig.to_dict()``, in the
+    layout ``RunConfig.digest`` hashes, ``config/layout.py``) without ``eval`` and ``train.lr``.
 
     The grid's choice is valid for a benchmark only when this matches: the evaluation
     split and schedule may differ (that is the point), the rate is what was chosen.
     """
-    data = copy.deepcopy(dict(config))
+    data = canonical_layout(config)
     data.pop("eval", None)
     data.get("train", {}).pop("lr", None)
     data.get("run", {}).pop("output_dir", None)
@@ -172,8 +173,8 @@ def run_lr_grid(
     Resumable like the benchmark it is (rerun the same command). ``run_cell`` replaces
     the trainer (tests).
     """
-    from miniverl.evaluation.arms import resolve_arms
-    from miniverl.evaluation.benchmark import run_benchmark
+    from miniverl.lab.benchmark.arms import resolve_arms
+    from miniverl.lab.benchmark.harness import run_benchmark
 
     rates = parse_grid(grid)
     chosen = resolve_arms(arms)
@@ -269,7 +270,7 @@ def benchmark_arms_from_grid(
     arms: Sequence[str] | None, source: str | Path, base: RunConfig
 ) -> tuple[dict[str, tuple[str, ...]], dict[str, Any]]:
     """(arm definitions at their selected rates, what benchmark.json records as ``learning_rates``)."""
-    from miniverl.evaluation.arms import resolve_arms
+    from miniverl.lab.benchmark.arms import resolve_arms
 
     grid = read_lr_grid(source)
     definitions = arms_with_learning_rates(resolve_arms(arms), grid, base, str(source))

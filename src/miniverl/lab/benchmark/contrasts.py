@@ -5,7 +5,7 @@
 the tasks of one chain length k), each seed contributes one row: per task, the mean over
 that seed's arm seeds of A's outcome minus the same for B. Arm seeds share the seed's
 cold start, so they are not independent units and are averaged inside the seed, as
-:mod:`miniverl.evaluation.stats` expects; the headline t-interval is over the seed means, and the
+:mod:`miniverl.lab.benchmark.stats` expects; the headline t-interval is over the seed means, and the
 secondary two-level bootstrap resamples seeds, and
 tasks within each drawn seed. Tasks are paired by ``task_id`` (the splits come from
 ``environment.split_seed``, so every cell sees the same tasks).
@@ -13,7 +13,7 @@ tasks within each drawn seed. Tasks are paired by ``task_id`` (the splits come f
 **Order.** The pre-registered primary contrasts (:data:`PRIMARY_CONTRASTS`) come first
 whenever both of their arms ran; then every other arm against a reference
 (:func:`contrast_pairs`). Primary endpoints are greedy success at k = 3 and k = 5
-(:data:`miniverl.evaluation.endpoints.PRIMARY_KS`); "all" pools every k. The primary
+(:data:`miniverl.lab.benchmark.endpoints.PRIMARY_KS`); "all" pools every k. The primary
 family (primary contrasts at primary endpoints) is Holm-corrected (:func:`holm_family`).
 
 **Stop-or-go checks** (:func:`stop_or_go`), recorded in ``benchmark.json``: the teacher
@@ -29,8 +29,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from miniverl.evaluation.endpoints import PRIMARY_KS
-from miniverl.evaluation.stats import (
+from miniverl.lab.benchmark.endpoints import PRIMARY_KS
+from miniverl.lab.benchmark.stats import (
     ALPHA,
     MIN_VALUES_FOR_INTERVAL,
     POWER,
@@ -56,7 +56,7 @@ CHECK_K = 3
 
 RECOVERY = "recovery"
 """The endpoint "recovery": per seed, the arm's flagged recovery rate (the share of its greedy
-held-out episodes with a flagged tool error that end solved, ``evaluation/endpoints.py``),
+held-out episodes with a flagged tool error that end solved, ``lab/benchmark/endpoints.py``),
 averaged over arm seeds. It is one value per seed, not a per-task outcome, so its contrast is
 the seed-paired difference of rates: the t-interval over seeds is the reading, and the
 bootstrap's task level is trivial."""
@@ -129,7 +129,7 @@ def contrast(
     resamples: int,
     bootstrap_seed: int,
 ) -> dict[str, Any]:
-    """One contrast on one endpoint, via :func:`miniverl.evaluation.stats.compare_arms`."""
+    """One contrast on one endpoint, via :func:`miniverl.lab.benchmark.stats.compare_arms`."""
     a, b = outcome_table(cells, arm, k), outcome_table(cells, reference, k)
     seeds = sorted(set(a) & set(b), key=str)
     arm_rows: dict[str, list[float]] = {}

@@ -70,7 +70,7 @@ from types import ModuleType
 from typing import Any
 
 from miniverl.errors import SchemaValidationError
-from miniverl.evaluation.arms import BASELINE_ARM
+from miniverl.lab.benchmark.arms import BASELINE_ARM
 from miniverl.utils.lazy import require
 
 CONFIDENCE = 0.95

@@ -14,7 +14,7 @@ frozen copy is used); a changed file is refused with :class:`~miniverl.errors.Pr
 Without a frozen protocol a test-split benchmark may only *recompute* from stored cells;
 the first cell it would have to run is refused (:func:`refuse_unprotocolled_cell`), so
 nothing touches the test split. The protocol's endpoints define the Holm family
-(``evaluation/contrasts.py``); benchmark.json records the protocol block.
+(``lab/benchmark/contrasts.py``); benchmark.json records the protocol block.
 
 A protocol file::
 

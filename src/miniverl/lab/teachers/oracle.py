@@ -3,10 +3,12 @@
 Why: on-policy distillation is expected to help when the teacher is right at the states the
 *student* reaches, including those after the student's own errors. This backend puts
 ``1 - eps + eps / V`` on the oracle's next token and ``eps / V`` on every other token
-(``models.oracle_teacher.smoothing`` = ``eps``). It is labelled in the manifest
-(``capabilities.backend == "oracle"``) and never fitted. It lives among the teachers, not the
+(``lab.oracle_teacher.smoothing`` = ``eps``). It is labelled in the manifest
+(``capabilities.backend == "oracle"``) and never fitted. It lives in the lab, not among the
 model backends, because it reads the agent protocol and the environment's oracle;
-:func:`build_oracle_teacher` is how a run builds it (``training/assembly.py``).
+:func:`build_oracle_teacher` builds it and the lab hands it to the run
+(``lab/teachers/prepare.py``); the run scores it like any teacher, through its
+``target_mask`` where it has no target.
 
 The oracle's next token after ids ``x[0..p]`` (what position ``p`` predicts):
 
@@ -35,7 +37,7 @@ The oracle's next token after ids ``x[0..p]`` (what position ``p`` predicts):
    without an answer is never the oracle's action, and a "stop now" target at a state that
    looks like an on-path state is not a policy the student can realise.
 
-**Off-path targets** (``models.oracle_teacher.off_path``):
+**Off-path targets** (``lab.oracle_teacher.off_path``):
 
 - ``context``: every defined target of point 3 (on the oracle's path, at every turn start,
   and inside a deviated block of the right kind where the alignment says what comes next).
@@ -182,7 +184,7 @@ def deviated_continuation(generated: str, action: str) -> str | None:
 
 
 OFF_PATH_MODES = ("context", "turn_only")
-"""``models.oracle_teacher.off_path``: ``context`` targets every position where the oracle's
+"""``lab.oracle_teacher.off_path``: ``context`` targets every position where the oracle's
 continuation is defined; ``turn_only`` only the positions on the oracle's path of their turn."""
 
 
@@ -229,7 +231,7 @@ class OracleTeacher:
         if off_path not in OFF_PATH_MODES:
             raise BackendError(
                 f"unknown oracle teacher off_path {off_path!r}",
-                hint=f"models.oracle_teacher.off_path is one of {', '.join(OFF_PATH_MODES)}",
+                hint=f"lab.oracle_teacher.off_path is one of {', '.join(OFF_PATH_MODES)}",
             )
         self.off_path = off_path
         self.tokenizer = tokenizer
@@ -459,18 +461,19 @@ class OracleTeacher:
 def build_oracle_teacher(
     config: Any, tokenizer: TokenizerLike, tasks: Sequence[Task], device: str = "cpu"
 ) -> OracleTeacher:
-    """``models.oracle_teacher`` of a ``RunConfig``: the smoothed oracle over ``tasks``.
+    """``lab.oracle_teacher`` of a ``RunConfig``: the smoothed oracle over ``tasks``.
 
     ``tasks`` are every task the run's episodes may come from (its splits). The teacher
     gets its own environment instance, so it never shares episode state with a runner.
     """
     from miniverl.environments.registry import make_environment
+    from miniverl.lab.config import lab_of
 
-    spec = config.models.oracle_teacher
+    spec = lab_of(config).oracle_teacher
     if spec is None:
         raise BackendError(
-            "this config has no models.oracle_teacher",
-            hint="set models.oracle_teacher.smoothing (recipes/toy_calc_chain_oracle.yaml)",
+            "this config has no lab.oracle_teacher",
+            hint="set lab.oracle_teacher.smoothing (recipes/toy_calc_chain_oracle.yaml)",
         )
     environment = make_environment(config.environment.name, **config.environment.params)
     return OracleTeacher(

@@ -2,7 +2,7 @@
 
 A row is ``(token_ids, target_positions)``: target ``j`` is the supervised token, predicted from
 position ``j - 1``. Both fits (the toy teacher's ``fit_toy_model`` and the HF adapter's
-``fit_adapter``, ``training/teacher_fit.py``) run :func:`fit_rows`: a seeded shuffle of their
+``fit_adapter``, ``lab/teachers/toy_fit.py``) run :func:`fit_rows`: a seeded shuffle of their
 rows, epoch by epoch, each step the project's ``chunked_selected_position_loss`` in pure
 cross-entropy form, so a teacher is fitted by the same code path that later trains the student.
 

@@ -41,12 +41,13 @@ from miniverl.config.models import RolloutConfig
 from miniverl.environments.base import Task, ToolEnvironment
 from miniverl.environments.oracle_state import next_oracle_action, oracle_tool_results
 from miniverl.errors import TeacherGateError, ToolEnvironmentError
+from miniverl.lab.config import lab_of
 from miniverl.schemas.trajectory import Trajectory
 from miniverl.utils.io import read_json, write_json
 from miniverl.utils.seeding import derive_seed
 
 DEFAULT_THRESHOLD = 0.95
-"""Default minimum gate value (``eval.teacher_gate_threshold``)."""
+"""Default minimum gate value (``lab.teacher_gate.threshold``)."""
 TEACHER_GATE_FILE = "teacher-gate.json"
 """Where :func:`record_teacher_gate` stores the result inside a run (or cold-start) directory."""
 SCHEMA = "miniverl.teacher_gate/1"
@@ -267,9 +268,9 @@ def require_teacher_gate(result: TeacherGateResult, threshold: float = DEFAULT_T
         f"teacher gate failed: the teacher reproduces the correct next action at "
         f"{result.correct} of {result.actions} student-visited states ({result.value:.3f}), "
         f"under the threshold {threshold:.3f}",
-        hint="fit the toy teacher longer (models.toy_fit.max_steps, models.toy_fit.target_success) "
-        "or on more noise-injected traces (models.toy_fit.noise_fraction, "
-        "models.toy_fit.extra_tasks); lower eval.teacher_gate_threshold only knowingly",
+        hint="fit the toy teacher longer (lab.toy_fit.max_steps, lab.toy_fit.target_success) "
+        "or on more noise-injected traces (lab.toy_fit.noise_fraction, "
+        "lab.toy_fit.extra_tasks); lower lab.teacher_gate.threshold only knowingly",
     )
 
 
@@ -309,10 +310,10 @@ def _configured_gate(
     tasks: int | None = None,
 ) -> TeacherGateResult:
     """The gate as a run's config defines it: the first ``tasks`` (default
-    ``eval.teacher_gate_tasks``) validation tasks, episode seeds from ``run.seed``, rollouts
+    ``lab.teacher_gate.tasks``) validation tasks, episode seeds from ``run.seed``, rollouts
     batched by ``eval.batch_size`` at ``rollout.temperature``. The benchmark's cold start and
     :func:`gate_of_weight_files` both score through here, so they see the same states."""
-    count = config.eval.teacher_gate_tasks if tasks is None else tasks
+    count = lab_of(config).teacher_gate.tasks if tasks is None else tasks
     return evaluate_teacher_gate(
         teacher,
         student,
@@ -339,8 +340,8 @@ def gate_of_weight_files(
     models, environment and rollout settings shape both backends; the weights are
     safetensors files (e.g. ``<run>/toy-teacher.safetensors``, a checkpoint's
     ``adapter.safetensors`` of a full-weight student, a cold start's ``student.safetensors``).
-    With ``models.oracle_teacher`` the teacher has no weights: ``teacher_file`` is None.
-    ``tasks`` defaults to ``eval.teacher_gate_tasks``; seeds and temperature are the
+    With ``lab.oracle_teacher`` the teacher has no weights: ``teacher_file`` is None.
+    ``tasks`` defaults to ``lab.teacher_gate.tasks``; seeds and temperature are the
     benchmark's (:func:`run_teacher_gate`).
     """
     import torch
@@ -350,8 +351,8 @@ def gate_of_weight_files(
     from miniverl.environments.registry import make_environment
     from miniverl.environments.tasks_file import build_splits
     from miniverl.errors import CheckpointError
+    from miniverl.lab.teachers.oracle import build_oracle_teacher
     from miniverl.models.factory import build_student, build_teacher, build_tokenizer
-    from miniverl.teachers.oracle import build_oracle_teacher
     from miniverl.training.resolve import resolve_device
 
     tokenizer = build_tokenizer(config)
@@ -359,10 +360,10 @@ def gate_of_weight_files(
     environment = make_environment(config.environment.name, **config.environment.params)
     splits = build_splits(environment, config.environment)
     backends = {"student": (build_student(config, tokenizer, device), student_file)}
-    if config.models.oracle_teacher is not None:
+    if lab_of(config).oracle_teacher is not None:
         if teacher_file is not None:
             raise CheckpointError(
-                f"models.oracle_teacher has no weights, but a teacher file was given: {teacher_file}",
+                f"lab.oracle_teacher has no weights, but a teacher file was given: {teacher_file}",
                 hint="pass no teacher file (benchmarks/teacher_gate_probe.py STUDENT oracle)",
             )
         every_task = [t for split in splits.values() for t in split]
@@ -370,7 +371,7 @@ def gate_of_weight_files(
     else:
         if teacher_file is None:
             raise CheckpointError(
-                "a teacher weights file is needed unless the config sets models.oracle_teacher",
+                "a teacher weights file is needed unless the config sets lab.oracle_teacher",
                 hint="pass the teacher's safetensors file (e.g. <run>/toy-teacher.safetensors)",
             )
         teacher = build_teacher(config, tokenizer, device)
@@ -399,7 +400,7 @@ class StateGateResult:
     """The held-out state gate: per-position top-1 agreement and the teacher's recovery.
 
     Positions are every target position inside the student's assistant turns on held-out
-    tasks (:mod:`miniverl.models.fitting`, :class:`~miniverl.models.fitting.TurnState`).
+    tasks (:mod:`miniverl.lab.teachers.fitting`, :class:`~miniverl.lab.teachers.fitting.TurnState`).
     *On path*: the student has not deviated yet (no earlier turn failed to advance the
     oracle, and its tokens so far in the turn agree with the oracle's action). *Off path*:
     after a deviation: in a later turn (the label is the corrective action's next token) or
@@ -535,7 +536,7 @@ def recovery_outcomes(
     that did not advance the oracle), then the teacher continues greedily; ``solved`` is the
     environment's verdict on the teacher's final answer.
     """
-    from miniverl.models.fitting import turn_spans
+    from miniverl.lab.teachers.fitting import turn_spans
 
     first_off: dict[str, int] = {}
     for state in states:
@@ -578,7 +579,7 @@ def score_state_gate(
     recovery: bool = True,
 ) -> StateGateResult:
     """The held-out state gate of ``teacher`` over given student episodes (see the result)."""
-    from miniverl.training.teacher_fit import label_student_states
+    from miniverl.lab.teachers.toy_fit import label_student_states
 
     by_id = {t.task_id: t for t in tasks}
     tokenizer = teacher.tokenizer
@@ -664,7 +665,7 @@ def require_disjoint(tasks: Sequence[Task], fit_task_ids: Iterable[str]) -> None
         raise TeacherGateError(
             f"the held-out state gate would score {len(shared)} task(s) the teacher was fitted "
             f"on (e.g. {shared[:3]}): its states are not held out",
-            hint="gate on the eval split and fit on train (+ models.toy_fit.extra_tasks, which "
+            hint="gate on the eval split and fit on train (+ lab.toy_fit.extra_tasks, which "
             "exclude every split); never pass a fitting task to the gate",
         )
 
@@ -703,12 +704,12 @@ def evaluate_state_gate(
     )
 
 
-def state_gate_thresholds(eval_config: Any) -> dict[str, float]:
-    """The recipe's held-out gate thresholds that are set (``eval.teacher_gate_*``)."""
+def state_gate_thresholds(gate: Any) -> dict[str, float]:
+    """The recipe's held-out gate thresholds that are set (``lab.teacher_gate``)."""
     pairs = {
-        "on_path_agreement": eval_config.teacher_gate_on_path,
-        "off_path_agreement": eval_config.teacher_gate_off_path,
-        "recovery_rate": eval_config.teacher_gate_recovery,
+        "on_path_agreement": gate.on_path,
+        "off_path_agreement": gate.off_path,
+        "recovery_rate": gate.recovery,
     }
     return {k: float(v) for k, v in pairs.items() if v is not None}
 
@@ -768,7 +769,7 @@ class GateSubject:
     """What the gate of a set-up run reads: the models, the environment, the validation tasks.
 
     The harness that owns a trainer fills it from the trainer's fields
-    (``evaluation/cell_runner.py::gate_subject``), so the gate reads only what it scores; ``directory`` and ``events``
+    (``lab/benchmark/cell_runner.py::gate_subject``), so the gate reads only what it scores; ``directory`` and ``events``
     say where the result is recorded.
     """
 
@@ -786,7 +787,7 @@ def run_teacher_gate(subject: GateSubject, *, record: bool = True) -> TeacherGat
     """The gate of a set-up run (e.g. the benchmark's cold start, after ``train()``).
 
     The student is the run's current student (the cold start), the teacher its teacher, the
-    tasks the first ``eval.teacher_gate_tasks`` of the ``eval`` split. With ``record`` the
+    tasks the first ``lab.teacher_gate.tasks`` of the ``eval`` split. With ``record`` the
     result goes to ``<directory>/teacher-gate.json`` and the run's event log.
     """
     cfg = subject.config
@@ -800,7 +801,7 @@ def run_teacher_gate(subject: GateSubject, *, record: bool = True) -> TeacherGat
     )
     if record:
         record_teacher_gate(
-            result, cfg.eval.teacher_gate_threshold, subject.directory, subject.events
+            result, lab_of(cfg).teacher_gate.threshold, subject.directory, subject.events
         )
     return result
 
@@ -808,7 +809,7 @@ def run_teacher_gate(subject: GateSubject, *, record: bool = True) -> TeacherGat
 def cold_start_teacher_gate(subject: GateSubject) -> dict[str, Any]:
     """The gate of a finished cold start, as the benchmark records it (``teacher_gate``).
 
-    Where the recipe sets a held-out state threshold (``eval.teacher_gate_on_path``,
+    Where the recipe sets a held-out state threshold (``lab.teacher_gate.on_path``,
     ``_off_path``, ``_recovery``), the state gate (:func:`evaluate_state_gate`, recorded in
     ``teacher-state-gate.json``) decides ``passed`` and its figures are under ``states``; the
     turn-start figures stay beside them.
@@ -820,14 +821,14 @@ def cold_start_teacher_gate(subject: GateSubject) -> dict[str, Any]:
     action is. A skipped gate never refuses a benchmark; the stop-or-go check reports it as
     not measured, with the reason. The teacher is any backend that scores rows (the toy
     teacher, the smoothed oracle, an hf teacher adapter on the shared backbone). With
-    ``eval.teacher_gate_required: false`` the record carries ``required: false``: the
+    ``lab.teacher_gate.required: false`` the record carries ``required: false``: the
     figures are measured and stored, and :func:`refuse_failed_gates` lets the arms run on
     an ungated teacher.
     """
     cfg = subject.config
-    threshold = float(cfg.eval.teacher_gate_threshold)
+    threshold = float(lab_of(cfg).teacher_gate.threshold)
     reason = None
-    tasks = list(subject.eval_tasks)[: cfg.eval.teacher_gate_tasks]
+    tasks = list(subject.eval_tasks)[: lab_of(cfg).teacher_gate.tasks]
     if subject.teacher is None:
         reason = "the cold start has no teacher"
     elif not tasks:
@@ -860,7 +861,7 @@ def cold_start_teacher_gate(subject: GateSubject) -> dict[str, Any]:
         "oracle_state_accuracy": result.oracle_state_accuracy,
         "tasks": len(tasks),
     }
-    thresholds = state_gate_thresholds(cfg.eval)
+    thresholds = state_gate_thresholds(lab_of(cfg).teacher_gate)
     if thresholds:
         states = evaluate_state_gate(
             subject.teacher,
@@ -883,7 +884,7 @@ def cold_start_teacher_gate(subject: GateSubject) -> dict[str, Any]:
             "failures": failures,
         }
         out["passed"] = not failures
-    if not cfg.eval.teacher_gate_required:
+    if not lab_of(cfg).teacher_gate.required:
         out["required"] = False
     return out
 
@@ -897,12 +898,12 @@ def refuse_failed_gates(cold_starts: Sequence[dict[str, Any]]) -> None:
             raise TeacherGateError(
                 f"teacher gate failed for seed {cold.get('seed')}: the teacher reproduces the correct "
                 f"next action at {gate.get('value', 0.0):.3f} of {gate.get('actions')} student-visited "
-                f"states, under eval.teacher_gate_threshold {gate.get('threshold'):.3f}; "
+                f"states, under lab.teacher_gate.threshold {gate.get('threshold'):.3f}; "
                 "no benchmark arm was started and no benchmark.json was written",
-                hint="fit the toy teacher longer (models.toy_fit.max_steps, models.toy_fit.target_success) "
-                "or on more noise-injected traces (models.toy_fit.noise_fraction), or use the "
-                "smoothed oracle as the teacher (models.oracle_teacher, "
-                "recipes/toy_calc_chain_oracle.yaml); lower eval.teacher_gate_threshold only "
+                hint="fit the toy teacher longer (lab.toy_fit.max_steps, lab.toy_fit.target_success) "
+                "or on more noise-injected traces (lab.toy_fit.noise_fraction), or use the "
+                "smoothed oracle as the teacher (lab.oracle_teacher, "
+                "recipes/toy_calc_chain_oracle.yaml); lower lab.teacher_gate.threshold only "
                 "knowingly (the cold start is stored and reused only under the same base config)",
             )
 
