@@ -395,17 +395,19 @@ def capture_trained_samples(monkeypatch: Any) -> list[tuple[Any, str | None]]:
 
     ``monkeypatch`` is pytest's fixture; the returned list fills as the trainer runs.
     """
-    from miniverl.training.recipe import PolicyUpdater
+    from miniverl.config.modes import WARMUP_MODE
+    from miniverl.training.recipe import OPDTrainer
 
     seen: list[tuple[Any, str | None]] = []
-    original = PolicyUpdater.optimize
+    original = OPDTrainer._groups
 
-    def optimize(self: Any, samples: Any, supervision: Any, *, cycle: int) -> Any:
-        if supervision.phase != "sft":
-            seen.extend((s, self.state.policy_fingerprint) for s in samples if s.trainable)
-        return original(self, samples, supervision, cycle=cycle)
+    def groups(self: Any, samples: Any, supervision: Any) -> Any:
+        for group in original(self, samples, supervision):
+            if supervision.phase != WARMUP_MODE.name:
+                seen.extend((s, self.state.policy_fingerprint) for s in group)
+            yield group
 
-    monkeypatch.setattr(PolicyUpdater, "optimize", optimize)
+    monkeypatch.setattr(OPDTrainer, "_groups", groups)
     return seen
 
 
@@ -466,3 +468,19 @@ def force_loss_path(monkeypatch: Any, name: str, path: str) -> None:
         monkeypatch.setitem(DIVERGENCES, name, Divergence(row.plain))
     else:
         raise ValueError(f"unknown loss path {path!r}; expected one of {LOSS_PATHS}")
+
+
+def export_cold_start(trainer: Any, directory: Path, prepared: Any = None) -> Path:
+    """Save a finished ``OPDTrainer``'s student (and the lab's ``prepared`` teacher) as a cold
+    start, as a benchmark's cold-start cell does (``lab/benchmark/cold_start.py``)."""
+    from miniverl.lab.benchmark.cold_start import save_cold_start
+
+    return save_cold_start(
+        directory,
+        config=trainer.config,
+        student=trainer.student,
+        teacher=prepared,
+        parameter_version=trainer.state.parameter_version,
+        global_step=trainer.state.global_step,
+        evaluations=trainer.state.eval_results,
+    )

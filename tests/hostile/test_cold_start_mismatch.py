@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from helpers import export_cold_start
 from miniverl.cli.main import app
 from miniverl.config.models import RunConfig
 from miniverl.errors import CheckpointError
-from miniverl.lab.teachers.toy_fit import COLD_START_IDENTITY, COLD_START_MARKER
+from miniverl.training.cold_start import COLD_START_IDENTITY, COLD_START_MARKER
 from miniverl.training.recipe import OPDTrainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -36,7 +37,7 @@ def cold(tmp_path_factory: pytest.TempPathFactory, tiny_recipe: Path) -> Path:
     config = RunConfig.from_yaml(tiny_recipe, ["train.cycles=0"])
     trainer = OPDTrainer(config, output_dir=root / "run", quiet=True)
     trainer.train()
-    return trainer.export_cold_start(root / "cold-start")
+    return export_cold_start(trainer, root / "cold-start")
 
 
 def _train(recipe: Path, out: Path, *args: str):  # type: ignore[no-untyped-def]
@@ -67,10 +68,10 @@ def test_the_same_recipe_starts_from_the_cold_start(
     [
         ("models.student.model_id=toy-teacher", "student_model"),
         ("models.student.lora.enabled=true", "student_lora"),
-        ("models.student.toy.hidden_size=32", "student_toy"),
+        ("models.student.revision=v2", "student_revision"),
         ("environment.params.prompt_style=compact", "environment_params"),
     ],
-    ids=["base-model", "adapter", "architecture", "environment"],
+    ids=["base-model", "adapter", "revision", "environment"],
 )
 def test_another_recipe_or_base_model_is_refused_and_nothing_is_written(
     cold: Path, tiny_recipe: Path, tmp_path: Path, override: str, field: str
@@ -78,7 +79,7 @@ def test_another_recipe_or_base_model_is_refused_and_nothing_is_written(
     before = _snapshot(cold)
     config = RunConfig.from_yaml(tiny_recipe, [override])
     with pytest.raises(CheckpointError, match="made for another recipe or base model") as info:
-        OPDTrainer(config, output_dir=tmp_path / "direct", cold_start=cold, quiet=True)
+        OPDTrainer(config, output_dir=tmp_path / "direct", initial_weights=cold, quiet=True)
     assert f"{field}: cold start" in str(info.value)
     assert "--cold-start" in info.value.hint
     out = tmp_path / "run"

@@ -1,8 +1,9 @@
 """A CPU allocation failure is handled like CUDA out-of-memory: split, then a typed error.
 
-``train.rollouts_per_cycle=4096`` under a memory cap used to die with torch's raw
-``RuntimeError: DefaultCPUAllocator: can't allocate memory`` traceback. Every failure here is
-a real one from torch's CPU allocator (an impossible 2**62-byte tensor), not a mocked message.
+``train.rollouts_per_cycle=4096`` under a memory cap makes torch raise a raw
+``RuntimeError: DefaultCPUAllocator: can't allocate memory``; it must be told apart from other
+errors and halved like CUDA's. Every failure here is a real one from torch's CPU allocator (an
+impossible 2**62-byte tensor), not a mocked message.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from miniverl.errors import GpuMemoryError  # noqa: E402
-from miniverl.training.resolve import run_with_oom_retry, split_on_oom  # noqa: E402
+from miniverl.training.resolve import after_oom, split_on_oom  # noqa: E402
 from miniverl.utils import gpu  # noqa: E402
 from miniverl.utils.logging import EventLog  # noqa: E402
 
@@ -58,10 +59,16 @@ def test_a_single_item_that_never_fits_is_a_typed_error_with_knobs(tmp_path: Pat
     assert "train.trajectory_batch_size" in caught.value.hint
 
 
-def test_a_loss_projection_that_never_fits_in_cpu_memory_is_a_typed_error() -> None:
-    def project(chunk: int) -> int:
-        torch.empty(2**62, dtype=torch.uint8)
-        return chunk
-
-    with pytest.raises(GpuMemoryError, match="out of memory at projection chunk size 8 after 2"):
-        run_with_oom_retry(project, chunk_size=32, min_chunk_size=1, retries=2)
+def test_a_loss_step_that_never_fits_in_cpu_memory_is_a_typed_error() -> None:
+    """The chunk is halved to the smallest, then the batch, then there is nothing left."""
+    exc = _cpu_allocation_failure()
+    halvings, chunk, rows = 0, 32, 2
+    sizes = []
+    with pytest.raises(GpuMemoryError, match="chunk size 16 with one trajectory") as caught:
+        while True:
+            halvings, chunk, rows = after_oom(
+                exc, halvings=halvings, chunk_size=chunk, batch_rows=rows, step_chunk_size=32
+            )
+            sizes.append((chunk, rows))
+    assert sizes == [(16, 2), (32, 1), (16, 1)]
+    assert "train.trajectory_batch_size" in caught.value.hint

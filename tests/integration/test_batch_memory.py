@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from helpers import tiny_config
-from miniverl.training.recipe import GroupGradients, OPDTrainer
+from miniverl.training import recipe, resolve
+from miniverl.training.recipe import OPDTrainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -22,21 +23,23 @@ def _losses(trainer: OPDTrainer) -> list[float]:
 def test_an_oom_at_the_smallest_chunk_halves_the_trajectory_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = tiny_config("train.rollouts_per_cycle=4", "memory.oom_retries=0", "train.cycles=1")
+    config = tiny_config("train.rollouts_per_cycle=4", "train.cycles=1")
     plain = OPDTrainer(config, output_dir=tmp_path / "plain", quiet=True)
     plain.train()
     assert plain.resolved_config.train.trajectory_batch_size == 4
 
-    original = GroupGradients.compute
+    monkeypatch.setattr(resolve, "OOM_RETRIES", 0)  # no chunk halving: the batch at once
+    original = recipe.chunked_selected_position_loss
     rows_seen: list[int] = []
 
-    def flaky(self: GroupGradients, group, **kwargs):
-        rows_seen.append(kwargs["batch_rows"])
-        if kwargs["batch_rows"] > 1:
+    def flaky(**kwargs):  # type: ignore[no-untyped-def]
+        rows = split.state.trajectory_batch_size
+        rows_seen.append(rows)
+        if rows > 1:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
-        return original(self, group, **kwargs)
+        return original(**kwargs)
 
-    monkeypatch.setattr(GroupGradients, "compute", flaky)
+    monkeypatch.setattr(recipe, "chunked_selected_position_loss", flaky)
     split = OPDTrainer(config, output_dir=tmp_path / "split", quiet=True)
     split.train()
     assert rows_seen[:3] == [4, 2, 1] and set(rows_seen[3:]) == {1}

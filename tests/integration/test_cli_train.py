@@ -117,8 +117,11 @@ def test_the_packaged_demo_recipe_is_the_one_in_recipes() -> None:
 
 def test_the_configuration_reference_is_current() -> None:
     from miniverl.config.reference import markdown_reference
+    from miniverl.lab.config import LabRunConfig
 
-    assert (REPO / "docs" / "configuration.md").read_text(encoding="utf-8") == markdown_reference()
+    reference = markdown_reference(LabRunConfig)
+    assert (REPO / "docs" / "configuration.md").read_text(encoding="utf-8") == reference
+    assert "## `lab.toy_fit`" in reference and "| `models.toy_fit` | `lab.toy_fit` |" in reference
 
 
 def _bash_block_after(markdown: str, heading: str) -> list[str]:

@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from helpers import tiny_config
 from miniverl.config.models import RunConfig
 from miniverl.errors import ConfigError, GpuMemoryError
-from miniverl.training import resolve
-from miniverl.training.recipe import GroupGradients, OPDTrainer
+from miniverl.training import recipe, resolve
+from miniverl.training.recipe import OPDTrainer
 
 
 def _losses(trainer: OPDTrainer) -> list[float]:
@@ -26,18 +26,10 @@ def _weights(trainer: OPDTrainer) -> dict[str, torch.Tensor]:
     return load_file(str(trainer.paths.final_checkpoint / "adapter.safetensors"))
 
 
-def _group_gradients(trainer: OPDTrainer) -> GroupGradients:
-    """The trainer's gradient collaborators, as ``OPDTrainer._optimize`` passes them."""
-    cfg = trainer.config
-    return GroupGradients(
-        student=trainer.student,
-        optimizer=trainer.optimizer,
-        pad_token_id=trainer.tokenizer.pad_token_id,
-        nll_weight=cfg.loss.sampled_token_nll_weight,
-        min_chunk_size=cfg.memory.min_chunk_size,
-        oom_retries=cfg.memory.oom_retries,
-        events=trainer.events,
-    )
+def _loss_step(trainer: OPDTrainer, samples, *, chunk: int, rows: int):  # type: ignore[no-untyped-def]
+    """``trainer.loss_step`` at projection chunk ``chunk`` and trajectory batch ``rows``."""
+    trainer.state.chunk_size, trainer.state.trajectory_batch_size = chunk, rows
+    return trainer.loss_step(samples, teacher_targets=True)
 
 
 def test_resident_and_swap_give_the_same_losses(tmp_path: Path) -> None:
@@ -59,20 +51,20 @@ def test_resident_and_swap_give_the_same_losses(tmp_path: Path) -> None:
 def test_an_injected_oom_halves_the_chunk_and_keeps_the_gradient(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = tiny_config("loss.chunk_size=64", "memory.min_chunk_size=16")
+    config = tiny_config("loss.chunk_size=64")
     plain = OPDTrainer(config, output_dir=tmp_path / "plain", quiet=True)
     plain.train()
 
-    original = GroupGradients.compute
+    original = recipe.chunked_selected_position_loss
     seen: list[int] = []
 
-    def flaky(self: GroupGradients, group, **kwargs):
+    def flaky(**kwargs):  # type: ignore[no-untyped-def]
         seen.append(kwargs["chunk_size"])
         if kwargs["chunk_size"] > 16:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
-        return original(self, group, **kwargs)
+        return original(**kwargs)
 
-    monkeypatch.setattr(GroupGradients, "compute", flaky)
+    monkeypatch.setattr(recipe, "chunked_selected_position_loss", flaky)
     retried = OPDTrainer(config, output_dir=tmp_path / "retried", quiet=True)
     retried.train()
     assert seen[:3] == [64, 32, 16]
@@ -90,35 +82,40 @@ def test_an_injected_oom_halves_the_chunk_and_keeps_the_gradient(
     assert {s["projection_chunk_size"] for s in steps if s.get("kind") == "step"} == {16}
 
 
-def test_exhausted_retries_raise_gpu_memory_error_naming_six_knobs() -> None:
-    def always_oom(chunk: int) -> None:
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
-
+def test_exhausted_retries_raise_gpu_memory_error_naming_five_knobs() -> None:
+    exc = torch.cuda.OutOfMemoryError("CUDA out of memory")
+    halvings, chunk, rows = 0, 256, 1
     with pytest.raises(GpuMemoryError) as info:
-        resolve.run_with_oom_retry(always_oom, chunk_size=256, min_chunk_size=16, retries=3)
-    assert "chunk size 32 after 3 retries" in info.value.message
-    assert len(resolve.OOM_KNOBS) == 6 and all(
+        while True:
+            halvings, chunk, rows = resolve.after_oom(
+                exc, halvings=halvings, chunk_size=chunk, batch_rows=rows, step_chunk_size=256
+            )
+    assert "chunk size 32 with one trajectory per batch after 3 retries" in info.value.message
+    assert len(resolve.OOM_KNOBS) == 5 and all(
         knob in info.value.hint for knob in resolve.OOM_KNOBS
     )
 
 
-def test_oom_retry_only_changes_the_chunk_and_passes_other_errors_through() -> None:
-    calls: list[int] = []
+def test_oom_halves_the_chunk_then_the_batch_and_other_errors_pass_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exc = RuntimeError("CUDA error: out of memory")
+    sizes = [(0, 160, 4)]
+    while len(sizes) < 7:
+        h, c, r = sizes[-1]
+        sizes.append(resolve.after_oom(exc, halvings=h, chunk_size=c, batch_rows=r, step_chunk_size=160))
+    assert sizes == [(0, 160, 4), (1, 80, 4), (2, 40, 4), (3, 20, 4), (0, 160, 2), (1, 80, 2), (2, 40, 2)]
 
-    def fn(chunk: int) -> int:
-        calls.append(chunk)
-        if chunk > 40:
-            raise RuntimeError("CUDA error: out of memory")
-        return chunk * 2
+    trainer = OPDTrainer(tiny_config(), output_dir=tmp_path / "run", quiet=True)
+    trainer.setup()
+    samples = [s for s in trainer.source.samples(0, trainer.next_tasks(2)).samples if s.trainable]
 
-    assert resolve.run_with_oom_retry(fn, chunk_size=160, min_chunk_size=8, retries=5) == (80, 40)
-    assert calls == [160, 80, 40]
-
-    def broken(chunk: int) -> None:
+    def broken(**kwargs):  # type: ignore[no-untyped-def]
         raise ValueError("not a memory problem")
 
+    monkeypatch.setattr(recipe, "chunked_selected_position_loss", broken)
     with pytest.raises(ValueError, match="not a memory problem"):
-        resolve.run_with_oom_retry(broken, chunk_size=64, min_chunk_size=8, retries=3)
+        _loss_step(trainer, samples, chunk=64, rows=2)
 
 
 def _hf_quantized(strategy: str) -> RunConfig:
@@ -167,15 +164,12 @@ def test_the_group_loss_does_not_depend_on_the_micro_batch_layout(
 ) -> None:
     config = tiny_config("train.rollouts_per_cycle=4", "environment.train_tasks=8")
     trainer = OPDTrainer(config, output_dir=tmp_path / "layout", quiet=True)
-    trainer.setup(write_artifacts=False)
-    trainer.run_sft_warmup(1)
+    trainer.setup()
     samples = [s for s in trainer.source.samples(0, trainer.next_tasks(4)).samples if s.trainable]
     assert len(samples) >= 3
 
     def group_loss(rows: int) -> tuple[float, list[torch.Tensor]]:
-        result = _group_gradients(trainer).compute(
-            samples, chunk_size=7, batch_rows=rows, teacher_targets=True
-        )
+        result = _loss_step(trainer, samples, chunk=7, rows=rows)
         return result.loss, [p.grad.clone() for p in trainer.student.trainable_parameters()]
 
     reference_loss, reference_grads = group_loss(1)

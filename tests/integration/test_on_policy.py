@@ -19,7 +19,7 @@ from helpers import tiny_config
 from miniverl.cache.store import TeacherCache
 from miniverl.errors import OffPolicyError, StaleCacheError
 from miniverl.models.fingerprint import backend_fingerprint, tensor_fingerprint
-from miniverl.training import trainer as trainer_module
+from miniverl.training import recipe as trainer_module
 from miniverl.training.recipe import OPDTrainer
 from miniverl.training.sources import OnPolicySource
 from miniverl.trajectory.io import read_trajectories

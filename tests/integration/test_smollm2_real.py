@@ -377,7 +377,7 @@ def test_one_opd_cycle_on_the_real_model_changes_only_the_student_adapter(
     from safetensors.torch import load_file
 
     from miniverl.config.models import RunConfig
-    from miniverl.lab.teachers.toy_fit import ADAPTER_FILE
+    from miniverl.lab.teachers.adapter_fit import ADAPTER_FILE
     from miniverl.training.recipe import OPDTrainer
 
     spec = {"model_id": str(smollm2_dir), "lora": {"enabled": True, "r": 2, "alpha": 4}}

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from helpers import tiny_config
 from miniverl.cli.main import app
+from miniverl.lab.run import start_run
+from miniverl.lab.teachers import oracle
 from miniverl.lab.teachers.audit import CLASSES, student_rollouts
-from miniverl.teachers import oracle
-from miniverl.training.recipe import OPDTrainer
 from miniverl.utils.runs import RunPaths
 
 CHAIN = (
@@ -42,7 +42,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = tiny_config(
         "run.mode=opd", "rollout.temperature=1.5", "train.rollouts_per_cycle=4", *CHAIN
     )
-    OPDTrainer(config, output_dir=root, quiet=True).train()
+    start_run(config, output_dir=root).train()
     return root
 
 

@@ -10,12 +10,14 @@ import pytest
 from helpers import tiny_config
 from miniverl.errors import TeacherGateError
 from miniverl.lab.benchmark.cell_runner import gate_subject
+from miniverl.lab.config import lab_of
+from miniverl.lab.teachers import toy_fit as teacher_fit
 from miniverl.lab.teachers.gate import (
     TEACHER_GATE_FILE,
     require_teacher_gate,
     run_teacher_gate,
 )
-from miniverl.training import teacher_fit
+from miniverl.lab.teachers.prepare import prepare_teacher
 from miniverl.training.recipe import OPDTrainer
 
 
@@ -29,9 +31,12 @@ def test_the_gate_of_a_run_is_stored_and_refuses_a_weak_teacher(
         "models.toy_fit.max_steps=2",  # a teacher that has barely started fitting
         "rollout.max_new_tokens_per_turn=40",
     )
-    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True)
+    prepared = prepare_teacher(config)
+    trainer = OPDTrainer(
+        config, output_dir=tmp_path / "run", quiet=True, teacher=prepared.teacher
+    )
     trainer.setup()
-    result = run_teacher_gate(gate_subject(trainer))
+    result = run_teacher_gate(gate_subject(trainer, prepared))
     assert result.episodes == 2 and result.actions >= 2
     stored = json.loads((tmp_path / "run" / TEACHER_GATE_FILE).read_text())
     assert stored["value"] == result.value and stored["threshold"] == 0.99
@@ -43,4 +48,4 @@ def test_the_gate_of_a_run_is_stored_and_refuses_a_weak_teacher(
     assert len(gate) == 1 and gate[0]["value"] == result.value
     assert result.value < 0.99  # two fit steps cannot reproduce every action
     with pytest.raises(TeacherGateError, match=r"under the threshold 0\.990$"):
-        require_teacher_gate(result, config.eval.teacher_gate_threshold)
+        require_teacher_gate(result, lab_of(config).teacher_gate.threshold)

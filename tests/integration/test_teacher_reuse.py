@@ -11,7 +11,10 @@ from typing import Any
 import pytest
 
 from helpers import tiny_config
-from miniverl.training import teacher_fit
+from miniverl.lab.config import lab_of
+from miniverl.lab.run import start_run
+from miniverl.lab.teachers import toy_fit as teacher_fit
+from miniverl.training.live import ProgressReporter
 from miniverl.training.recipe import OPDTrainer
 from miniverl.utils.hashing import sha256_file
 
@@ -30,7 +33,8 @@ def _stable_metrics(run: Path) -> list[dict[str, Any]]:
 
 
 def _train(run: Path, *overrides: str) -> OPDTrainer:
-    trainer = OPDTrainer(tiny_config(*overrides), output_dir=run, quiet=True)
+    """A run as ``miniverl train`` starts it: the lab fits (or reuses) its toy teacher."""
+    trainer = start_run(tiny_config(*overrides), output_dir=run)
     trainer.train()
     return trainer
 
@@ -67,14 +71,14 @@ def test_second_run_reuses_the_teacher_and_trains_identically(
 def test_digest_covers_fit_settings_and_tasks_and_verifies_weights(
     tmp_path: Path, cache_dir: Path
 ) -> None:
-    base = _train(tmp_path / "base").toy_teacher_report
+    base = _train(tmp_path / "base").teacher_record
     assert base is not None
     for name, override in (
         ("lr", "models.toy_fit.lr=0.003"),
         ("split-seed", "environment.split_seed=99"),
         ("seed", "run.seed=7"),
     ):
-        report = _train(tmp_path / name, override).toy_teacher_report
+        report = _train(tmp_path / name, override).teacher_record
         assert report is not None and report["reused"] is False, name
         assert report["cache_digest"] != base["cache_digest"], name
     # a cache entry whose weights no longer match its recorded SHA-256 is refitted, not used
@@ -82,28 +86,25 @@ def test_digest_covers_fit_settings_and_tasks_and_verifies_weights(
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
-    again = _train(tmp_path / "tampered").toy_teacher_report
+    again = _train(tmp_path / "tampered").teacher_record
     assert again is not None and again["reused"] is False
     assert again["weights_sha256"] == base["weights_sha256"]
-    assert _train(tmp_path / "healed").toy_teacher_report["reused"] is True
+    assert _train(tmp_path / "healed").teacher_record["reused"] is True
 
 
 def test_reuse_false_always_fits_and_stores_nothing(tmp_path: Path, cache_dir: Path) -> None:
-    report = _train(tmp_path / "run", "models.toy_fit.reuse=false").toy_teacher_report
+    report = _train(tmp_path / "run", "models.toy_fit.reuse=false").teacher_record
     assert report is not None and report["reused"] is False
     assert not cache_dir.exists() or not any(cache_dir.rglob("teacher.json"))
 
 
 def test_fit_progress_reports_steps_loss_and_probe_accuracy(
-    tmp_path: Path, cache_dir: Path
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    trainer = OPDTrainer(
-        tiny_config("models.toy_fit.check_every=5"), output_dir=tmp_path / "run", quiet=True
-    )
     seen: dict[str, list[Any]] = {}
 
     @contextlib.contextmanager
-    def task(description: str, total: int) -> Iterator[Any]:
+    def task(self: Any, description: str, total: int) -> Iterator[Any]:
         calls = seen.setdefault(description, [total])
 
         def advance(n: int = 1, stats: str | None = None) -> None:
@@ -111,12 +112,13 @@ def test_fit_progress_reports_steps_loss_and_probe_accuracy(
 
         yield advance
 
-    trainer.progress.task = task  # type: ignore[method-assign]
+    monkeypatch.setattr(ProgressReporter, "task", task)
+    trainer = start_run(tiny_config("models.toy_fit.check_every=5"), output_dir=tmp_path / "run")
     trainer.train()
     fit = seen["fitting toy teacher"]
-    report = trainer.toy_teacher_report
+    report = trainer.teacher_record
     assert report is not None
-    assert fit[0] == trainer.config.models.toy_fit.max_steps
+    assert fit[0] == lab_of(trainer.config).toy_fit.max_steps
     assert len(fit) - 1 == report["steps"]
     assert fit[1].startswith("step 1 | loss ")
     assert f"step {report['steps']} | loss {report['final_loss']:.3f}" in fit[-1]
@@ -135,10 +137,10 @@ def test_the_noise_settings_enter_the_digest(tmp_path: Path, cache_dir: Path) ->
         "rollout.max_new_tokens_per_turn=40",
         "rollout.max_total_tokens=600",
     )
-    clean = _train(tmp_path / "clean", *room).toy_teacher_report
+    clean = _train(tmp_path / "clean", *room).teacher_record
     noisy = _train(
         tmp_path / "noisy", *room, "models.toy_fit.noise_fraction=0.5"
-    ).toy_teacher_report
+    ).teacher_record
     assert clean is not None and noisy is not None
     assert noisy["reused"] is False and noisy["cache_digest"] != clean["cache_digest"]
     stored = json.loads(
@@ -153,6 +155,6 @@ def test_the_noise_settings_enter_the_digest(tmp_path: Path, cache_dir: Path) ->
     )
     again = _train(
         tmp_path / "again", *room, "models.toy_fit.noise_fraction=0.5"
-    ).toy_teacher_report
+    ).teacher_record
     assert again is not None and again["reused"] is True
     assert again["cache_digest"] == noisy["cache_digest"]

@@ -1,7 +1,7 @@
 """The trainer's student and teacher gathers are j − 1 aligned.
 
 The per-position divergences the trainer feeds its optimizer (captured inside the real
-update, ``GroupGradients.compute``) are compared with an independent float64 brute force:
+update, ``OPDTrainer.loss_step``) are compared with an independent float64 brute force:
 full forward passes of copies of both models over the whole trajectory, and for every
 model-generated target token j > 0 the divergence between the distributions at row
 j − 1. Shifting either gather to j (or anything else) breaks the equality.
@@ -16,7 +16,7 @@ import torch
 
 from helpers import tiny_config
 from miniverl.losses.providers import BucketedTargetProvider, ExactTargetProvider
-from miniverl.training.recipe import GroupGradients, OPDTrainer
+from miniverl.training.recipe import OPDTrainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -71,15 +71,8 @@ def test_trainer_student_and_teacher_gathers_are_j_minus_1_aligned(
 
         monkeypatch.setattr(cls, "divergence", capture)
     trainer.student.set_train(False)
-    GroupGradients(
-        student=trainer.student,
-        optimizer=trainer.optimizer,
-        pad_token_id=trainer.tokenizer.pad_token_id,
-        nll_weight=trainer.config.loss.sampled_token_nll_weight,
-        min_chunk_size=trainer.config.memory.min_chunk_size,
-        oom_retries=0,
-        events=trainer.events,
-    ).compute([sample], chunk_size=trainer.state.chunk_size, batch_rows=1, teacher_targets=True)
+    trainer.state.trajectory_batch_size = 1
+    trainer.loss_step([sample], teacher_targets=True)
     trainer_divergence = torch.cat(captured)
 
     ids = trajectory.token_ids

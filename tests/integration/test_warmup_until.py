@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from helpers import tiny_config
-from miniverl.training import warmup as warmup_module
-from miniverl.training.recipe import OPDTrainer
+from miniverl.lab.benchmark import warmup as warmup_module
+from miniverl.lab.run import start_run
 
 UNTIL = ("train.sft_warmup_cycles=0", "train.cycles=1", "eval.baseline=false")
 
@@ -33,7 +33,7 @@ def test_the_run_leaves_the_warm_up_at_the_first_cycle_that_reaches_the_threshol
     config = tiny_config(
         *UNTIL, "train.sft_warmup_until.threshold=0.75", "train.sft_warmup_until.max_cycles=5"
     )
-    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True)
+    trainer = start_run(config, output_dir=tmp_path / "run")
     trainer.train()
     events = _rows(trainer.paths.events)
     [end] = [e for e in events if e["event"] == "sft_warmup_end"]
@@ -53,7 +53,7 @@ def test_the_cap_ends_a_warm_up_whose_criterion_is_never_met(tmp_path: Path) -> 
         "train.sft_warmup_until.max_cycles=2",
         "environment.eval_tasks=2",
     )
-    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True)
+    trainer = start_run(config, output_dir=tmp_path / "run")
     trainer.train()
     events = _rows(trainer.paths.events)
     per_cycle = [e for e in events if e["event"] == "sft_warmup_cycle"]

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import tiny_config
 from miniverl.config.models import RunConfig
-from miniverl.lab.teachers.toy_fit import cold_start_identity
+from miniverl.training.cold_start import cold_start_identity
 
 
 def _hf(model_id: str, **extra: object) -> RunConfig:

@@ -18,12 +18,14 @@ from miniverl.config.models import (
 )
 from miniverl.config.sections import ENVIRONMENT_REF_PATTERN, TrainConfig
 from miniverl.errors import ConfigError
+from miniverl.lab.config import LabRunConfig
 
 
 def _problems(data: dict[str, Any]) -> list[str]:
-    """The ``  - ...`` lines of the ConfigError that ``data`` raises."""
+    """The ``  - ...`` lines of the ConfigError that ``data`` raises, read as ``miniverl
+    validate`` reads a recipe (both layers, ``LabRunConfig``)."""
     with pytest.raises(ConfigError) as info:
-        RunConfig.from_mapping(data)
+        LabRunConfig.from_mapping(data)
     header, *lines = info.value.message.split("\n")
     assert header == f"<mapping>: {len(lines)} configuration error(s)"
     assert all(line.startswith("  - ") for line in lines)
@@ -79,7 +81,7 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "chunk below min": (
         {"loss": {"chunk_size": 8}},
-        "loss.chunk_size 8 is below memory.min_chunk_size 16",
+        "loss.chunk_size 8 is below the smallest chunk, 16 rows",
     ),
     "toy student quantized": (
         {"models": {"student": {"model_id": "toy-student", "quantization": "nf4"}}},
@@ -91,11 +93,11 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "toy unknown preset": (
         {"models": {"student": {"model_id": "Qwen/Qwen3-0.6B"}}},
-        "models.student.model_id 'Qwen/Qwen3-0.6B' is not a toy preset (toy-student, toy-teacher); add a models.student.toy block",
+        "models.student.model_id 'Qwen/Qwen3-0.6B' is not a toy preset (toy-student, toy-teacher)",
     ),
-    "hf with toy block": (
-        {"models": {"backend": "hf", "teacher": {"model_id": "t", "toy": {}}}},
-        "models.teacher.toy is only valid with models.backend: toy",
+    "noise outside oracle sft": (
+        {"run": {"mode": "opd"}, "train": {"sft_noise_fraction": 0.5}},
+        "train.sft_noise_fraction applies to run.mode: sft only (the SFT warm-up of opd never sees noise)",
     ),
     "swap quantized": (
         {"models": HF_NF4, "memory": {"strategy": "swap"}},
@@ -152,17 +154,18 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "warm-up by criterion and by count": (
         {"train": {"sft_warmup_cycles": 3, "sft_warmup_until": {"threshold": 0.8}}},
-        "train.sft_warmup_until and train.sft_warmup_cycles (3) both set the warm-up length; set "
+        "lab.warmup_until and train.sft_warmup_cycles (3) both set the warm-up length; set "
         "train.sft_warmup_cycles: 0 to warm up by criterion (the cap is "
-        "train.sft_warmup_until.max_cycles), or drop train.sft_warmup_until",
+        "lab.warmup_until.max_cycles), or drop lab.warmup_until",
     ),
     "warm-up criterion without validation tasks": (
         {
             "environment": {"eval_tasks": 0},
             "eval": {"baseline": False, "after_warmup": False},
-            "train": {"sft_warmup_cycles": 0, "sft_warmup_until": {"max_cycles": 4}},
+            "train": {"sft_warmup_cycles": 0},
+            "lab": {"warmup_until": {"max_cycles": 4}},
         },
-        "train.sft_warmup_until measures validation success, but environment.eval_tasks is 0",
+        "lab.warmup_until measures validation success, but environment.eval_tasks is 0",
     ),
     "batch above group": (
         {"train": {"rollouts_per_cycle": 4, "trajectory_batch_size": 8}},
@@ -227,7 +230,7 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
                 "teacher_fit": {"enabled": True},
             }
         },
-        "models.teacher_fit.enabled needs models.runtime: shared_backbone (the teacher adapter lives on the student's base)",
+        "lab.teacher_fit.enabled needs models.runtime: shared_backbone (the teacher adapter lives on the student's base)",
     ),
     "test split without tasks": (
         {"eval": {"split": "test"}},
@@ -246,11 +249,31 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "oracle teacher on hf": (
         {"models": {"backend": "hf", "oracle_teacher": {"smoothing": 0.001}}},
-        "models.oracle_teacher needs models.backend: toy (the oracle teacher speaks the toy tokenizer)",
+        "lab.oracle_teacher needs models.backend: toy (the oracle teacher speaks the toy tokenizer)",
     ),
     "oracle teacher with privileged context": (
-        {"models": {"oracle_teacher": {}}, "teacher": {"mode": "privileged_context"}},
-        "models.oracle_teacher needs teacher.mode: standard (it reads the student's own transcript)",
+        {"lab": {"oracle_teacher": {}}, "teacher": {"mode": "privileged_context"}},
+        "lab.oracle_teacher needs teacher.mode: standard (it reads the student's own transcript)",
+    ),
+    "checkpoint teacher and oracle teacher": (
+        {"models": {"teacher": {"checkpoint": "runs/t"}, "oracle_teacher": {}}},
+        "models.teacher.checkpoint and lab.oracle_teacher both replace the teacher model: set one",
+    ),
+    "checkpoint teacher and an adapter fit": (
+        {
+            "models": {
+                "backend": "hf",
+                "runtime": "shared_backbone",
+                "student": {"model_id": "a"},
+                "teacher": {"model_id": "a", "checkpoint": "runs/t"},
+                "teacher_fit": {"enabled": True},
+            }
+        },
+        "models.teacher.checkpoint loads a trained teacher; lab.teacher_fit.enabled would fit another: set it to false",
+    ),
+    "checkpoint teacher and a dagger fit": (
+        {"models": {"teacher": {"checkpoint": "runs/t"}}, "lab": {"toy_fit": {"dagger": {"enabled": True}}}},
+        "models.teacher.checkpoint loads a trained teacher; lab.toy_fit.dagger.enabled would fit another: set it to false",
     ),
 }
 
@@ -264,7 +287,7 @@ def test_rejected_combination(name: str) -> None:
 def test_chunk_size_zero_reports_both_problems() -> None:
     assert _problems({"loss": {"chunk_size": 0}}) == [
         "loss.chunk_size must be >= 1 or 'auto'",
-        "loss.chunk_size 0 is below memory.min_chunk_size 16",
+        "loss.chunk_size 0 is below the smallest chunk, 16 rows",
     ]
 
 
@@ -330,7 +353,7 @@ def test_every_problem_is_reported_at_once() -> None:
                 "teacher": {"model_id": "m"},
             }
         },
-        {"models": {"student": {"model_id": "my-toy", "toy": {"hidden_size": 32, "num_heads": 4}}}},
+        {"models": {"student": {"model_id": "toy-teacher"}}},
         {"selection": {"selector": "tool_and_final", "other_weight": 0}},
         {"environment": {"eval_tasks": 0}, "eval": {"baseline": False, "after_warmup": False}},
         {"environment": {"test_tasks": 3}, "eval": {"split": "test"}},
@@ -350,11 +373,9 @@ def test_accepted_neighbours(data: dict[str, Any]) -> None:
         ({"bogus": 1}, "bogus"),
         ({"train": {"cycle": 4}}, "train.cycle"),
         ({"models": {"student": {"lora": {"rank": 4}}}}, "models.student.lora.rank"),
-        (
-            {"models": {"student": {"model_id": "x", "toy": {"hidden": 3}}}},
-            "models.student.toy.hidden",
-        ),
-        ({"models": {"toy_fit": {"epochs": 3}}}, "models.toy_fit.epochs"),
+        ({"models": {"teacher": {"lora_rank": 3}}}, "models.teacher.lora_rank"),
+        ({"models": {"toy_fit": {"epochs": 3}}}, "lab.toy_fit.epochs"),
+        ({"lab": {"teacher_gate": {"bar": 3}}}, "lab.teacher_gate.bar"),
         ({"environment": {"difficulty": "easy", "seed": 3}}, "environment.seed"),
     ],
 )
@@ -375,7 +396,7 @@ def test_field_errors_have_key_paths() -> None:
             "loss": {"divergence": "kl"},
             "train": {"cycles": -1},
             "rollout": {"top_p": 0},
-            "models": {"student": {"model_id": "x", "toy": {"hidden_size": 48, "num_heads": 5}}},
+            "lab": {"toy_fit": {"max_steps": -1}},
         }
     )
     assert (
@@ -384,7 +405,7 @@ def test_field_errors_have_key_paths() -> None:
     )
     assert "train.cycles: Input should be greater than or equal to 0" in problems
     assert "rollout.top_p: Input should be greater than 0" in problems
-    assert "models.student.toy: num_heads=5 must divide hidden_size=48" in problems
+    assert "lab.toy_fit.max_steps: Input should be greater than or equal to 0" in problems
 
 
 def test_a_bound_error_points_at_the_file_that_sets_the_bound() -> None:
@@ -486,15 +507,17 @@ def _sections(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[
 
 
 def test_every_field_has_a_description() -> None:
-    sections = _sections(RunConfig)
+    sections = _sections(LabRunConfig)
     names = {cls.__name__ for _, cls in sections}
     assert {
         "RunSection",
         "ModelsConfig",
         "ModelSpec",
+        "TeacherSpec",
         "LoraConfig",
-        "ToyArchConfig",
+        "LabConfig",
         "ToyFitConfig",
+        "TeacherGateConfig",
         "EnvironmentConfig",
         "RolloutConfig",
         "SelectionConfig",
@@ -533,12 +556,12 @@ def test_defaults_follow_the_design() -> None:
     cfg = RunConfig()
     assert (cfg.run.mode, cfg.run.seed) == ("opd", 1234)
     assert cfg.models.backend == "toy" and cfg.models.student.model_id == "toy-student"
-    assert cfg.models.teacher.model_id == "toy-teacher" and cfg.models.teacher.lora.enabled is False
+    assert cfg.models.teacher.model_id == "toy-teacher" and cfg.models.teacher.checkpoint is None
     assert cfg.environment.name == "calculator"
     assert cfg.teacher.mode == "standard" and cfg.selection.selector == "all_model_tokens"
     assert cfg.cache.strict_policy_version and not cfg.cache.reuse_across_policy_versions
     assert cfg.train.opd_freshness == "strict" and cfg.train.steps_per_rollout_batch() == 1
-    assert cfg.loss.exact_max_vocab == 8192 and cfg.loss.allow_large_exact is False
+    assert cfg.lab == {} and cfg.memory.strategy == "auto"
 
 
 def test_train_derived_views() -> None:
@@ -576,12 +599,9 @@ NON_DEFAULT = {
     "loss": {"divergence": "jsd", "jsd_beta": 0.25, "top_k": 16, "chunk_size": 64},
     "train": {"betas": [0.8, 0.95], "max_grad_norm": None, "cycles": 2},
     "models": {
-        "student": {
-            "model_id": "tiny",
-            "toy": {"hidden_size": 32},
-            "lora": {"target_modules": ["q", "v"]},
-        }
+        "student": {"model_id": "toy-teacher", "lora": {"target_modules": ["q", "v"]}}
     },
+    "lab": {"toy_fit": {"max_steps": 7}},
     "environment": {"params": {"prompt_style": "verbose"}},
     "selection": {"selector": "hybrid", "ratio": 0.3, "critical_weight": 2.0},
 }
@@ -609,6 +629,7 @@ def test_yaml_round_trip_keeps_the_digest(data: dict[str, Any]) -> None:
         "eval",
         "checkpoint",
         "logging",
+        "lab",
     ]
 
 
@@ -743,7 +764,10 @@ def _static_prefixes() -> list[str]:
 
     from miniverl.config import models
 
+    from miniverl.lab import config as lab_config
+
     tree = ast.parse(inspect.getsource(models._combination_problems))
+    tree.body += ast.parse(inspect.getsource(lab_config.lab_problems)).body
     prefixes = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Yield):

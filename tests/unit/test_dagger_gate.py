@@ -22,9 +22,10 @@ from miniverl.lab.teachers.gate import (
     state_gate_failures,
 )
 from miniverl.lab.teachers.oracle import build_oracle_teacher
-from miniverl.lab.teachers.toy_fit import label_student_states
+from miniverl.lab.config import lab_of
+from miniverl.lab.teachers import adapter_fit, toy_fit
+from miniverl.lab.teachers.dagger import label_student_states
 from miniverl.schemas.trajectory import Trajectory
-from miniverl.training import teacher_fit
 
 CONFIG = RolloutConfig(
     max_turns=9, max_new_tokens_per_turn=40, max_total_tokens=900, max_parse_errors=3
@@ -201,31 +202,32 @@ def test_the_fit_digests_include_the_fitting_code(
 ) -> None:
     """Editing a hashed source changes code_sha256, and with it the toy teacher's and the HF
     adapter's cache keys."""
-    package = Path(teacher_fit.__file__).resolve().parents[1]
-    assert "lab/teachers/fitting.py" in teacher_fit.FIT_SOURCES
-    assert "lab/teachers/fitting.py" in teacher_fit.HF_FIT_SOURCES
-    assert "lab/teachers/toy_fit.py" in teacher_fit.FIT_SOURCES
-    before = teacher_fit.code_sha256()
+    package = Path(toy_fit.__file__).resolve().parents[2]
+    assert "lab/teachers/fitting.py" in toy_fit.FIT_SOURCES
+    assert "lab/teachers/fitting.py" in adapter_fit.HF_FIT_SOURCES
+    assert "lab/teachers/toy_fit.py" in toy_fit.FIT_SOURCES
+    assert "lab/teachers/adapter_fit.py" in adapter_fit.HF_FIT_SOURCES
+    before = toy_fit.code_sha256()
     copy = tmp_path / "pkg"
-    for rel in set(teacher_fit.FIT_SOURCES) | set(teacher_fit.HF_FIT_SOURCES):
+    for rel in set(toy_fit.FIT_SOURCES) | set(adapter_fit.HF_FIT_SOURCES):
         (copy / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(package / rel, copy / rel)
-    monkeypatch.setattr(teacher_fit, "_PACKAGE", copy)
-    assert teacher_fit.code_sha256() == before
+    monkeypatch.setattr(toy_fit, "_PACKAGE", copy)
+    assert toy_fit.code_sha256() == before
     (copy / "lab/teachers/fitting.py").write_text(
         (copy / "lab/teachers/fitting.py").read_text() + "\n# edited\n"
     )
-    assert teacher_fit.code_sha256() != before
+    assert toy_fit.code_sha256() != before
     monkeypatch.undo()
 
     cfg = RunConfig.from_mapping({})
-    payload = teacher_fit.fit_payload(cfg, "fp", [([1, 2, 3], [2])])
-    monkeypatch.setattr(teacher_fit, "code_sha256", lambda files=(): "edited")
-    assert teacher_fit.fit_digest(teacher_fit.fit_payload(cfg, "fp", [([1, 2, 3], [2])])) != (
-        teacher_fit.fit_digest(payload)
-    )
-    other_rows = teacher_fit.fit_payload(cfg, "fp", [([1, 2, 4], [2])])
+    fit = lab_of(cfg).teacher_fit
+    payload = adapter_fit.fit_payload(cfg, fit, "fp", [([1, 2, 3], [2])])
+    monkeypatch.setattr(adapter_fit, "code_sha256", lambda files=(): "edited")
+    edited = adapter_fit.fit_payload(cfg, fit, "fp", [([1, 2, 3], [2])])
+    assert adapter_fit.fit_digest(edited) != adapter_fit.fit_digest(payload)
+    other_rows = adapter_fit.fit_payload(cfg, fit, "fp", [([1, 2, 4], [2])])
     assert (
         other_rows["examples_sha256"]
-        != teacher_fit.fit_payload(cfg, "fp", [([1, 2, 3], [2])])["examples_sha256"]
+        != adapter_fit.fit_payload(cfg, fit, "fp", [([1, 2, 3], [2])])["examples_sha256"]
     )

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 from miniverl.cache.index import journal_line
 from miniverl.config.models import RunConfig
-from miniverl.lab.teachers.toy_fit import _tasks_sha256, fit_digest, teacher_digest
+from miniverl.lab.teachers.adapter_fit import fit_digest
+from miniverl.lab.teachers.toy_fit import _tasks_sha256, teacher_digest
 from miniverl.models.tokenizers import compute_fingerprint
 from miniverl.schemas.alignment import AlignmentMap
 from miniverl.utils import hashing
@@ -62,9 +63,9 @@ def test_cache_journal_checksum_is_unchanged() -> None:
     )
 
 
-def test_config_digest_is_the_sha256_of_its_yaml() -> None:
+def test_config_digest_is_the_sha256_of_its_canonical_yaml() -> None:
     config = RunConfig()
-    assert config.digest() == hashlib.sha256(config.to_yaml().encode("utf-8")).hexdigest()
+    assert config.digest() == hashlib.sha256(config.canonical_yaml().encode("utf-8")).hexdigest()
 
 
 def test_the_two_canonical_spellings() -> None:

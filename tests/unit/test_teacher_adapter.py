@@ -1,6 +1,8 @@
 """The fitted teacher adapter on a shared backbone: switching, freezing, fitting, reuse.
 
-Tiny random checkpoints (``build_tiny_hf_checkpoint``); the real-model version of the
+The lab fits it (``lab/teachers/adapter_fit.py``, through ``lab/teachers/prepare.py``) and
+hands the run its file as a teacher checkpoint; the run loads it into the frozen ``teacher``
+adapter. Tiny random checkpoints (``build_tiny_hf_checkpoint``); the real-model version of the
 OPD cycle is in ``tests/integration/test_smollm2_real.py``.
 """
 
@@ -17,11 +19,13 @@ pytest.importorskip("peft")
 
 from miniverl.config.models import RunConfig  # noqa: E402
 from miniverl.errors import BackendError, CheckpointError  # noqa: E402
+from miniverl.lab.config import lab_of  # noqa: E402
+from miniverl.lab.teachers import adapter_fit, dagger  # noqa: E402
+from miniverl.lab.teachers.prepare import PreparedTeacher, prepare_teacher  # noqa: E402
 from miniverl.models.hf import TEACHER_ADAPTER, HFBackend  # noqa: E402
 from miniverl.models.hf_shared import build_shared_backbone  # noqa: E402
 from miniverl.models.tiny_hf import build_tiny_hf_checkpoint  # noqa: E402
 from miniverl.models.tokenizers import load_hf_tokenizer  # noqa: E402
-from miniverl.training import teacher_fit  # noqa: E402
 from miniverl.training.recipe import OPDTrainer  # noqa: E402
 
 pytestmark = [
@@ -69,11 +73,21 @@ def _hidden(backend: Any, ids: list[int]) -> torch.Tensor:
     return backend.hidden_states_at(ids, [1, len(ids) - 1])
 
 
+def _shared(config: RunConfig) -> Any:
+    """The shared base with the frozen teacher adapter the lab fits."""
+    return build_shared_backbone(
+        config,
+        load_hf_tokenizer(config.models.student.model_id),
+        "cpu",
+        teacher_adapter=lab_of(config).teacher_fit.lora,
+    )
+
+
 def test_the_teacher_adapter_is_switched_in_and_never_trained(
     tiny_dir: Path, tmp_path: Path
 ) -> None:
     config = _config(tiny_dir, tmp_path)
-    actor, teacher = build_shared_backbone(config, load_hf_tokenizer(tiny_dir), "cpu")
+    actor, teacher = _shared(config)
     assert teacher.adapter == TEACHER_ADAPTER
     teacher_params = teacher.unfrozen_adapter_parameters()
     assert teacher_params and not any(p.requires_grad for p in teacher_params)
@@ -112,12 +126,10 @@ def test_the_teacher_adapter_is_switched_in_and_never_trained(
 
 
 def test_fit_adapter_changes_only_the_teacher_adapter(tiny_dir: Path, tmp_path: Path) -> None:
-    actor, teacher = build_shared_backbone(
-        _config(tiny_dir, tmp_path), load_hf_tokenizer(tiny_dir), "cpu"
-    )
+    actor, teacher = _shared(_config(tiny_dir, tmp_path))
     before = {k: v.clone() for k, v in actor.model.state_dict().items()}
     ids = actor.tokenizer.encode(PROMPT + "<final>\n48\n</final>")
-    history = teacher_fit.fit_adapter(
+    history = adapter_fit.fit_adapter(
         teacher, [(ids, list(range(len(ids) - 6, len(ids))))] * 2,
         steps=3, lr=1e-2, batch_size=2, seed=0, chunk_size=16,
     )  # fmt: skip
@@ -130,8 +142,17 @@ def test_fit_adapter_changes_only_the_teacher_adapter(tiny_dir: Path, tmp_path: 
     assert all(".actor." in k for k in actor.trainable_state_dict())
 
 
-def _trainer(config: RunConfig, out: Path) -> OPDTrainer:
-    trainer = OPDTrainer(config, output_dir=out, quiet=True)
+def _trainer(
+    config: RunConfig, out: Path, prepared: PreparedTeacher | None = None
+) -> OPDTrainer:
+    """A set-up run whose teacher is ``prepared``'s adapter file (none: the plain base)."""
+    trainer = OPDTrainer(
+        config,
+        output_dir=out,
+        quiet=True,
+        teacher=None if prepared is None else prepared.teacher,
+        teacher_record=None if prepared is None else prepared.record,
+    )
     trainer.setup()
     return trainer
 
@@ -140,54 +161,60 @@ def test_the_fitted_adapter_is_saved_and_reused_by_digest(
     tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache = tmp_path / "adapters"
-    first = _trainer(_config(tiny_dir, cache), tmp_path / "a")
-    report = first.prepare_teacher_adapter()
+    first = prepare_teacher(_config(tiny_dir, cache))
+    report = first.record
     assert report is not None and report["reused"] is False and report["steps"] == 2
     assert report["oracle_traces"] == 4 and report["corrective_traces"] == 2
     saved = Path(report["directory"])
     assert saved.parent == cache and saved.name == report["digest"]
-    fitted = {k: v.clone() for k, v in first.student.adapter_state(TEACHER_ADAPTER).items()}
+    assert first.teacher == saved / adapter_fit.ADAPTER_FILE
+    fitted = _trainer(_config(tiny_dir, cache), tmp_path / "a", first).student.adapter_state(
+        TEACHER_ADAPTER
+    )
+    assert any(v.abs().sum() > 0 for v in fitted.values()), "the run loaded the fitted adapter"
 
     def no_refit(*_: Any, **__: Any) -> Any:
         raise AssertionError("an unchanged fit config must not be refitted")
 
-    monkeypatch.setattr(teacher_fit, "fit_adapter", no_refit)
-    second = _trainer(_config(tiny_dir, cache), tmp_path / "b")
-    again = second.prepare_teacher_adapter()
-    assert again is not None and again["reused"] is True and again["digest"] == report["digest"]
-    loaded = second.student.adapter_state(TEACHER_ADAPTER)
+    monkeypatch.setattr(adapter_fit, "fit_adapter", no_refit)
+    again = prepare_teacher(_config(tiny_dir, cache))
+    assert again.record is not None and again.record["reused"] is True
+    assert again.record["digest"] == report["digest"]
+    loaded = _trainer(_config(tiny_dir, cache), tmp_path / "b", again).student.adapter_state(
+        TEACHER_ADAPTER
+    )
     assert loaded.keys() == fitted.keys()
     assert all(torch.equal(loaded[k], fitted[k]) for k in fitted)
 
-    other = _trainer(_config(tiny_dir, cache, steps=3), tmp_path / "c")
-    assert (
-        teacher_fit.fit_digest(teacher_fit.fit_payload(other.config, other.tokenizer.fingerprint))
-        != report["digest"]
-    )
+    other = _config(tiny_dir, cache, steps=3)
+    fingerprint = load_hf_tokenizer(tiny_dir).fingerprint
+    payload = adapter_fit.fit_payload(other, lab_of(other).teacher_fit, fingerprint)
+    assert adapter_fit.fit_digest(payload) != report["digest"]
 
-    adapter_file = saved / teacher_fit.ADAPTER_FILE
+    adapter_file = saved / adapter_fit.ADAPTER_FILE
     data = bytearray(adapter_file.read_bytes())
     data[-1] ^= 1
     adapter_file.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="does not match the SHA-256"):
-        _trainer(_config(tiny_dir, cache), tmp_path / "d").prepare_teacher_adapter()
+        prepare_teacher(_config(tiny_dir, cache))
 
 
 def test_corrective_traces_supervise_only_the_correction(tiny_dir: Path, tmp_path: Path) -> None:
     trainer = _trainer(_config(tiny_dir, tmp_path), tmp_path / "run")
     task = trainer.splits["train"][0]
-    for noise in teacher_fit.NOISE_KINDS:
+    for noise in adapter_fit.NOISE_KINDS:
         traj = trainer.runner.corrective_rollout(task, noise)
         start = traj.metadata["supervise_from"]
-        targets = teacher_fit.corrective_targets(traj)
+        targets = adapter_fit.corrective_targets(traj)
         first_noise = next(s for s in traj.spans if s.is_model_generated)
         assert targets and min(targets) >= start > first_noise.end
         assert traj.solved and traj.invalid_tool_calls == 1
         assert traj.turns[0].tool_call is not None and (
             traj.turns[0].tool_call.valid is False or traj.turns[0].tool_result.ok is False
         )
-    examples, counts = teacher_fit.fit_examples(
+    examples, counts = adapter_fit.fit_examples(
         trainer.config,
+        lab_of(trainer.config).teacher_fit,
         splits=trainer.splits,
         environment=trainer.environment,
         runner=trainer.runner,
@@ -200,15 +227,16 @@ def test_corrective_traces_supervise_only_the_correction(tiny_dir: Path, tmp_pat
 def test_the_two_smollm2_recipes_share_one_teacher_adapter() -> None:
     """Same fit inputs -> same digest, so either recipe reuses the adapter the other fitted."""
     from helpers import REPO_ROOT
+    from miniverl.lab.config import load_recipe
 
-    plain = RunConfig.from_yaml(REPO_ROOT / "recipes" / "smollm2_calc_cpu.yaml")
-    privileged = RunConfig.from_yaml(REPO_ROOT / "recipes" / "smollm2_calc_cpu_privileged.yaml")
+    plain = load_recipe(REPO_ROOT / "recipes" / "smollm2_calc_cpu.yaml")
+    privileged = load_recipe(REPO_ROOT / "recipes" / "smollm2_calc_cpu_privileged.yaml")
     assert (plain.teacher.mode, privileged.teacher.mode) == ("standard", "privileged_context")
     assert plain.models.runtime == privileged.models.runtime == "shared_backbone"
-    assert plain.models.teacher_fit.enabled and privileged.models.teacher_fit.enabled
+    assert plain.lab.teacher_fit.enabled and privileged.lab.teacher_fit.enabled
 
     def digest(cfg: RunConfig) -> str:
-        return teacher_fit.fit_digest(teacher_fit.fit_payload(cfg, "f"))
+        return adapter_fit.fit_digest(adapter_fit.fit_payload(cfg, lab_of(cfg).teacher_fit, "f"))
 
     assert digest(plain) == digest(privileged)
     assert digest(plain) != digest(plain.with_overrides(["models.teacher.lora.r=4"]))
@@ -219,15 +247,15 @@ def test_dagger_rows_fit_the_hf_adapter_through_the_shared_path(
 ) -> None:
     """The toy teacher's student-state rows (``dagger_examples``) fit the HF adapter one step
     through ``lab/teachers/fitting.py``, and the rows enter the adapter's digest."""
-    from miniverl.config.sections import DaggerConfig
     from miniverl.environments.registry import make_environment
     from miniverl.environments.tasks_file import build_splits
+    from miniverl.lab.config import DaggerConfig
 
     config = _config(tiny_dir, tmp_path)
-    actor, teacher = build_shared_backbone(config, load_hf_tokenizer(tiny_dir), "cpu")
+    actor, teacher = _shared(config)
     env = make_environment(config.environment.name, **config.environment.params)
     train = build_splits(env, config.environment)["train"]
-    rows, counts = teacher_fit.dagger_examples(
+    rows, counts = dagger.dagger_examples(
         actor, env, train, DaggerConfig(enabled=True), config.rollout, seed=0, batch_size=2
     )
     assert counts["dagger_episodes"] == len(train) and len(rows) == counts["dagger_states"] > 0
@@ -236,20 +264,20 @@ def test_dagger_rows_fit_the_hf_adapter_through_the_shared_path(
         for ids, targets in rows
     )
     before = [p.detach().clone() for p in teacher.unfrozen_adapter_parameters()]
-    history = teacher_fit.fit_adapter(
+    history = adapter_fit.fit_adapter(
         teacher, rows, steps=1, lr=1e-2, batch_size=2, seed=0, chunk_size=16
     )
     assert len(history) == 1 and history[0] == history[0]
     after = teacher.unfrozen_adapter_parameters()
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
-    fp = actor.tokenizer.fingerprint
-    with_rows = teacher_fit.fit_digest(teacher_fit.fit_payload(config, fp, rows))
-    fewer = teacher_fit.fit_digest(teacher_fit.fit_payload(config, fp, rows[:-1]))
+    fp, fit = actor.tokenizer.fingerprint, lab_of(config).teacher_fit
+    with_rows = adapter_fit.fit_digest(adapter_fit.fit_payload(config, fit, fp, rows))
+    fewer = adapter_fit.fit_digest(adapter_fit.fit_payload(config, fit, fp, rows[:-1]))
     assert with_rows != fewer
 
 
-def _saved_fit(tiny_dir: Path, cache: Path, out: Path) -> tuple[Path, dict[str, Any]]:
-    report = _trainer(_config(tiny_dir, cache), out).prepare_teacher_adapter()
+def _saved_fit(tiny_dir: Path, cache: Path) -> tuple[Path, dict[str, Any]]:
+    report = prepare_teacher(_config(tiny_dir, cache)).record
     assert report is not None and report["reused"] is False
     return Path(report["directory"]), report
 
@@ -266,40 +294,36 @@ def test_a_saved_adapter_fitted_for_another_base_or_tokenizer_is_refused(
     tiny_dir: Path, tmp_path: Path, field: str, value: Any
 ) -> None:
     """A directory whose fit names another base, tokenizer or adapter shape is a typed error
-    naming the field, before a tensor is loaded; the live adapter is left as it was."""
+    naming the field, before a tensor is loaded."""
     import json
 
     cache = tmp_path / "adapters"
-    saved, _ = _saved_fit(tiny_dir, cache, tmp_path / "a")
-    report_path = saved / teacher_fit.REPORT_FILE
+    saved, _ = _saved_fit(tiny_dir, cache)
+    report_path = saved / adapter_fit.REPORT_FILE
     report = json.loads(report_path.read_text(encoding="utf-8"))
     report["payload"][field] = value
     report_path.write_text(json.dumps(report), encoding="utf-8")
-    trainer = _trainer(_config(tiny_dir, cache), tmp_path / "b")
-    before = {k: v.clone() for k, v in trainer.student.adapter_state(TEACHER_ADAPTER).items()}
     with pytest.raises(
         CheckpointError, match=f"fitted for another base model or tokenizer \\({field}: saved"
     ) as err:
-        trainer.prepare_teacher_adapter()
+        prepare_teacher(_config(tiny_dir, cache))
     assert str(saved) in err.value.hint and "refitted" in err.value.hint
-    after = trainer.student.adapter_state(TEACHER_ADAPTER)
-    assert all(torch.equal(after[k], before[k]) for k in before)
 
 
 def test_adapter_tensors_of_another_shape_are_a_typed_error(tiny_dir: Path, tmp_path: Path) -> None:
     """An adapter file of the right names but another rank (a file copied in by hand) is a
     CheckpointError naming the tensor and both shapes, not a raw copy error."""
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
-    saved, _ = _saved_fit(tiny_dir, tmp_path / "adapters", tmp_path / "a")
-    state = teacher_fit.load_file(str(saved / teacher_fit.ADAPTER_FILE))
+    saved, _ = _saved_fit(tiny_dir, tmp_path / "adapters")
+    state = load_file(str(saved / adapter_fit.ADAPTER_FILE))
     key = next(k for k in state if "lora_A" in k)
     state[key] = torch.zeros(state[key].shape[0] + 1, state[key].shape[1])
     other = tmp_path / "other.safetensors"
     save_file(state, str(other))
-    trainer = _trainer(_config(tiny_dir, tmp_path / "adapters"), tmp_path / "b")
+    _, view = _shared(_config(tiny_dir, tmp_path / "adapters"))
     with pytest.raises(CheckpointError, match="other shapes than this model's") as err:
-        teacher_fit._load_adapter(trainer.teacher, other)
+        adapter_fit._load_adapter(view, other)
     assert key in str(err.value) and "delete that directory" in err.value.hint
 
 
@@ -307,9 +331,9 @@ def test_the_identity_check_compares_the_payload_as_fit_json_stores_it(tmp_path:
     """A tuple in the live payload is a list once saved; that alone is not another base."""
     saved = {"base": {"model_id": "m"}, "lora": {"target_modules": ["q_proj", "v_proj"]}}
     live = {"base": {"model_id": "m"}, "lora": {"target_modules": ("q_proj", "v_proj")}}
-    teacher_fit.check_fit_identity(saved, live, tmp_path)
+    adapter_fit.check_fit_identity(saved, live, tmp_path)
     with pytest.raises(CheckpointError, match="lora: saved"):
-        teacher_fit.check_fit_identity(
+        adapter_fit.check_fit_identity(
             saved, {**live, "lora": {"target_modules": ("q_proj",)}}, tmp_path
         )
 
@@ -318,7 +342,7 @@ def test_an_hf_teacher_adapter_is_gated_on_held_out_student_states(
     tiny_dir: Path, tmp_path: Path
 ) -> None:
     """The held-out state gate scores the fitted adapter (not only the toy teacher); a failed
-    gate refuses the arms unless ``eval.teacher_gate_required`` is false, which is recorded."""
+    gate refuses the arms unless ``lab.teacher_gate.required`` is false, which is recorded."""
     from miniverl.errors import TeacherGateError
     from miniverl.lab.benchmark.cell_runner import gate_subject
     from miniverl.lab.teachers.gate import (
@@ -341,11 +365,11 @@ def test_an_hf_teacher_adapter_is_gated_on_held_out_student_states(
     gates = {}
     for required in (True, False):
         base["eval"]["teacher_gate_required"] = required
-        trainer = OPDTrainer(
-            RunConfig.from_mapping(base), output_dir=tmp_path / f"run-{required}", quiet=True
-        )
+        config = RunConfig.from_mapping(base)
+        prepared = prepare_teacher(config)
+        trainer = _trainer(config, tmp_path / f"run-{required}", prepared)
         trainer.train()
-        gates[required] = cold_start_teacher_gate(gate_subject(trainer))
+        gates[required] = cold_start_teacher_gate(gate_subject(trainer, prepared))
         stored = (trainer.paths.root / STATE_GATE_FILE).read_text()
         assert '"recovery_rate"' in stored
     for gate in gates.values():
@@ -365,63 +389,65 @@ def test_a_dagger_adapter_fits_the_students_labelled_states_and_is_named_by_them
 ) -> None:
     cache = tmp_path / "adapters"
     config = _config(tiny_dir, cache, dagger={"enabled": True, "rollouts_per_task": 2})
+    with pytest.raises(Exception, match="only a benchmark's cold start has one"):
+        prepare_teacher(config)
     seen: list[list[str]] = []
-    real = teacher_fit.dagger_examples
+    real = adapter_fit.dagger_examples
 
     def spy(student, environment, train, *args, **kwargs):  # type: ignore[no-untyped-def]
         seen.append([t.task_id for t in train])
         return real(student, environment, train, *args, **kwargs)
 
-    monkeypatch.setattr(teacher_fit, "dagger_examples", spy)
+    monkeypatch.setattr(adapter_fit, "dagger_examples", spy)
     first = _trainer(config, tmp_path / "a")
-    report = first.prepare_teacher_adapter()
+    prepared = prepare_teacher(config, student=first.student)
+    report = prepared.record
     assert report is not None and report["reused"] is False
     assert seen == [[t.task_id for t in first.splits["train"]]]
     assert report["dagger_episodes"] == 2 * len(first.splits["train"])
     fitted_rows = report["oracle_traces"] + report["corrective_traces"] + report["dagger_states"]
     assert report["dagger_states"] > 0 and report["cost"]["examples"] == fitted_rows
-    live = teacher_fit.tensors_sha256(first.student.trainable_state_dict())
-    assert report["payload"]["dagger_student_sha256"] == live
+    from miniverl.lab.teachers.toy_fit import tensors_sha256
 
-    again = _trainer(config, tmp_path / "b").prepare_teacher_adapter()
+    live = tensors_sha256(first.student.trainable_state_dict())
+    assert report["payload"]["dagger_student_sha256"] == live
+    assert prepared.backend is not None and prepared.backend.adapter == TEACHER_ADAPTER
+
+    again = prepare_teacher(config, student=_trainer(config, tmp_path / "b").student).record
     assert again is not None and again["reused"] and again["digest"] == report["digest"]
     assert len(seen) == 1  # a reused adapter rolls nothing out
 
     moved = _trainer(config, tmp_path / "c")
     with torch.no_grad():
         next(iter(moved.student.trainable_parameters())).add_(0.01)
-    other = moved.prepare_teacher_adapter()
+    other = prepare_teacher(config, student=moved.student).record
     assert other is not None and other["digest"] != report["digest"] and not other["reused"]
 
-    resumed = _trainer(config, tmp_path / "d")
-    with torch.no_grad():
-        next(iter(resumed.student.trainable_parameters())).add_(0.02)
-    resumed.dagger_student_sha256 = live
-    back = resumed.prepare_teacher_adapter()
-    assert back is not None and back["reused"] and back["digest"] == report["digest"]
-    resumed.dagger_student_sha256 = "0" * 64
-    with pytest.raises(CheckpointError, match="no longer the live one"):
-        resumed.prepare_teacher_adapter()
 
-
-def test_a_resumed_run_finds_its_dagger_adapter_by_the_checkpointed_student(
+def test_a_cold_start_keeps_its_adapter_and_its_arms_load_it_from_there(
     tiny_dir: Path, tmp_path: Path
 ) -> None:
-    import json
+    from miniverl.lab.benchmark.cold_start import save_cold_start
+    from miniverl.lab.teachers.prepare import COLD_START_ADAPTER
 
     config = _config(tiny_dir, tmp_path / "adapters", dagger={"enabled": True})
-    run = tmp_path / "run"
-    trainer = OPDTrainer(config, output_dir=run, quiet=True)
-    trainer.train()
-    labelled = trainer.teacher_adapter_report["payload"]["dagger_student_sha256"]
-    assert labelled != teacher_fit.tensors_sha256(trainer.student.trainable_state_dict())
-    state = json.loads((run / "checkpoints" / "final" / "state.json").read_text())
-    assert state["teacher_adapter_student_sha256"] == labelled
-    (run / "eval.json").unlink()  # killed after the final checkpoint
-    resumed = OPDTrainer(config, output_dir=run, resume=True, quiet=True)
-    resumed.setup()
-    resumed.load_from_checkpoint()
-    assert resumed.dagger_student_sha256 == labelled
-    report = resumed.prepare_teacher_adapter()
-    assert report is not None and report["reused"]
-    assert report["payload"]["dagger_student_sha256"] == labelled
+    cold_run = _trainer(config.with_overrides(["train.cycles=0"]), tmp_path / "cold-run")
+    cold_run.train()
+    prepared = prepare_teacher(config, student=cold_run.student)
+    cold = save_cold_start(
+        tmp_path / "cold-start",
+        config=config,
+        student=cold_run.student,
+        teacher=prepared,
+        parameter_version=0,
+        global_step=0,
+        evaluations={},
+    )
+    assert (cold / COLD_START_ADAPTER).read_bytes() == Path(prepared.teacher).read_bytes()
+    arm = prepare_teacher(config, cold_start=cold)
+    assert arm.teacher == cold / COLD_START_ADAPTER
+    assert arm.record is not None and arm.record["digest"] == prepared.record["digest"]
+    run = _trainer(config, tmp_path / "arm", arm)
+    loaded = run.student.adapter_state(TEACHER_ADAPTER)
+    fitted = prepared.backend.owner.adapter_state(TEACHER_ADAPTER)
+    assert all(torch.equal(loaded[k].cpu(), fitted[k].cpu()) for k in fitted)

@@ -1,42 +1,50 @@
-"""Toy-teacher persistence (lab/teachers/toy_fit.py) and the benchmark cold start (cold_start.py)."""
+"""Toy-teacher persistence (lab/teachers/toy_fit.py) and the benchmark cold start
+(lab/benchmark/cold_start.py writes it, training/cold_start.py and lab/teachers/prepare.py read it)."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import tiny_config
 from miniverl.agent.episode import Episode
 from miniverl.agent.loop import RolloutRunner
 from miniverl.errors import CheckpointError
+from miniverl.lab.benchmark.cold_start import save_cold_start
+from miniverl.lab.teachers import toy_fit
+from miniverl.lab.teachers.dagger import dagger_examples
 from miniverl.lab.teachers.fitting import cross_entropy_fit_step
+from miniverl.lab.teachers.prepare import PreparedTeacher, prepare_teacher
 from miniverl.lab.teachers.toy_fit import (
-    COLD_START_MARKER,
-    COLD_START_STUDENT,
     TOY_TEACHER_FILE,
     fit_toy_model,
-    load_cold_start,
+    fit_toy_teacher,
     load_teacher,
-    prepare_toy_teacher,
-    save_cold_start,
-    save_teacher,
+    teacher_bytes,
     toy_fit_traces,
 )
 from miniverl.losses.chunked import chunked_selected_position_loss
-from miniverl.models.tokenizers import ToyTokenizer
+from miniverl.models.factory import build_student, build_teacher, build_tokenizer
 from miniverl.models.toy import ToyBackend
-from miniverl.models.toy_config import TOY_STUDENT
-from miniverl.training import teacher_fit
+from miniverl.training.cold_start import COLD_START_MARKER, COLD_START_STUDENT, load_cold_start
+from miniverl.training.checkpoint import save_tensors
+from miniverl.utils.hashing import sha256_bytes, sha256_file
 from miniverl.utils.io import read_json
 
-SMALL = dataclasses.replace(TOY_STUDENT, hidden_size=32, intermediate_size=64)
+CONFIG = tiny_config()
 
 
-def _backend(seed: int) -> ToyBackend:
-    return ToyBackend(SMALL, ToyTokenizer(), model_id=f"toy-{seed}", seed=seed)
+def _student(seed: int) -> ToyBackend:
+    config = tiny_config(f"run.seed={seed}")
+    return build_student(config, build_tokenizer(config), "cpu")  # type: ignore[return-value]
+
+
+def _teacher(seed: int) -> ToyBackend:
+    config = tiny_config(f"run.seed={seed}")
+    return build_teacher(config, build_tokenizer(config), "cpu")  # type: ignore[return-value]
 
 
 def _same(a: ToyBackend, b: ToyBackend) -> bool:
@@ -46,10 +54,11 @@ def _same(a: ToyBackend, b: ToyBackend) -> bool:
 
 def test_the_reuse_key_hashes_every_file_the_fit_runs() -> None:
     """A fitted teacher is reused by digest, so the code that fits it must be in the digest."""
-    package = Path(teacher_fit.__file__).resolve().parents[1]
+    package = Path(toy_fit.__file__).resolve().parents[2]
     for code in (
         fit_toy_model,
-        prepare_toy_teacher,
+        fit_toy_teacher,
+        dagger_examples,
         cross_entropy_fit_step,
         chunked_selected_position_loss,
         toy_fit_traces,
@@ -58,51 +67,70 @@ def test_the_reuse_key_hashes_every_file_the_fit_runs() -> None:
         ToyBackend,
     ):
         source = Path(inspect.getfile(code)).resolve().relative_to(package).as_posix()
-        assert source in teacher_fit.FIT_SOURCES, source
+        assert source in toy_fit.FIT_SOURCES, source
 
 
 def test_a_saved_teacher_loads_only_against_its_hash(tmp_path: Path) -> None:
-    teacher, other = _backend(1), _backend(2)
-    sha = save_teacher(teacher, tmp_path / TOY_TEACHER_FILE)
-    with pytest.raises(CheckpointError, match="does not match its SHA-256"):
+    teacher, other = _teacher(1), _teacher(2)
+    data = teacher_bytes(teacher)
+    (tmp_path / TOY_TEACHER_FILE).write_bytes(data)
+    assert sha256_file(tmp_path / TOY_TEACHER_FILE) == sha256_bytes(data)
+    assert sha256_bytes(data) == save_tensors(teacher.full_state_dict(), tmp_path / "again")
+    with pytest.raises(CheckpointError, match="does not match the SHA-256"):
         load_teacher(other, tmp_path / TOY_TEACHER_FILE, "0" * 64)
     assert not _same(teacher, other)
-    load_teacher(other, tmp_path / TOY_TEACHER_FILE, sha)
+    load_teacher(other, tmp_path / TOY_TEACHER_FILE, sha256_bytes(data))
     assert _same(teacher, other)
 
 
 def _export(directory: Path, student: ToyBackend, teacher: ToyBackend | None) -> Path:
+    prepared = None
+    if teacher is not None:
+        data = teacher_bytes(teacher)
+        prepared = PreparedTeacher(
+            teacher=teacher,
+            record={"steps": 7, "weights_sha256": sha256_bytes(data)},
+            weights=data,
+        )
     return save_cold_start(
         directory,
+        config=CONFIG,
         student=student,
-        toy_teacher=teacher,
+        teacher=prepared,
         parameter_version=4,
         global_step=4,
-        config_digest="d",
         evaluations={"after_warmup": {"success_rate": 0.5}},
-        toy_teacher_report={"steps": 7},
     )
 
 
 def test_a_cold_start_round_trips_weights_only(tmp_path: Path) -> None:
-    cold = _export(tmp_path / "cold", _backend(1), _backend(2))
+    cold = _export(tmp_path / "cold", _student(1), _teacher(2))
     marker = read_json(cold / COLD_START_MARKER)
-    assert (marker["parameter_version"], marker["toy_teacher"]) == (4, {"steps": 7})
-    student, teacher = _backend(3), _backend(4)
-    loaded = load_cold_start(cold, student=student, toy_teacher=teacher, run_dir=tmp_path)
-    assert _same(student, _backend(1)) and _same(teacher, _backend(2))
-    assert loaded.toy_teacher_sha256 == marker["toy_teacher_sha256"]
-    assert loaded.toy_teacher_report == {"steps": 7, "weights_sha256": marker["toy_teacher_sha256"]}
-    assert (tmp_path / TOY_TEACHER_FILE).is_file()  # the run keeps its own copy for resume
+    assert marker["parameter_version"] == 4 and marker["toy_teacher"]["steps"] == 7
+    assert marker["config_digest"] == CONFIG.digest()
+    student = _student(3)
+    loaded = load_cold_start(cold, student=student)
+    assert loaded["student_sha256"] == marker["student_sha256"]
+    assert _same(student, _student(1))
+    prepared = prepare_teacher(CONFIG, cold_start=cold)
+    assert isinstance(prepared.teacher, ToyBackend) and _same(prepared.teacher, _teacher(2))
+    assert prepared.record == {"steps": 7, "weights_sha256": marker["toy_teacher_sha256"]}
+    prepared.keep(tmp_path / "run", _Events())
+    assert sha256_file(tmp_path / "run" / TOY_TEACHER_FILE) == marker["toy_teacher_sha256"]
+
+
+class _Events:
+    def emit(self, event: str, **fields: object) -> None:
+        pass
 
 
 def test_a_tampered_or_incomplete_cold_start_is_refused(tmp_path: Path) -> None:
-    cold = _export(tmp_path / "cold", _backend(1), _backend(2))
-    (cold / TOY_TEACHER_FILE).unlink()
-    with pytest.raises(CheckpointError, match=r"toy-teacher\.safetensors is missing"):
-        load_cold_start(cold, student=_backend(3), toy_teacher=_backend(4), run_dir=tmp_path)
-    save_teacher(_backend(5), cold / COLD_START_STUDENT)
+    cold = _export(tmp_path / "cold", _student(1), _teacher(2))
+    (cold / TOY_TEACHER_FILE).write_bytes(teacher_bytes(_teacher(5)))
+    with pytest.raises(CheckpointError, match=r"toy-teacher\.safetensors is missing or does not"):
+        prepare_teacher(CONFIG, cold_start=cold)
+    save_tensors(_student(5).trainable_state_dict(), cold / COLD_START_STUDENT)
     with pytest.raises(CheckpointError, match=r"student\.safetensors is missing or does not match"):
-        load_cold_start(cold, student=_backend(3), toy_teacher=None, run_dir=tmp_path)
+        load_cold_start(cold, student=_student(3))
     with pytest.raises(CheckpointError, match=r"cold_start\.json not found"):
-        load_cold_start(tmp_path / "none", student=_backend(3), toy_teacher=None, run_dir=tmp_path)
+        load_cold_start(tmp_path / "none", student=_student(3))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,10 @@ import torch
 from helpers import oracle_trajectories, tiny_config
 from miniverl.config.models import RunConfig
 from miniverl.errors import GpuMemoryError
-from miniverl.models.tokenizers import ToyTokenizer
-from miniverl.models.toy import ToyBackend, ToyModelConfig
+from miniverl.models.toy import ToyModelConfig
+from miniverl.training import recipe
 from miniverl.training.optim import Schedule, build_optimizer, scheduled_lr
-from miniverl.training.recipe import GroupGradients, OPDTrainer, apply_update
+from miniverl.training.recipe import GroupResult, OPDTrainer, apply_update
 from miniverl.training.sources import hard_label_sample
 from miniverl.utils.logging import EventLog
 
@@ -94,38 +95,38 @@ def test_a_finite_gradient_steps_at_the_given_lr_and_reports_the_unclipped_norm(
         assert p.grad is None
 
 
-def test_the_trainer_bumps_its_versions_only_for_a_committed_update(tmp_path: Path) -> None:
-    trainer = OPDTrainer(tiny_config(), output_dir=tmp_path / "run", quiet=True)
-    trainer.setup(write_artifacts=False)
-    params = trainer.student.trainable_parameters()
-    start = (
-        trainer.state.global_step,
-        trainer.state.parameter_version,
-        trainer.state.policy_fingerprint,
+def test_the_trainer_bumps_its_versions_only_for_a_committed_update(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first update of the run gets a non-finite gradient: it is skipped and leaves the
+    step, the parameter version and the fingerprint as they were; the next one commits."""
+    original = recipe.apply_update
+    calls: list[int] = []
+
+    def first_skipped(optimizer, params, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            for p in params:
+                p.grad = torch.full_like(p, float("inf"))
+        return original(optimizer, params, **kwargs)
+
+    monkeypatch.setattr(recipe, "apply_update", first_skipped)
+    trainer = OPDTrainer(
+        tiny_config("train.sft_warmup_cycles=0", "train.cycles=2"),
+        output_dir=tmp_path / "run",
+        quiet=True,
     )
-
-    for p in params:
-        p.grad = torch.full_like(p, float("inf"))
-    skipped = trainer.updater.commit()
-    assert not skipped.committed
-    assert (
-        trainer.state.global_step,
-        trainer.state.parameter_version,
-        trainer.state.policy_fingerprint,
-    ) == start
-
-    for p in params:
-        p.grad = torch.full_like(p, 0.01)
-    committed = trainer.updater.commit()
-    assert committed.committed
-    assert (trainer.state.global_step, trainer.state.parameter_version) == (
-        start[0] + 1,
-        start[1] + 1,
-    )
-    assert trainer.state.policy_fingerprint != start[2]
+    trainer.train()
+    records = [json.loads(line) for line in trainer.paths.metrics.read_text().splitlines()]
+    steps = [r for r in records if r.get("kind") == "step"]
+    cycles = [r for r in records if r.get("kind") == "cycle"]
+    assert [s["committed"] for s in steps] == [False, True]
+    assert [(s["global_optimizer_step"], s["parameter_version"]) for s in steps] == [(0, 0), (1, 1)]
+    assert steps[0]["policy_fingerprint"] == cycles[0]["policy_fingerprint_before"]
+    assert steps[1]["policy_fingerprint"] != steps[0]["policy_fingerprint"]
 
 
-# ---------------------------------------------------------------- group gradients
+# ---------------------------------------------------------------- the loss step
 
 
 @pytest.fixture(scope="module")
@@ -135,39 +136,35 @@ def samples():  # type: ignore[no-untyped-def]
     return rows
 
 
-def _gradients(events: EventLog, *, retries: int = 3) -> GroupGradients:
-    student = ToyBackend(SMALL, ToyTokenizer(), model_id="toy-student", seed=4)
-    student.set_train(False)
-    optimizer = build_optimizer(student.trainable_parameters(), _train())
-    return GroupGradients(
-        student=student,
-        optimizer=optimizer,
-        pad_token_id=ToyTokenizer().pad_token_id,
-        nll_weight=0.0,
-        min_chunk_size=2,
-        oom_retries=retries,
-        events=events,
-    )
+@pytest.fixture
+def trainer(tmp_path: Path) -> OPDTrainer:
+    trainer = OPDTrainer(tiny_config("run.mode=sft"), output_dir=tmp_path / "run", quiet=True)
+    trainer.setup()
+    trainer.student.set_train(False)
+    return trainer
 
 
-def _grads(g: GroupGradients) -> list[torch.Tensor]:
-    return [p.grad.clone() for p in g.student.trainable_parameters()]
+def _step(trainer: OPDTrainer, samples, *, chunk: int, rows: int) -> GroupResult:  # type: ignore[no-untyped-def]
+    trainer.state.chunk_size, trainer.state.trajectory_batch_size = chunk, rows
+    return trainer.loss_step(samples, teacher_targets=False)
+
+
+def _grads(trainer: OPDTrainer) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in trainer.student.trainable_parameters()]
 
 
 def test_the_group_gradient_is_the_mean_over_trajectories_whatever_the_batching(
+    trainer: OPDTrainer,
     samples,  # type: ignore[no-untyped-def]
 ) -> None:
-    g = _gradients(EventLog(None))
-    one = g.compute(samples, chunk_size=4, batch_rows=1, teacher_targets=False)
-    one_grads = _grads(g)
-    singles = []
-    for s in samples:
-        singles.append(g.compute([s], chunk_size=64, batch_rows=1, teacher_targets=False))
-    whole = g.compute(samples, chunk_size=64, batch_rows=3, teacher_targets=False)
+    one = _step(trainer, samples, chunk=16, rows=1)
+    one_grads = _grads(trainer)
+    singles = [_step(trainer, [s], chunk=64, rows=1) for s in samples]
+    whole = _step(trainer, samples, chunk=64, rows=3)
     assert whole.loss == pytest.approx(sum(r.loss for r in singles) / 3, rel=1e-6)
     assert whole.loss == pytest.approx(one.loss, rel=1e-6)
     assert whole.positions == sum(s.num_positions for s in samples)
-    for a, b in zip(_grads(g), one_grads, strict=True):
+    for a, b in zip(_grads(trainer), one_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     fields = whole.step_fields()
     assert fields["selected_positions"] == whole.positions
@@ -175,38 +172,40 @@ def test_the_group_gradient_is_the_mean_over_trajectories_whatever_the_batching(
 
 
 def test_out_of_memory_halves_the_chunk_then_the_batch(
+    trainer: OPDTrainer,
     samples,  # type: ignore[no-untyped-def]
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    events = EventLog(None)
-    g = _gradients(events, retries=1)
-    original = GroupGradients.compute
-    calls: list[tuple[int, int]] = []
+    original = recipe.chunked_selected_position_loss
+    calls: list[tuple[int, float]] = []
 
-    def flaky(self: GroupGradients, group, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append((kwargs["chunk_size"], kwargs["batch_rows"]))
-        if kwargs["batch_rows"] > 1:
+    def flaky(**kwargs):  # type: ignore[no-untyped-def]
+        calls.append((kwargs["chunk_size"], kwargs["weight_normalizer"]))
+        if kwargs["weight_normalizer"] > 1:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
-        return original(self, group, **kwargs)
+        return original(**kwargs)
 
-    monkeypatch.setattr(GroupGradients, "compute", flaky)
-    result, chunk, rows = g.fitting_memory(
-        samples, chunk_size=8, batch_rows=2, teacher_targets=False
-    )
-    assert calls == [(8, 2), (4, 2), (8, 1)] and (chunk, rows) == (8, 1)
+    monkeypatch.setattr(recipe, "chunked_selected_position_loss", flaky)
+    result = _step(trainer, samples, chunk=64, rows=2)
+    assert calls[:5] == [(64, 2), (32, 2), (16, 2), (64, 1), (64, 1)]
+    assert (trainer.state.chunk_size, trainer.state.trajectory_batch_size) == (64, 1)
     assert result.positions == sum(s.num_positions for s in samples)
-    assert [e["event"] for e in events.events] == ["oom_chunk_retry", "oom_batch_split"]
+    events = [json.loads(line)["event"] for line in trainer.paths.events.read_text().splitlines()]
+    assert [e for e in events if e.startswith("oom_")] == [
+        "oom_chunk_retry",
+        "oom_chunk_retry",
+        "oom_batch_split",
+    ]
 
 
 def test_out_of_memory_with_one_row_at_the_smallest_chunk_is_a_clear_error(
+    trainer: OPDTrainer,
     samples,  # type: ignore[no-untyped-def]
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def oom(self: GroupGradients, group, **kwargs):  # type: ignore[no-untyped-def]
+    def oom(**kwargs):  # type: ignore[no-untyped-def]
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
 
-    monkeypatch.setattr(GroupGradients, "compute", oom)
-    with pytest.raises(GpuMemoryError, match="projection chunk size 2"):
-        _gradients(EventLog(None)).fitting_memory(
-            samples, chunk_size=4, batch_rows=2, teacher_targets=False
-        )
+    monkeypatch.setattr(recipe, "chunked_selected_position_loss", oom)
+    with pytest.raises(GpuMemoryError, match="projection chunk size 16 with one trajectory"):
+        _step(trainer, samples, chunk=32, rows=2)

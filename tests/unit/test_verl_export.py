@@ -53,7 +53,7 @@ def test_every_recipe_key_has_an_explicit_rule_and_exactly_one_fate() -> None:
     assert {f.status for f in plan.fates} <= {ledger.MAPPED, ledger.DROPPED, ledger.NOT_APPLICABLE}
     dropped = {f.key for f in plan.dropped()}
     assert dropped >= {
-        "cache.enabled", "cache.strict_policy_version", "memory.strategy", "run.deterministic",
+        "cache.enabled", "cache.strict_policy_version", "memory.strategy", "run.cpu_threads",
         "rollout.max_parse_errors", "rollout.max_repeated_calls", "rollout.max_new_tokens_per_turn",
     }  # fmt: skip
     assert not dropped & {"train.lr", "loss.divergence", "models.student.model_id"}
@@ -121,7 +121,7 @@ def test_a_fitted_teacher_adapter_is_refused() -> None:
     )
     with pytest.raises(ConfigError) as err:
         vx.plan_export(cfg)
-    assert "models.teacher_fit.enabled: verl serves the teacher as a separate replica" in (
+    assert "lab.teacher_fit.enabled: verl serves the teacher as a separate replica" in (
         err.value.message
     )
 

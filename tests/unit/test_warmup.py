@@ -1,62 +1,71 @@
-"""The SFT warm-up loop (lab/benchmark/warmup.py): a fixed count, or until a criterion, with a cap."""
+"""The SFT warm-up: a fixed count, or until the lab's criterion (lab/benchmark/warmup.py), with
+a cap. The run's own loop (``OPDTrainer.train``) runs the warm-up's cycles; the criterion
+only measures, and its measurement is scripted here."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from helpers import tiny_config
 from miniverl.config.models import RunConfig
-from miniverl.config.sections import WarmupUntilConfig
 from miniverl.environments.base import Task
 from miniverl.errors import ConfigError
-from miniverl.lab.benchmark.warmup import criterion_tasks, run_sft_warmup, warmup_cycles
-from miniverl.training.live import ProgressReporter
-from miniverl.training.sources import Supervision
-from miniverl.utils.logging import EventLog
+from miniverl.lab.benchmark import warmup
+from miniverl.lab.benchmark.warmup import WarmupCriterion, criterion_tasks
+from miniverl.lab.config import LabRunConfig, WarmupUntilConfig
+from miniverl.training.recipe import OPDTrainer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-class _Source:
-    supervision = Supervision(phase="sft", teacher_targets=False)
-    tasks_per_cycle = 2
-
-    def __init__(self) -> None:
-        self.cycles: list[int] = []
-
-    def samples(self, cycle: int, tasks: list[Any]) -> Any:
-        self.cycles.append(cycle)
-        return SimpleNamespace(samples=list(tasks))
+class _Outcome:
+    def __init__(self, end: dict[str, Any] | None, cycles: list[int]) -> None:
+        self.cycles_run = len(cycles)
+        self.stopped_by = end["stopped_by"] if end else "cycles"
+        self.value = end["value"] if end else None
 
 
 def _warm_up(
-    tmp_path: Path, values: list[float], *, cycles: int, until: WarmupUntilConfig | None
-) -> tuple[Any, _Source, list[dict[str, Any]]]:
-    source, measured = _Source(), iter(values)
-    log = tmp_path / "events.jsonl"
-    outcome = run_sft_warmup(
-        source,  # type: ignore[arg-type]
-        cycles=cycles,
-        next_tasks=lambda n: list(range(n)),
-        optimize=lambda samples, supervision, *, cycle: [{"loss": 0.5}],
-        events=EventLog(log, None),
-        progress=ProgressReporter(None, False),
-        until=until,
-        measure=(lambda: next(measured)) if until is not None else None,
+    tmp_path: Path,
+    values: list[float],
+    *,
+    cycles: int,
+    until: WarmupUntilConfig | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[Any, list[int], list[dict[str, Any]]]:
+    measured = iter(values)
+    monkeypatch.setattr(warmup, "greedy_validation_success", lambda *a, **k: next(measured))
+    monkeypatch.setattr(warmup, "criterion_tasks", lambda config, splits, u: splits["eval"])
+    config = tiny_config(
+        "train.cycles=0", f"train.sft_warmup_cycles={cycles if until is None else 0}"
     )
-    events = [json.loads(line) for line in log.read_text().splitlines()]
-    return outcome, source, events
+    trainer = OPDTrainer(
+        config,
+        output_dir=tmp_path / "run",
+        quiet=True,
+        warmup_until=None if until is None else WarmupCriterion(config, until),
+    )
+    trainer.train()
+    events = [json.loads(line) for line in trainer.paths.events.read_text().splitlines()]
+    warm = [e for e in events if e["event"].startswith("sft_warmup")]
+    run = [e["cycle"] for e in warm if e["event"] == "sft_warmup_cycle"]
+    end = next((e for e in warm if e["event"] == "sft_warmup_end"), None)
+    return _Outcome(end, run), run, warm
 
 
 def test_the_warm_up_stops_after_the_first_cycle_that_reaches_the_threshold(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     until = WarmupUntilConfig(threshold=0.8, max_cycles=6)
-    outcome, source, events = _warm_up(tmp_path, [0.1, 0.79, 0.8, 0.95, 1.0], cycles=6, until=until)
+    outcome, source, events = _warm_up(
+        tmp_path, [0.1, 0.79, 0.8, 0.95, 1.0], cycles=6, until=until, monkeypatch=monkeypatch
+    )
     assert (outcome.cycles_run, outcome.stopped_by, outcome.value) == (3, "criterion", 0.8)
-    assert source.cycles == [-6, -5, -4]
+    assert source == [-6, -5, -4]
     per_cycle = [e["validation_success"] for e in events if e["event"] == "sft_warmup_cycle"]
     assert per_cycle == [0.1, 0.79, 0.8]
     [end] = [e for e in events if e["event"] == "sft_warmup_end"]
@@ -68,11 +77,15 @@ def test_the_warm_up_stops_after_the_first_cycle_that_reaches_the_threshold(
     )
 
 
-def test_the_cap_stops_a_warm_up_that_never_reaches_the_threshold(tmp_path: Path) -> None:
+def test_the_cap_stops_a_warm_up_that_never_reaches_the_threshold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     until = WarmupUntilConfig(metric="success_at_k", k=1, threshold=0.9, max_cycles=3)
-    outcome, source, events = _warm_up(tmp_path, [0.2, 0.5, 0.89], cycles=3, until=until)
+    outcome, source, events = _warm_up(
+        tmp_path, [0.2, 0.5, 0.89], cycles=3, until=until, monkeypatch=monkeypatch
+    )
     assert (outcome.cycles_run, outcome.stopped_by, outcome.value) == (3, "cap", 0.89)
-    assert source.cycles == [-3, -2, -1]
+    assert source == [-3, -2, -1]
     [end] = [e for e in events if e["event"] == "sft_warmup_end"]
     assert (end["stopped_by"], end["value"], end["k"], end["metric"]) == (
         "cap",
@@ -82,12 +95,16 @@ def test_the_cap_stops_a_warm_up_that_never_reaches_the_threshold(tmp_path: Path
     )
 
 
-def test_check_every_measures_every_nth_cycle_and_the_last(tmp_path: Path) -> None:
+def test_check_every_measures_every_nth_cycle_and_the_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Only measured cycles can stop the warm-up; the cap's cycle is always measured."""
     until = WarmupUntilConfig(threshold=0.8, max_cycles=7, check_every=3)
-    outcome, source, events = _warm_up(tmp_path, [0.5, 0.9], cycles=7, until=until)
+    outcome, source, events = _warm_up(
+        tmp_path, [0.5, 0.9], cycles=7, until=until, monkeypatch=monkeypatch
+    )
     assert (outcome.cycles_run, outcome.stopped_by, outcome.value) == (6, "criterion", 0.9)
-    assert source.cycles == [-7, -6, -5, -4, -3, -2]
+    assert source == [-7, -6, -5, -4, -3, -2]
     measured = [
         (e["cycle"], e.get("validation_success"))
         for e in events
@@ -96,25 +113,32 @@ def test_check_every_measures_every_nth_cycle_and_the_last(tmp_path: Path) -> No
     assert measured == [(-7, None), (-6, None), (-5, 0.5), (-4, None), (-3, None), (-2, 0.9)]
     until = WarmupUntilConfig(threshold=0.8, max_cycles=4, check_every=3)
     (tmp_path / "cap").mkdir()
-    outcome, _, events = _warm_up(tmp_path / "cap", [0.1, 0.2], cycles=4, until=until)
+    outcome, _, events = _warm_up(
+        tmp_path / "cap", [0.1, 0.2], cycles=4, until=until, monkeypatch=monkeypatch
+    )
     assert (outcome.cycles_run, outcome.stopped_by, outcome.value) == (4, "cap", 0.2)
     assert [e["cycle"] for e in events if "validation_success" in e] == [-2, -1]
 
 
-def test_a_fixed_count_runs_every_cycle_and_measures_nothing(tmp_path: Path) -> None:
-    outcome, source, events = _warm_up(tmp_path, [], cycles=2, until=None)
+def test_a_fixed_count_runs_every_cycle_and_measures_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outcome, source, events = _warm_up(
+        tmp_path, [], cycles=2, until=None, monkeypatch=monkeypatch
+    )
     assert (outcome.cycles_run, outcome.stopped_by) == (2, "cycles")
-    assert source.cycles == [-2, -1]
+    assert source == [-2, -1]
     assert [e["event"] for e in events] == ["sft_warmup_start"] + ["sft_warmup_cycle"] * 2
     assert all("validation_success" not in e for e in events)
 
 
-def test_the_cap_is_the_warm_up_length_the_recipe_plans() -> None:
-    fixed = RunConfig.from_mapping({"train": {"sft_warmup_cycles": 3}})
-    until = RunConfig.from_mapping(
-        {"train": {"sft_warmup_cycles": 0, "sft_warmup_until": {"max_cycles": 7}}}
-    )
-    assert (warmup_cycles(fixed.train), warmup_cycles(until.train)) == (3, 7)
+def test_the_cap_is_the_warm_up_length_the_run_plans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, fixed = _warm_up(tmp_path / "a", [], cycles=3, until=None, monkeypatch=monkeypatch)
+    until = WarmupUntilConfig(threshold=1.0, max_cycles=2)
+    _, _, by = _warm_up(tmp_path / "b", [0.0, 0.0], cycles=2, until=until, monkeypatch=monkeypatch)
+    assert [e["cycles"] for e in fixed + by if e["event"] == "sft_warmup_start"] == [3, 2]
 
 
 @pytest.mark.parametrize(
@@ -126,7 +150,7 @@ def test_the_cap_is_the_warm_up_length_the_recipe_plans() -> None:
 )
 def test_the_metric_and_k_must_agree(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        RunConfig.from_mapping({"train": {"sft_warmup_cycles": 0, "sft_warmup_until": fields}})
+        LabRunConfig.from_mapping({"train": {"sft_warmup_cycles": 0, "sft_warmup_until": fields}})
 
 
 def _task(i: int, k: int) -> Task:

@@ -620,6 +620,7 @@ def train(
     from miniverl.cli.run_support import save_command, stored_overrides
     from miniverl.lab.config import load_recipe
     from miniverl.lab.run import start_run
+    from miniverl.training.cold_start import check_cold_start
 
     given = list(overrides or [])
     resume = resume or resume_from is not None
@@ -637,6 +638,8 @@ def train(
             config = load_recipe(recipe, given)
             console.print(f"resume: reusing the stored overrides {shlex.join(given)}", markup=False)
     submitted = read_regular_bytes(recipe, limit=MAX_YAML_BYTES, error=ConfigError)
+    if cold_start is not None:  # before anything is fitted or written
+        check_cold_start(cold_start, config)
     run_dir = output or Path("runs") / config.run.name
     with run_lock(run_dir):
         trainer = start_run(

@@ -108,7 +108,8 @@ CONSTANTS: dict[Path, Any] = {
 """Settings that are constants of the code, at the place a recipe could once set them."""
 
 OMITTED_CONSTANTS = frozenset({("models", "student", "checkpoint")})
-"""Constants the digest's layout leaves out (they were only ever written when set)."""
+"""Constants the canonical layout leaves out at their value (its place holds a value only
+when one is set, and this one may not be)."""
 
 CONSTANT_HINTS: dict[Path, str] = {
     ("run", "output_dir"): "pass --output DIR to the command (default runs/<run.name>)",

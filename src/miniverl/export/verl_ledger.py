@@ -45,9 +45,10 @@ Rule = Callable[[Any, RunConfig], "KeyFate | str"]
 
 
 ORACLE_TEACHER_REASON = (
-    "models.oracle_teacher: verl's teacher is a served checkpoint; the smoothed oracle policy "
+    "lab.oracle_teacher: verl's teacher is a served checkpoint; the smoothed oracle policy "
     "(lab/teachers/oracle.py) is not a model it can load"
 )
+LAB_NOTE = "the lab's settings (how a teacher is fitted, the benchmark's gate): not part of a run"
 
 
 def config_leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -59,6 +60,27 @@ def config_leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[s
             yield from config_leaves(value, dotted + ".")
         else:
             yield dotted, value
+
+
+def _lab_rules(cfg: RunConfig, n_a: Any, refuse_unless: Any, warmup_until: Rule) -> dict[str, Rule]:
+    """A rule for every leaf of the recipe's ``lab:`` section: an oracle teacher and a fitted
+    teacher adapter are refused (verl's teacher is a served checkpoint), a warm-up criterion
+    is dropped with the warm-up, everything else does not apply to a run verl trains."""
+    rules: dict[str, Rule] = {}
+    for key, _ in config_leaves({"lab": cfg.to_dict().get("lab") or {}}):
+        if key.startswith("lab.oracle_teacher"):
+            rules[key] = lambda v, _: ORACLE_TEACHER_REASON
+        elif key == "lab.teacher_fit.enabled":
+            rules[key] = refuse_unless(
+                lambda v: not v,
+                "lab.teacher_fit.enabled: verl serves the teacher as a separate replica of a checkpoint and cannot fit or switch a LoRA adapter on the student's base; merge the fitted adapter into a checkpoint and pass its directory as models.teacher.model_id",
+                n_a("no fitted teacher adapter"),
+            )
+        elif key.startswith("lab.warmup_until"):
+            rules[key] = warmup_until
+        else:
+            rules[key] = n_a(LAB_NOTE)
+    return rules
 
 
 def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[str, Rule]:
@@ -238,7 +260,6 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
 
     cache_note = "verl recomputes teacher targets for every rollout batch; there is no teacher cache (equivalent to strict OPD without reuse)"
     memory_note = "verl manages memory with FSDP sharding/offload and vLLM's gpu_memory_utilization"
-    toy_note = "toy backend only"
     rules: dict[str, Rule] = {
         "run.name": mapped("trainer.experiment_name"),
         "run.mode": refuse_unless(
@@ -249,10 +270,6 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         "run.seed": mapped(
             ["data.seed", "actor_rollout_ref.rollout.seed"],
             note="verl's dataloader shuffle and rollout sampling seed (the splits themselves come from environment.split_seed)",
-        ),
-        "run.output_dir": dropped("verl writes to trainer.default_local_dir"),
-        "run.deterministic": dropped(
-            "verl has its own actor_rollout_ref.rollout.full_determinism; not implied"
         ),
         "run.cpu_threads": dropped("no CPU thread knob in verl"),
         "models.backend": refuse_unless(
@@ -307,17 +324,11 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
             "verl's FSDP LoRA has no adapter dropout" if v else "",
         ),
         "models.student.lora.target_modules": lora_target,
-        "models.student.toy": n_a(toy_note),
         "models.teacher.model_id": teacher_path,
         "models.teacher.revision": refuse_unless(
             lambda v: v is None,
             "models.teacher.revision is set but verl loads the teacher path without a revision; download that revision and pass its directory as models.teacher.model_id",
             n_a("no revision pinned"),
-        ),
-        "models.teacher.tokenizer_id": refuse_unless(
-            lambda v: v is None,
-            "models.teacher.tokenizer_id: verl's teacher reads the student's token ids (skip_tokenizer_init); a separate teacher tokenizer cannot be expressed",
-            n_a("same tokenizer as the student (required by both frameworks)"),
         ),
         "models.teacher.precision": teacher_precision,
         "models.teacher.quantization": lambda v, _: KeyFate(
@@ -327,33 +338,12 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
             "(none)",
             "the teacher is served unquantized by vLLM" if v != "none" else "",
         ),
-        "models.teacher.lora.enabled": n_a("miniverl never trains or adapts the teacher"),
-        "models.teacher.lora.r": n_a("teacher LoRA is ignored by miniverl too"),
-        "models.teacher.lora.alpha": n_a("teacher LoRA is ignored by miniverl too"),
-        "models.teacher.lora.dropout": n_a("teacher LoRA is ignored by miniverl too"),
-        "models.teacher.lora.target_modules": n_a("teacher LoRA is ignored by miniverl too"),
-        "models.teacher.toy": n_a(toy_note),
-        **{
-            f"models.toy_fit.{k}": n_a(toy_note)
-            for k, _ in config_leaves(cfg.models.toy_fit.model_dump())
-        },
-        "models.teacher_fit.enabled": refuse_unless(
-            lambda v: not v,
-            "models.teacher_fit.enabled: verl serves the teacher as a separate replica of a checkpoint and cannot fit or switch a LoRA adapter on the student's base; merge the fitted adapter into a checkpoint and pass its directory as models.teacher.model_id",
-            n_a("no fitted teacher adapter"),
-        ),
-        **{
-            f"models.teacher_fit.{k}": n_a("the teacher-adapter fit is off")
-            for k in cfg.models.teacher_fit.model_dump()
-            if k != "enabled"
-        },
-        "models.oracle_teacher": refuse_unless(
+        "models.teacher.checkpoint": refuse_unless(
             lambda v: v is None,
-            ORACLE_TEACHER_REASON,
-            n_a("the teacher is a model"),
+            "models.teacher.checkpoint: verl serves the teacher as a separate replica of a checkpoint and cannot load a LoRA adapter of another run into it; merge that student into a checkpoint and pass its directory as models.teacher.model_id",
+            n_a("the teacher is the base model models.teacher.model_id names"),
         ),
-        "models.oracle_teacher.smoothing": lambda v, _: ORACLE_TEACHER_REASON,
-        "models.oracle_teacher.off_path": lambda v, _: ORACLE_TEACHER_REASON,
+        **_lab_rules(cfg, n_a, refuse_unless, sft_warmup_until),
         "environment.name": lambda v, _: KeyFate(
             "",
             v,
@@ -454,8 +444,6 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         "loss.sampled_token_nll_weight": only_default(
             "loss.sampled_token_nll_weight", 0.0, "— verl has no auxiliary sampled-token NLL term"
         ),
-        "loss.exact_max_vocab": n_a("exact_full_vocab only"),
-        "loss.allow_large_exact": n_a("exact_full_vocab only"),
         "loss.entropy_threshold": n_a("used only by divergence entropy_aware"),
         "loss.entropy_forward_weight": n_a("used only by divergence entropy_aware"),
         **{f"cache.{k}": dropped(cache_note) for k in cfg.cache.model_dump()},
@@ -493,11 +481,6 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
             "per GPU in verl",
         )(v, c),
         "train.sft_warmup_cycles": sft_warmup,
-        "train.sft_warmup_until": sft_warmup_until,
-        **{
-            f"train.sft_warmup_until.{key}": sft_warmup_until
-            for key in ("metric", "k", "threshold", "max_cycles", "check_every")
-        },
         "train.sft_lr": n_a("warm-up only"),
         "train.gkd_student_fraction": n_a(
             f"{mode_of_kind('mixed').name} only; a verl export needs run.mode: "
@@ -528,13 +511,7 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
         "logging.wandb": dropped(
             "miniverl-side offline wandb mirror; verl logs through trainer.logger"
         ),
-        "logging.wandb_project": dropped(
-            "miniverl-side offline wandb mirror; verl's is trainer.project_name"
-        ),
         "eval.batch_size": dropped("decode batching; verl's rollout engine batches by itself"),
-        "eval.teacher_gate_threshold": n_a("miniverl benchmark's teacher gate; verl has none"),
-        "eval.teacher_gate_tasks": n_a("miniverl benchmark's teacher gate; verl has none"),
-        "eval.teacher_gate_required": n_a("miniverl benchmark's teacher gate; verl has none"),
     }
     return rules
 

@@ -380,6 +380,13 @@ def with_lab(config: RunConfig) -> LabRunConfig:
     return LabRunConfig.from_mapping(config.to_dict(), source="<config>")
 
 
+def write_reference(path: str | Path) -> None:
+    """``docs/configuration.md``: the core sections and the lab's (``config/reference.py``)."""
+    from miniverl.config.reference import write_reference as write
+
+    write(path, LabRunConfig)
+
+
 def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> LabRunConfig:
     """A recipe file with both layers validated; every problem is reported at once."""
     return LabRunConfig.from_yaml(path, overrides)
@@ -399,4 +406,5 @@ __all__ = [
     "lab_problems",
     "load_recipe",
     "with_lab",
+    "write_reference",
 ]

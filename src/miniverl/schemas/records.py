@@ -8,9 +8,9 @@ Compatibility policy (old run directories stay readable):
 
 - **Unknown keys are kept** (``extra="allow"``): earlier and later miniverl versions wrote
   keys this version does not name (a reader must not drop what it cannot type).
-- **Every field except the discriminator is optional on read**: fields were added over
-  time (fingerprints, temperatures, ``teacher_entropy_is_lower_bound``...), so a record
-  that lacks one reads as ``None``. Writers set every field (``to_json`` dumps them all).
+- **Every field except the discriminator is optional on read**: a record another miniverl
+  version wrote may lack one (fingerprints, temperatures, ``teacher_entropy_is_lower_bound``...),
+  and it reads as ``None``. Writers set every field (``to_json`` dumps them all).
 - **A present field of the wrong type is an error**: :func:`parse_metric` and
   :func:`parse_event` raise :class:`~miniverl.errors.RunDirectoryError` naming the
   file, the line and the field, because a report must not render a corrupt number.
@@ -246,8 +246,8 @@ class EventRecord(RunRecord):
 class CheckpointState(RunRecord):
     """``checkpoints/<name>/state.json``: every counter a resume restores.
 
-    The required fields are the ones ``training.checkpoint.load_checkpoint`` has always
-    demanded; the rest were added over time and are optional on read.
+    The required fields are the ones ``training.checkpoint.load_checkpoint`` needs; the rest
+    are optional on read (another miniverl version may not write them).
     """
 
     config_digest: str

@@ -225,7 +225,8 @@ def teacher_on_device(
 def write_config_files(
     paths: RunPaths, config: RunConfig, resolved: ResolvedRun, submitted: bytes | None
 ) -> None:
-    """The submitted bytes, the validated recipe, its v0.2 copy and ``config.resolved.yaml``."""
+    """The submitted bytes, the validated recipe (and its copy ``config.original.yaml``) and
+    ``config.resolved.yaml``."""
     if submitted is not None:
         atomic_write_bytes(paths.config_submitted, submitted)
     validated = config.to_yaml()

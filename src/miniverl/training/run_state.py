@@ -1,8 +1,8 @@
 """``RunState``: the counters a training run advances, in one object (like HF's ``TrainerState``).
 
-The trainer, its updater (``training/recipe.py``) and its sample source all read the same
-counters: the source stamps rollouts with ``parameter_version`` and checks them against
-``policy_fingerprint``; the updater advances both on every committed update. Keeping them in
+The trainer (``training/recipe.py``) and its sample source read the same counters: the
+source stamps rollouts with ``parameter_version`` and checks them against
+``policy_fingerprint``; the trainer advances both on every committed update. Keeping them in
 one mutable object shared by reference -- rather than attributes of the trainer -- lets those
 collaborators receive exactly this and never the trainer. A checkpoint stores the persistent
 part as :class:`~miniverl.training.checkpoint.ResumeCounters` and :meth:`RunState.restore` puts it
@@ -23,7 +23,8 @@ from miniverl.training.checkpoint import ResumeCounters
 T = TypeVar("T")
 
 TASK_ORDER_SALT = 0x5EED
-"""XOR-ed into ``run.seed`` for the training split's shuffled order (kept from v0.1)."""
+"""XOR-ed into ``run.seed`` for the training split's shuffled order (a fixed constant: the
+order, and so every run's data, depends on it)."""
 
 
 @dataclass

@@ -51,7 +51,7 @@ from typing import Any, Protocol
 from miniverl.agent.corrective import CorrectiveTrace, noisy_oracle_trace
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.config.models import RunConfig
-from miniverl.config.modes import MODES, WARMUP_MODE, Mode
+from miniverl.config.modes import MODES, WARMUP_MODE, Mode, mode_of_kind
 from miniverl.environments.base import Task
 from miniverl.errors import OffPolicyError
 from miniverl.losses import ChunkTargetProvider, DivergenceSpec
@@ -382,6 +382,11 @@ class TeacherTargets:
 
 # ====================================================================== sources
 
+def _oracle_with_targets() -> Mode:
+    """The mode that scores the oracle's traces with the teacher."""
+    return next(m for m in MODES.values() if m.trajectories == "oracle" and m.teacher_targets)
+
+
 OFFLINE_POOL_CYCLE = -1
 """Cache keys of the offline_kd pool carry this cycle: it is scored once, before cycle 0."""
 
@@ -430,7 +435,7 @@ class OracleSource:
         targets: TeacherTargets | None = None,
         noise_fraction: float = 0.0,
         seed: int = 0,
-        mode: Mode = WARMUP_MODE,
+        mode: Mode | None = None,
     ) -> None:
         self.runner = runner
         self.version = version
@@ -440,6 +445,8 @@ class OracleSource:
         self.noise_fraction = noise_fraction
         self.seed = seed
         self.shared = SharedTraces(trajectory_log) if targets is None else None
+        if mode is None:
+            mode = WARMUP_MODE if targets is None else _oracle_with_targets()
         self.supervision = Supervision(phase=mode.name, teacher_targets=targets is not None)
 
     def _corrective(self, cycle: int, index: int, task: Task) -> CorrectiveTrace | None:
@@ -510,8 +517,9 @@ class OnPolicySource:
         events: EventLog,
         progress: Any,
         trajectory_log: Path,
-        mode: Mode,
+        mode: Mode | None = None,
     ) -> None:
+        mode = mode or mode_of_kind("student")
         self.runner = runner
         self.student = student
         self.targets = targets
@@ -625,9 +633,10 @@ class OfflinePoolSource:
         version: Callable[[], int],
         events: EventLog,
         trajectory_log: Path,
-        mode: Mode,
+        mode: Mode | None = None,
         vocab_size: int | None = None,
     ) -> None:
+        mode = mode or mode_of_kind("teacher_pool")
         self.supervision = Supervision(phase=mode.name, teacher_targets=True)
         self.teacher_runner = teacher_runner
         self.targets = targets
@@ -741,8 +750,9 @@ class TeacherSampleSource:
         version: Callable[[], int],
         events: EventLog,
         trajectory_log: Path,
-        mode: Mode,
+        mode: Mode | None = None,
     ) -> None:
+        mode = mode or mode_of_kind("teacher_samples")
         self.supervision = Supervision(phase=mode.name, teacher_targets=False)
         self.teacher_runner = teacher_runner
         self.config = config
@@ -795,8 +805,9 @@ class MixedPrefixSource:
         on_policy: OnPolicySource,
         teacher_runner: Callable[[], RolloutRunner],
         student_fraction: float,
-        mode: Mode,
+        mode: Mode | None = None,
     ) -> None:
+        mode = mode or mode_of_kind("mixed")
         self.on_policy = on_policy
         self.teacher_runner = teacher_runner
         self.student_fraction = float(student_fraction)

@@ -56,6 +56,7 @@ HF_FIT_SOURCES = (
     "agent/loop.py",
     "agent/episode.py",
     "lab/teachers/adapter_fit.py",
+    "lab/teachers/dagger.py",
     "environments/oracle_state.py",
 )
 """Source files of the adapter fit whose text enters its digest (see ``toy_fit.FIT_SOURCES``)."""

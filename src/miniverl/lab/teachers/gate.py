@@ -579,7 +579,7 @@ def score_state_gate(
     recovery: bool = True,
 ) -> StateGateResult:
     """The held-out state gate of ``teacher`` over given student episodes (see the result)."""
-    from miniverl.lab.teachers.toy_fit import label_student_states
+    from miniverl.lab.teachers.dagger import label_student_states
 
     by_id = {t.task_id: t for t in tasks}
     tokenizer = teacher.tokenizer

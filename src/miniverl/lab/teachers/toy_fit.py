@@ -88,6 +88,7 @@ FIT_SOURCES = (
     "agent/loop.py",
     "agent/episode.py",
     "lab/teachers/toy_fit.py",
+    "lab/teachers/dagger.py",
     "environments/oracle_state.py",
     "agent/corrective.py",
 )
