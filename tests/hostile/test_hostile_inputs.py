@@ -379,7 +379,7 @@ JSONL_CASES: list[tuple[str, bytes, str]] = [
 def test_hostile_metrics_jsonl_is_a_run_directory_error(
     tmp_path: Path, data: bytes, fragment: str
 ) -> None:
-    from miniverl.reporting.load import read_jsonl
+    from miniverl.inspection.run_dir import read_jsonl
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(data)
@@ -390,7 +390,7 @@ def test_hostile_metrics_jsonl_is_a_run_directory_error(
 
 
 def test_torn_final_jsonl_line_is_ignored_by_readers_and_cut_on_repair(tmp_path: Path) -> None:
-    from miniverl.reporting.load import read_jsonl
+    from miniverl.inspection.run_dir import read_jsonl
     from miniverl.utils.io import repair_jsonl_tail
 
     path = tmp_path / "events.jsonl"

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from miniverl.cli.main import app
 from miniverl.config.presets import demo_recipe_bytes
-from miniverl.reporting.tables import SECTION_TITLES
+from miniverl.lab.report.tables import SECTION_TITLES
 from miniverl.utils.hashing import sha256_file
 from miniverl.utils.runs import RunPaths
 

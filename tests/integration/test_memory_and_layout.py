@@ -103,8 +103,18 @@ def test_oom_halves_the_chunk_then_the_batch_and_other_errors_pass_through(
     sizes = [(0, 160, 4)]
     while len(sizes) < 7:
         h, c, r = sizes[-1]
-        sizes.append(resolve.after_oom(exc, halvings=h, chunk_size=c, batch_rows=r, step_chunk_size=160))
-    assert sizes == [(0, 160, 4), (1, 80, 4), (2, 40, 4), (3, 20, 4), (0, 160, 2), (1, 80, 2), (2, 40, 2)]
+        sizes.append(
+            resolve.after_oom(exc, halvings=h, chunk_size=c, batch_rows=r, step_chunk_size=160)
+        )
+    assert sizes == [
+        (0, 160, 4),
+        (1, 80, 4),
+        (2, 40, 4),
+        (3, 20, 4),
+        (0, 160, 2),
+        (1, 80, 2),
+        (2, 40, 2),
+    ]
 
     trainer = OPDTrainer(tiny_config(), output_dir=tmp_path / "run", quiet=True)
     trainer.setup()

@@ -144,7 +144,7 @@ def test_trainer_checks_the_alignment_digest_on_every_cache_read(
 def test_entropy_lower_bound_flag_reaches_metrics_token_analysis_and_report(
     opd_run: OPDTrainer,
 ) -> None:
-    from miniverl.reporting.report import write_report
+    from miniverl.lab.report.report import write_report
 
     steps = _records(opd_run.paths.metrics, "step")
     assert [s["teacher_entropy_is_lower_bound"] for s in steps if s["phase"] == "opd"] == [

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from miniverl.lab.benchmark.stats import aggregate, significance_note
-from miniverl.reporting.report import write_report
+from miniverl.lab.report.report import write_report
 from miniverl.utils.io import write_json
 from miniverl.utils.runs import RunPaths
 

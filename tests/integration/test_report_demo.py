@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from helpers import REPORT_FORBIDDEN, REPORT_RUN_SECTIONS
 from miniverl.cli.main import app
-from miniverl.reporting.tables import SECTION_TITLES
+from miniverl.lab.report.tables import SECTION_TITLES
 from miniverl.utils.runs import RunPaths
 
 pytestmark = pytest.mark.slow

@@ -8,12 +8,12 @@ import re
 import shutil
 from pathlib import Path
 
-from miniverl.reporting import plots
-from miniverl.reporting.load import load_run
-from miniverl.reporting.render import render_html, render_markdown
-from miniverl.reporting.report import write_report
-from miniverl.reporting.sections.curves import split_loss_series
-from miniverl.reporting.tables import CURVE_SERIES, PAGE_ROWS, Section, Table
+from miniverl.inspection.run_dir import load_run
+from miniverl.lab.report import plots
+from miniverl.lab.report.render import render_html, render_markdown
+from miniverl.lab.report.report import write_report
+from miniverl.lab.report.sections.curves import split_loss_series
+from miniverl.lab.report.tables import CURVE_SERIES, PAGE_ROWS, Section, Table
 from miniverl.utils.runs import RunPaths
 
 SUMMARY_LIMIT = 20_000
@@ -68,7 +68,7 @@ def test_termination_reasons_are_shares_of_each_source(demo_fast_run: Path) -> N
 
 
 def _sections(data):  # type: ignore[no-untyped-def]
-    from miniverl.reporting.sections import build_sections
+    from miniverl.lab.report.sections import build_sections
 
     return build_sections(data)
 

@@ -32,9 +32,7 @@ def test_the_gate_of_a_run_is_stored_and_refuses_a_weak_teacher(
         "rollout.max_new_tokens_per_turn=40",
     )
     prepared = prepare_teacher(config)
-    trainer = OPDTrainer(
-        config, output_dir=tmp_path / "run", quiet=True, teacher=prepared.teacher
-    )
+    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True, teacher=prepared.teacher)
     trainer.setup()
     result = run_teacher_gate(gate_subject(trainer, prepared))
     assert result.episodes == 2 and result.actions >= 2

@@ -138,9 +138,7 @@ def test_the_noise_settings_enter_the_digest(tmp_path: Path, cache_dir: Path) ->
         "rollout.max_total_tokens=600",
     )
     clean = _train(tmp_path / "clean", *room).teacher_record
-    noisy = _train(
-        tmp_path / "noisy", *room, "models.toy_fit.noise_fraction=0.5"
-    ).teacher_record
+    noisy = _train(tmp_path / "noisy", *room, "models.toy_fit.noise_fraction=0.5").teacher_record
     assert clean is not None and noisy is not None
     assert noisy["reused"] is False and noisy["cache_digest"] != clean["cache_digest"]
     stored = json.loads(
@@ -153,8 +151,6 @@ def test_the_noise_settings_enter_the_digest(tmp_path: Path, cache_dir: Path) ->
             (cache_dir / "toy-teachers" / clean["cache_digest"] / "teacher.json").read_text()
         )["inputs"]["fit_targets_sha256"]
     )
-    again = _train(
-        tmp_path / "again", *room, "models.toy_fit.noise_fraction=0.5"
-    ).teacher_record
+    again = _train(tmp_path / "again", *room, "models.toy_fit.noise_fraction=0.5").teacher_record
     assert again is not None and again["reused"] is True
     assert again["cache_digest"] == noisy["cache_digest"]

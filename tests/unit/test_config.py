@@ -272,7 +272,10 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         "models.teacher.checkpoint loads a trained teacher; lab.teacher_fit.enabled would fit another: set it to false",
     ),
     "checkpoint teacher and a dagger fit": (
-        {"models": {"teacher": {"checkpoint": "runs/t"}}, "lab": {"toy_fit": {"dagger": {"enabled": True}}}},
+        {
+            "models": {"teacher": {"checkpoint": "runs/t"}},
+            "lab": {"toy_fit": {"dagger": {"enabled": True}}},
+        },
         "models.teacher.checkpoint loads a trained teacher; lab.toy_fit.dagger.enabled would fit another: set it to false",
     ),
 }
@@ -598,9 +601,7 @@ NON_DEFAULT = {
     "run": {"name": "exp", "mode": "opd", "seed": 9},
     "loss": {"divergence": "jsd", "jsd_beta": 0.25, "top_k": 16, "chunk_size": 64},
     "train": {"betas": [0.8, 0.95], "max_grad_norm": None, "cycles": 2},
-    "models": {
-        "student": {"model_id": "toy-teacher", "lora": {"target_modules": ["q", "v"]}}
-    },
+    "models": {"student": {"model_id": "toy-teacher", "lora": {"target_modules": ["q", "v"]}}},
     "lab": {"toy_fit": {"max_steps": 7}},
     "environment": {"params": {"prompt_style": "verbose"}},
     "selection": {"selector": "hybrid", "ratio": 0.3, "critical_weight": 2.0},
@@ -763,7 +764,6 @@ def _static_prefixes() -> list[str]:
     import inspect
 
     from miniverl.config import models
-
     from miniverl.lab import config as lab_config
 
     tree = ast.parse(inspect.getsource(models._combination_problems))

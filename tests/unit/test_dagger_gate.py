@@ -15,6 +15,9 @@ from miniverl.environments.base import Task
 from miniverl.environments.calc_chain import generate_tasks
 from miniverl.environments.registry import make_environment
 from miniverl.errors import TeacherGateError
+from miniverl.lab.config import lab_of
+from miniverl.lab.teachers import adapter_fit, toy_fit
+from miniverl.lab.teachers.dagger import label_student_states
 from miniverl.lab.teachers.gate import (
     evaluate_state_gate,
     privileged_prediction,
@@ -22,9 +25,6 @@ from miniverl.lab.teachers.gate import (
     state_gate_failures,
 )
 from miniverl.lab.teachers.oracle import build_oracle_teacher
-from miniverl.lab.config import lab_of
-from miniverl.lab.teachers import adapter_fit, toy_fit
-from miniverl.lab.teachers.dagger import label_student_states
 from miniverl.schemas.trajectory import Trajectory
 
 CONFIG = RolloutConfig(

@@ -37,7 +37,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "objective": frozenset({"trajectory", "selection", "losses"}),
     "supervision": frozenset({"teachers", "cache"}),
     "orchestration": frozenset({"training"}),
-    "surfaces": frozenset({"reporting", "export", "inspection"}),
+    "surfaces": frozenset({"export", "inspection"}),
     "lab": frozenset({"lab"}),
     "entry": frozenset({"cli"}),
 }
@@ -93,7 +93,7 @@ DECLARED_CROSSINGS: tuple[Crossing, ...] = (
     Crossing("selection", "trajectory", "selectors pick among model target positions (masks)"),
     Crossing(
         "export",
-        "reporting",
+        "inspection",
         "result.json reads the run directory through the one reader",
         modules=("miniverl.export.result",),
     ),
@@ -113,7 +113,8 @@ TORCH_FREE_MODULES_PREFIXES = (
     "miniverl.inspection",
     "miniverl.cli",
     "miniverl.export.result",
-    "miniverl.export.verl",  # and verl_ledger, verl_tool
+    "miniverl.export.verl_tool",
+    "miniverl.lab.verl",
     "miniverl.models.base",
     "miniverl.models.tokenizers",
 )
@@ -743,7 +744,7 @@ def test_the_core_never_imports_the_lab() -> None:
 def test_the_lab_rule_sees_a_core_import_of_the_lab() -> None:
     for module in (
         "miniverl.training.recipe",
-        "miniverl.reporting.report",
+        "miniverl.inspection.run_dir",
         "miniverl.config.models",
     ):
         source = "def f():\n    from miniverl.lab.config import LabConfig\n"

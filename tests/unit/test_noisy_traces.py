@@ -17,15 +17,15 @@ from miniverl.agent.corrective import (
 from miniverl.agent.loop import RolloutRunner
 from miniverl.agent.protocol import format_final, format_tool_call
 from miniverl.config.models import RolloutConfig
-from miniverl.lab.config import ToyFitConfig
 from miniverl.environments.base import Task
 from miniverl.environments.calc_chain import generate_tasks
 from miniverl.environments.oracle_state import next_oracle_action
 from miniverl.environments.registry import make_environment
 from miniverl.errors import ConfigError
+from miniverl.lab.config import ToyFitConfig
+from miniverl.lab.teachers import toy_fit as teacher_fit
 from miniverl.lab.teachers.toy_fit import fit_traces, toy_fit_traces
 from miniverl.schemas.trajectory import SpanType, Trajectory
-from miniverl.lab.teachers import toy_fit as teacher_fit
 from miniverl.utils.seeding import derive_seed
 
 CONFIG = RolloutConfig(

@@ -24,11 +24,11 @@ from helpers import (
 )
 from miniverl.config.models import RunConfig
 from miniverl.errors import RunDirectoryError
+from miniverl.inspection.run_dir import load_run
 from miniverl.lab.benchmark.stats import aggregate, significance_note
-from miniverl.reporting import plots
-from miniverl.reporting.load import load_run
-from miniverl.reporting.report import write_report
-from miniverl.reporting.tables import SECTION_TITLES
+from miniverl.lab.report import plots
+from miniverl.lab.report.report import write_report
+from miniverl.lab.report.tables import SECTION_TITLES
 from miniverl.trajectory.io import write_trajectories
 from miniverl.utils.io import append_jsonl, write_json
 from miniverl.utils.runs import RunPaths

@@ -1,8 +1,7 @@
 """Golden output of ``miniverl report`` for fixed synthetic run directories.
 
-The fixtures in ``tests/data/report_golden/`` were rendered by the single-file
-``reporting/report.py`` before it was split into load / tables / sections / render;
-the split must not change a byte of ``summary.md``, nor of ``report.html`` once its SVG id prefixes are renumbered (below).
+The fixtures in ``tests/data/report_golden/`` are the expected ``summary.md`` byte for byte
+and the expected ``report.html`` once its SVG id prefixes are renumbered (below).
 Regenerate deliberately with ``MINIVERL_REGEN_GOLDEN=1`` when an intended report change
 lands, and review the diff.
 """
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_report import build_run, fake_benchmark
 
-from miniverl.reporting.report import write_report
+from miniverl.lab.report.report import write_report
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "report_golden"
 

@@ -11,7 +11,7 @@ import pytest
 from test_report import build_run, fake_benchmark
 
 from helpers import make_runner, record_of
-from miniverl.reporting.report import write_report
+from miniverl.lab.report.report import write_report
 from miniverl.utils.runs import RunPaths
 
 
@@ -122,7 +122,7 @@ def test_baseline_and_warm_up_labels_never_overlap(labelled: tuple[float, float]
     """Half a cycle apart left of cycle 0 is one pixel on a 400-cycle axis."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from miniverl.reporting import plots
+    from miniverl.lab.report import plots
 
     fig = plots.success_per_cycle_figure(
         [(c, 0.5) for c in range(400)],

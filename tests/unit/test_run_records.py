@@ -1,4 +1,4 @@
-"""Typed run records (``schemas/records.py``) and the one run-directory reader (``reporting/load.py``)."""
+"""Typed run records (``schemas/records.py``) and the one run-directory reader (``inspection/run_dir.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from test_report import _cycle, _eval, _step, build_run
 
 from helpers import SRC_DIR
 from miniverl.errors import CheckpointError, RunDirectoryError
-from miniverl.reporting.load import (
+from miniverl.inspection.run_dir import (
     load_run,
     read_events,
     read_json_or_none,
@@ -58,7 +58,7 @@ STATE: dict[str, Any] = {
     "cycle": 1, "global_step": 3, "parameter_version": 3, "rollout_policy_version": 2, "task_cursor": 4,
     "chunk_size": 1024, "schedule": {"kind": "constant"}, "main_start_step": 1, "rng": {"python": [3, [1] * 624 + [624], None]},
     "optimizer": {"kind": "adamw"}, "eval_results": {}, "jsonl_sizes": {"metrics": 10, "events": 0},
-    "offline_kd": {"pool": [], "version": None, "cursor": 0}, "toy_teacher": None, "miniverl_version": "0.3.0",
+    "offline_kd": {"pool": [], "version": None, "cursor": 0}, "teacher": None, "miniverl_version": "0.3.0",
     "config_digest": "ef" * 32,
 }  # fmt: skip
 
@@ -254,7 +254,7 @@ _READ_CALLS = {
 _READ_METHODS = {"read_text", "read_bytes", "open"}
 _RUN_LOGS = {"metrics", "events"}
 _LOG_NAMES = ("metrics.jsonl", "events.jsonl")
-_READER = SRC_DIR / "miniverl" / "reporting" / "load.py"
+_READER = SRC_DIR / "miniverl" / "inspection" / "run_dir.py"
 
 
 def _mentions_run_log(node: ast.AST) -> bool:
@@ -271,7 +271,7 @@ def _mentions_run_log(node: ast.AST) -> bool:
 
 
 def direct_run_log_reads(root: Path) -> list[str]:
-    """Calls outside ``reporting/load.py`` that read ``metrics.jsonl`` / ``events.jsonl``."""
+    """Calls outside ``inspection/run_dir.py`` that read ``metrics.jsonl`` / ``events.jsonl``."""
     found = []
     for path in sorted(root.rglob("*.py")):
         if path == _READER:

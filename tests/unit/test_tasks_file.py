@@ -195,7 +195,7 @@ def test_the_trainer_takes_its_splits_from_the_task_file(task_file: Path, tmp_pa
         f"environment.tasks={task_file}", "environment.train_tasks=6", "environment.eval_tasks=3"
     )
     trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True, progress=False)
-    trainer.setup(write_artifacts=False, with_teacher=False)
+    trainer.setup()
     assert trainer.splits == build_splits(CalculatorEnvironment(), config.environment)
     file_prompts = {
         json.loads(line)["prompt"] for line in task_file.read_text().splitlines() if line
@@ -207,8 +207,8 @@ def test_the_trainer_takes_its_splits_from_the_task_file(task_file: Path, tmp_pa
 def test_export_verl_deals_the_same_splits_from_a_task_file(task_file: Path) -> None:
     from helpers import REPO_ROOT
     from miniverl.config.models import RunConfig
-    from miniverl.export import verl as vx
-    from miniverl.export.verl_ledger import MAPPED
+    from miniverl.lab.verl import export as vx
+    from miniverl.lab.verl.ledger import MAPPED
 
     cfg = RunConfig.from_yaml(
         REPO_ROOT / "tests" / "data" / "verl_export" / "tiny_hf_opd.yaml",

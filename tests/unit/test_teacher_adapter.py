@@ -142,9 +142,7 @@ def test_fit_adapter_changes_only_the_teacher_adapter(tiny_dir: Path, tmp_path: 
     assert all(".actor." in k for k in actor.trainable_state_dict())
 
 
-def _trainer(
-    config: RunConfig, out: Path, prepared: PreparedTeacher | None = None
-) -> OPDTrainer:
+def _trainer(config: RunConfig, out: Path, prepared: PreparedTeacher | None = None) -> OPDTrainer:
     """A set-up run whose teacher is ``prepared``'s adapter file (none: the plain base)."""
     trainer = OPDTrainer(
         config,

@@ -135,7 +135,7 @@ def test_is_available_never_raises() -> None:
 def test_the_result_and_verl_exporters_import_light() -> None:
     """``miniverl export`` (result.json) and ``export-verl`` read and write JSON / YAML only."""
     proc = run_python(
-        "import sys, miniverl.export.result, miniverl.export.verl\n"
+        "import sys, miniverl.export.result, miniverl.lab.verl.export\n"
         "print(sorted(m for m in ('torch', 'numpy', 'transformers', 'safetensors') if m in sys.modules))"
     )
     assert proc.returncode == 0, proc.stderr

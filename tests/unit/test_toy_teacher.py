@@ -29,8 +29,8 @@ from miniverl.lab.teachers.toy_fit import (
 from miniverl.losses.chunked import chunked_selected_position_loss
 from miniverl.models.factory import build_student, build_teacher, build_tokenizer
 from miniverl.models.toy import ToyBackend
-from miniverl.training.cold_start import COLD_START_MARKER, COLD_START_STUDENT, load_cold_start
 from miniverl.training.checkpoint import save_tensors
+from miniverl.training.cold_start import COLD_START_MARKER, COLD_START_STUDENT, load_cold_start
 from miniverl.utils.hashing import sha256_bytes, sha256_file
 from miniverl.utils.io import read_json
 

@@ -22,9 +22,9 @@ from miniverl.config.models import RunConfig
 from miniverl.environments.base import ToolCall, make_splits
 from miniverl.environments.calculator import CalculatorEnvironment
 from miniverl.errors import BackendError, ConfigError
-from miniverl.export import verl as vx
-from miniverl.export import verl_ledger as ledger
 from miniverl.export import verl_tool
+from miniverl.lab.verl import export as vx
+from miniverl.lab.verl import ledger
 
 TINY_RECIPE = REPO_ROOT / "tests" / "data" / "verl_export" / "tiny_hf_opd.yaml"
 TOY_RECIPE = REPO_ROOT / "recipes" / "toy_demo.yaml"
@@ -49,7 +49,7 @@ def test_every_recipe_key_has_an_explicit_rule_and_exactly_one_fate() -> None:
     assert keys == _leaf_keys(cfg)
     assert len(keys) == len(set(keys))
     unruled = [f.key for f in plan.fates if "no verl mapping rule" in f.note]
-    assert unruled == [], f"add a rule in verl_ledger._rules for: {unruled}"
+    assert unruled == [], f"add a rule in lab/verl/ledger.py _rules for: {unruled}"
     assert {f.status for f in plan.fates} <= {ledger.MAPPED, ledger.DROPPED, ledger.NOT_APPLICABLE}
     dropped = {f.key for f in plan.dropped()}
     assert dropped >= {

@@ -123,9 +123,7 @@ def test_check_every_measures_every_nth_cycle_and_the_last(
 def test_a_fixed_count_runs_every_cycle_and_measures_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    outcome, source, events = _warm_up(
-        tmp_path, [], cycles=2, until=None, monkeypatch=monkeypatch
-    )
+    outcome, source, events = _warm_up(tmp_path, [], cycles=2, until=None, monkeypatch=monkeypatch)
     assert (outcome.cycles_run, outcome.stopped_by) == (2, "cycles")
     assert source == [-2, -1]
     assert [e["event"] for e in events] == ["sft_warmup_start"] + ["sft_warmup_cycle"] * 2

@@ -44,8 +44,8 @@ def export_verl(
 ) -> None:
     """Export a validated OPD recipe to verl: data/*.parquet, tools.yaml, run_verl.sh, MAPPING.md."""
     from miniverl.config.models import RunConfig
-    from miniverl.export.verl import export_verl as do_export
-    from miniverl.export.verl_ledger import VERL_VERSION
+    from miniverl.lab.verl.export import export_verl as do_export
+    from miniverl.lab.verl.ledger import VERL_VERSION
 
     cfg = RunConfig.from_yaml(recipe, overrides or [])
     plan = do_export(cfg, out, recipe=recipe.name, force=force, max_prompt_tokens=max_prompt_tokens)

@@ -539,7 +539,7 @@ def _run_trainer(trainer: Any, *, no_report: bool, recipe: Path | None = None) -
 
 
 def _write_report(run_dir: Path) -> None:
-    from miniverl.reporting.report import write_report
+    from miniverl.lab.report.report import write_report
 
     html, md = write_report(run_dir)
     console.print(f"report: {html}  summary: {md}")

@@ -101,9 +101,7 @@ def _layout_tables() -> list[str]:
         "| written as | is the lab key |",
         "|---|---|",
     ]
-    out += [
-        f"| `{_dotted(core)}` | `lab.{_dotted(lab)}` |" for core, lab in LAB_LOCATIONS.items()
-    ]
+    out += [f"| `{_dotted(core)}` | `lab.{_dotted(lab)}` |" for core, lab in LAB_LOCATIONS.items()]
     out += [
         "",
         "## Constants",

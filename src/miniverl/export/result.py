@@ -19,7 +19,7 @@ from typing import Any
 
 from miniverl import __version__
 from miniverl.errors import RunDirectoryError
-from miniverl.reporting.load import (
+from miniverl.inspection.run_dir import (
     eval_tag_files,
     read_config,
     read_json_or_none,

@@ -2,7 +2,7 @@
 ``events.jsonl`` lifecycle events and the checkpoint ``state.json`` (docs/design.md §5).
 
 The trainer builds these models and writes ``record.to_json()``;
-:mod:`miniverl.reporting.load` reads every line back through them. Torch-free.
+:mod:`miniverl.inspection.run_dir` reads every line back through them. Torch-free.
 
 Compatibility policy (old run directories stay readable):
 
@@ -268,6 +268,8 @@ class CheckpointState(RunRecord):
     jsonl_sizes: dict[str, int] | None = None
     jsonl_digests: dict[str, str] | None = None
     source: dict[str, Any] | None = None
+    offline_kd: dict[str, Any] | None = None
+    """The offline pool's position where a checkpoint keeps it apart from ``source``."""
     teacher: dict[str, Any] | None = None
     """What the run keeps about the teacher it was given (the lab's fit report); a resume must
     be given the teacher with the same ``weights_sha256``."""

@@ -62,6 +62,7 @@ import torch
 
 from miniverl import __version__
 from miniverl.config.models import RunConfig
+from miniverl.config.modes import mode_of_kind
 from miniverl.errors import CheckpointError, ConfigError, RunDirectoryError
 from miniverl.models.base import CausalLMBackend
 from miniverl.schemas.records import CheckpointState, parse_state
@@ -806,8 +807,9 @@ def restore_logs(
 
 
 def source_state(state: dict[str, Any]) -> dict[str, Any]:
-    """The sample source's position (``SampleSource.state_dict``)."""
-    return state.get("source") or {}
+    """The sample source's position (``SampleSource.state_dict``); a checkpoint may keep the
+    offline pool's position under that mode's name instead of ``source``."""
+    return state.get("source") or state.get(mode_of_kind("teacher_pool").name) or {}
 
 
 __all__ = [

@@ -382,6 +382,7 @@ class TeacherTargets:
 
 # ====================================================================== sources
 
+
 def _oracle_with_targets() -> Mode:
     """The mode that scores the oracle's traces with the teacher."""
     return next(m for m in MODES.values() if m.trajectories == "oracle" and m.teacher_targets)

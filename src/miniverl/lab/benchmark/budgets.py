@@ -252,7 +252,7 @@ def measure_budget(
     run_dir: str | Path, *, wall_seconds: float, cpu_seconds: float, device: str
 ) -> dict[str, Any]:
     """Every :data:`BUDGET_FIELDS` value of one finished arm run, from its artifacts."""
-    from miniverl.reporting.load import read_events, read_jsonl, read_metrics
+    from miniverl.inspection.run_dir import read_events, read_jsonl, read_metrics
     from miniverl.utils.runs import RunPaths
 
     paths = RunPaths(run_dir)

@@ -91,7 +91,7 @@ def _eval_trajectories(run_dir: Path) -> dict[str, list[Any]]:
 
 def measure_arm(run_dir: Path) -> dict[str, Any]:
     """What one finished arm run measured, read back from its artifacts."""
-    from miniverl.reporting.load import read_eval_summary, read_events, read_metrics
+    from miniverl.inspection.run_dir import read_eval_summary, read_events, read_metrics
     from miniverl.schemas.records import CycleRecord, StepRecord
 
     paths = RunPaths(run_dir)
@@ -292,7 +292,7 @@ def make_trainer_cell_runner(
         }
 
     def arm(cell: Cell, done: Mapping[Cell, Mapping[str, Any]]) -> dict[str, Any]:
-        from miniverl.reporting.load import read_metrics
+        from miniverl.inspection.run_dir import read_metrics
 
         seed_dir, run_dir = cell_dirs(root, cell)
         cold_dir = RunPaths(seed_dir).cold_start

@@ -224,7 +224,7 @@ def run_benchmark(
         },
     )
 
-    from miniverl.reporting.report import write_report
+    from miniverl.lab.report.report import write_report
 
     if run_cell is None:
         from miniverl.lab.benchmark.cell_runner import make_trainer_cell_runner
@@ -430,7 +430,7 @@ def print_benchmark(result: Mapping[str, Any], console: Console) -> None:
     if not console.is_terminal and console.width < 160:
         console = Console(file=console.file, width=160, highlight=False)
     console.print(table)
-    from miniverl.reporting.sections.benchmark import learning_rate_note
+    from miniverl.lab.report.sections.benchmark import learning_rate_note
 
     lr_note = learning_rate_note(result)
     if lr_note:

@@ -6,8 +6,8 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from miniverl.reporting.load import RunData
-from miniverl.reporting.tables import (
+from miniverl.inspection.run_dir import RunData
+from miniverl.lab.report.tables import (
     NOT_RECORDED,
     Section,
     Table,

@@ -6,8 +6,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from miniverl.reporting import plots
-from miniverl.reporting.tables import (
+from miniverl.lab.report import plots
+from miniverl.lab.report.tables import (
     NOT_RECORDED,
     Figure,
     Section,

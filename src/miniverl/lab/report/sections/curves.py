@@ -8,10 +8,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from miniverl.config.modes import WARMUP_MODE
-from miniverl.reporting import plots
-from miniverl.reporting.load import RunData
-from miniverl.reporting.sections.common import collect_evaluations
-from miniverl.reporting.tables import (
+from miniverl.inspection.run_dir import RunData
+from miniverl.lab.report import plots
+from miniverl.lab.report.sections.common import collect_evaluations
+from miniverl.lab.report.tables import (
     CURVE_SERIES,
     CURVE_TABLE_ROWS,
     MAX_STEP_ROWS,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from miniverl.reporting.load import RunData
-from miniverl.reporting.tables import STAGE_ORDER
+from miniverl.inspection.run_dir import RunData
+from miniverl.lab.report.tables import STAGE_ORDER
 
 
 def collect_evaluations(data: RunData) -> dict[str, dict[str, Any]]:

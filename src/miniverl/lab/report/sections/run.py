@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from miniverl.reporting.load import RunData
-from miniverl.reporting.sections.common import optimizer_steps
-from miniverl.reporting.tables import (
+from miniverl.inspection.run_dir import RunData
+from miniverl.lab.report.sections.common import optimizer_steps
+from miniverl.lab.report.tables import (
     NOT_RECORDED,
     Section,
     Table,

@@ -1,18 +1,18 @@
-"""Report sections: each builder turns :class:`~miniverl.reporting.load.RunData` into one
-:class:`~miniverl.reporting.tables.Section`; :func:`build_sections` lists them in reading order.
+"""Report sections: each builder turns :class:`~miniverl.inspection.run_dir.RunData` into one
+:class:`~miniverl.lab.report.tables.Section`; :func:`build_sections` lists them in reading order.
 """
 
 from __future__ import annotations
 
-from miniverl.reporting.load import RunData
-from miniverl.reporting.sections.benchmark import benchmark_sections
-from miniverl.reporting.sections.common import collect_evaluations
-from miniverl.reporting.sections.curves import curves_section, failures_section, success_section
-from miniverl.reporting.sections.headline import headline_section
-from miniverl.reporting.sections.resources import memory_section, selection_section
-from miniverl.reporting.sections.run import events_section, identity_section, objective_section
-from miniverl.reporting.sections.tokens import entropy_section, provenance_section, tokens_section
-from miniverl.reporting.tables import Section
+from miniverl.inspection.run_dir import RunData
+from miniverl.lab.report.sections.benchmark import benchmark_sections
+from miniverl.lab.report.sections.common import collect_evaluations
+from miniverl.lab.report.sections.curves import curves_section, failures_section, success_section
+from miniverl.lab.report.sections.headline import headline_section
+from miniverl.lab.report.sections.resources import memory_section, selection_section
+from miniverl.lab.report.sections.run import events_section, identity_section, objective_section
+from miniverl.lab.report.sections.tokens import entropy_section, provenance_section, tokens_section
+from miniverl.lab.report.tables import Section
 
 
 def build_sections(data: RunData) -> list[Section]:

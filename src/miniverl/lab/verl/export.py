@@ -13,7 +13,7 @@ parquet writer needs ``pyarrow`` (the ``verl-export`` extra), imported when writ
 
 This module plans the export (:func:`plan_export`) and writes it (dataset rows, parquet,
 ``tools.yaml``, ``run_verl.sh``, ``MAPPING.md``); the per-key rules and the fixed overrides
-are :mod:`miniverl.export.verl_ledger`.
+are :mod:`miniverl.lab.verl.ledger`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from miniverl.environments.base import Task, ToolSpec
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
 from miniverl.errors import BackendError, ConfigError
-from miniverl.export.verl_ledger import (
+from miniverl.lab.verl.ledger import (
     AGENT_LOOP,
     DROPPED,
     EXPORT_DIR_ENV,

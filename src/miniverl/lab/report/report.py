@@ -7,24 +7,24 @@ twice â€” as HTML through a Jinja2 template with autoescaping, and as Markdown â
 files cannot disagree about a number.
 
 The HTML is a single self-contained file: inline CSS, figures inlined as sanitized SVG
-(see :mod:`miniverl.reporting.plots`), no script, no font, no external URL. Optional
+(see :mod:`miniverl.lab.report.plots`), no script, no font, no external URL. Optional
 artifacts may be missing (an ``sft`` run has no teacher cache and no divergence, an
 interrupted run has no ``eval.json``, a benchmark directory has no manifest); each
 section then says what is absent instead of showing zeros.
 
 This module writes the two files; the pieces live one import away:
-:mod:`~miniverl.reporting.load` (the run-directory reader), :mod:`~miniverl.reporting.tables`
-(formatting and the section model), :mod:`~miniverl.reporting.sections` (one builder per
-section) and :mod:`~miniverl.reporting.render` (HTML and Markdown).
+:mod:`~miniverl.inspection.run_dir` (the run-directory reader), :mod:`~miniverl.lab.report.tables`
+(formatting and the section model), :mod:`~miniverl.lab.report.sections` (one builder per
+section) and :mod:`~miniverl.lab.report.render` (HTML and Markdown).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from miniverl.reporting.load import load_run
-from miniverl.reporting.render import render_html, render_markdown
-from miniverl.reporting.sections import build_sections
+from miniverl.inspection.run_dir import load_run
+from miniverl.lab.report.render import render_html, render_markdown
+from miniverl.lab.report.sections import build_sections
 from miniverl.utils.io import atomic_write_text
 
 

@@ -8,9 +8,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from miniverl.reporting import plots
-from miniverl.reporting.load import RunData
-from miniverl.reporting.tables import (
+from miniverl.inspection.run_dir import RunData
+from miniverl.lab.report import plots
+from miniverl.lab.report.tables import (
     CONTEXT_SPAN_VALUES,
     MAX_CONTEXT_CHARS,
     MAX_STEP_ROWS,

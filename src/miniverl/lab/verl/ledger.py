@@ -5,7 +5,7 @@ Each rule turns one leaf of the validated :class:`~miniverl.config.models.RunCon
 ``not applicable``) or a refusal string when dropping the key would change the objective.
 The table is long because the recipe is: one entry per key, so a reviewer can check every
 translation against verl 0.9.1's ``ppo_trainer.yaml`` in one place. Planning, the dataset
-and the written files are ``export/verl.py``.
+and the written files are ``lab/verl/export.py``.
 """
 
 from __future__ import annotations

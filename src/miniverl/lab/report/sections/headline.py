@@ -14,9 +14,9 @@ from typing import Any
 
 from miniverl.config.modes import WARMUP_MODE
 from miniverl.errors import MiniverlError
-from miniverl.reporting import plots
-from miniverl.reporting.load import RunData
-from miniverl.reporting.tables import (
+from miniverl.inspection.run_dir import RunData
+from miniverl.lab.report import plots
+from miniverl.lab.report.tables import (
     NOT_RECORDED,
     STAGE_ORDER,
     Figure,

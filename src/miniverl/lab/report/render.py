@@ -1,7 +1,7 @@
 """Rendering: the same sections as self-contained HTML (Jinja2, autoescaped) and as Markdown.
 
 Both renderers take the already-built sections, so the two files cannot disagree about a
-number; :func:`miniverl.reporting.report.write_report` builds them once and writes both.
+number; :func:`miniverl.lab.report.report.write_report` builds them once and writes both.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import jinja2
 from markupsafe import Markup
 
 from miniverl import __version__
-from miniverl.reporting import plots
-from miniverl.reporting.load import RunData
-from miniverl.reporting.tables import (
+from miniverl.inspection.run_dir import RunData
+from miniverl.lab.report import plots
+from miniverl.lab.report.tables import (
     COLLAPSE_ROWS,
     MD_LONG_TABLE,
     MD_MAX_ROWS,
@@ -26,7 +26,7 @@ from miniverl.reporting.tables import (
 
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.PackageLoader("miniverl.reporting", "templates"),
+        loader=jinja2.PackageLoader("miniverl.lab.report", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
