@@ -33,7 +33,7 @@ def test_version_prints_the_version() -> None:
 def test_commands_are_listed_in_workflow_panels_in_order() -> None:
     out = _help()
     panels = re.findall(r"╭─ (\w+) ─", out)
-    assert panels == ["Options", "Run", "Inspect", "Compare", "Export", "Maintain"]
+    assert panels == ["Options", "Run", "Inspect", "Lab", "Export", "Maintain"]
     listed = re.findall(r"^│ ([a-z][a-z-]+) {2,}", out, flags=re.MULTILINE)
     expected = [name for names in cli.WORKFLOW.values() for name in names]
     assert listed == expected

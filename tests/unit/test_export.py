@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from miniverl.cli.main import app
@@ -71,7 +72,7 @@ def _planted_run(root: Path) -> Path:
     root.mkdir(parents=True)
     config = RunConfig.from_mapping(
         {
-            "run": {"name": "shared", "output_dir": f"{HOME}/runs/shared"},
+            "run": {"name": "shared"},
             "models": {
                 "student": {"model_id": "toy-student", "lora": {"enabled": False}},
                 "teacher": {"model_id": "toy-teacher"},
@@ -79,8 +80,10 @@ def _planted_run(root: Path) -> Path:
             "cache": {"dir": f"{HOME}/cache/teacher"},
         }
     )
+    stored = config.to_dict()
+    stored["run"]["output_dir"] = f"{HOME}/runs/shared"  # a config file may name where it ran
     paths.config_resolved.write_text(
-        f"# memory plan: resolved on {HOSTNAME} by {USERNAME}\n" + config.to_yaml(),
+        f"# memory plan: resolved on {HOSTNAME} by {USERNAME}\n" + yaml.safe_dump(stored),
         encoding="utf-8",
     )
     write_json(paths.environment, _planted_environment())

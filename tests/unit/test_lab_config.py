@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import typing
 from pathlib import Path
+from typing import Any
 
 import pydantic
 import pytest
@@ -103,19 +104,55 @@ def test_a_lab_override_wins_whichever_place_it_names() -> None:
     assert isinstance(again, LabRunConfig) and again.lab.toy_fit.max_steps == 9
 
 
-def test_the_recorded_lab_defaults_are_the_labs() -> None:
-    """The digest's layout fills an absent lab section with LAB_DEFAULTS: they must be what
-    the lab validates an empty section to (a lab default changed without them would leave
-    the digest of every recipe that relies on it unchanged)."""
-    lab = LabConfig()
-    defaults = layout.LAB_DEFAULTS
-    assert lab.toy_fit.model_dump(mode="json") == defaults[("toy_fit",)]
-    assert lab.teacher_fit.model_dump(mode="json") == defaults[("teacher_fit",)]
-    assert lab.oracle_teacher is defaults[("oracle_teacher",)] is None
-    assert lab.warmup_until is defaults[("warmup_until",)] is None
-    assert lab.teacher_gate.threshold == defaults[("teacher_gate", "threshold")]
-    assert lab.teacher_gate.tasks == defaults[("teacher_gate", "tasks")]
+def _records(model: type[pydantic.BaseModel], path: tuple[str, ...] = ()) -> dict[tuple, Any]:
+    """Every record below ``model``: path -> (field defaults, omitted-at-default, optional)."""
+    out: dict[tuple, Any] = {}
+    for name, field in model.model_fields.items():
+        args = typing.get_args(field.annotation) or (field.annotation,)
+        sub = [a for a in args if isinstance(a, type) and issubclass(a, pydantic.BaseModel)]
+        if not sub:
+            continue
+        defaults = {
+            k: pydantic.TypeAdapter(f.annotation).dump_python(
+                f.get_default(call_default_factory=True), mode="json"
+            )
+            for k, f in sub[0].model_fields.items()
+        }
+        optional = field.get_default(call_default_factory=True) is None
+        out[(*path, name)] = (defaults, frozenset(sub[0].omitted_at_default), optional)
+        out.update(_records(sub[0], (*path, name)))
+    return out
+
+
+def test_the_lab_record_tables_are_derived_from_the_lab_config() -> None:
+    """The digest's layout completes lab records from LAB_RECORDS: a lab default changed
+    without it would change no digest, a field added without it would hash apart."""
+    records = _records(LabConfig)
+    assert {p: d for p, (d, _, _) in records.items()} == layout.LAB_RECORDS
+    assert {p: o for p, (_, o, _) in records.items() if o} == layout.LAB_OMITTED
+    assert {p for p, (_, _, opt) in records.items() if opt} == layout.LAB_OPTIONAL
     assert RunConfig().digest() == with_lab(RunConfig()).digest()
+
+
+@pytest.mark.parametrize(
+    "lab",
+    [
+        {"toy_fit": {"max_steps": 20}},
+        {"toy_fit": {"dagger": {"enabled": True}}, "teacher_fit": {"lora": {"r": 4}}},
+        {"toy_fit": {"dagger": {"enabled": False}}},
+        {"oracle_teacher": {}},
+        {"oracle_teacher": {"off_path": "turn_only"}},
+        {"teacher_gate": {"required": True, "on_path": 0.5}},
+        {"warmup_until": {"threshold": 0.5}},
+        {"teacher_fit": {"steps": 3, "dagger": {"tasks": 3}}},
+    ],
+)
+def test_a_partial_lab_section_hashes_as_the_lab_validates_it(lab: dict[str, Any]) -> None:
+    """The core, which cannot validate ``lab:``, and the lab give one recipe one digest."""
+    data = {"models": {"backend": "toy"}, "train": {"sft_warmup_cycles": 0}, "lab": lab}
+    core = RunConfig.from_mapping(copy.deepcopy(data))
+    assert core.digest() == LabRunConfig.from_mapping(copy.deepcopy(data)).digest()
+    assert core.digest() == with_lab(core).digest()
 
 
 def test_a_constant_at_its_value_loads_and_at_another_is_refused_with_its_hint() -> None:
@@ -143,7 +180,7 @@ def test_lab_and_core_problems_are_reported_at_once() -> None:
     text = str(info.value)
     for key in ("lab.oracle_teacher.smoothing", "lab.toy_fit.max_steps", "train.cycles"):
         assert key in text, key
-    with pytest.raises(ConfigError, match="lab.oracle_teacher needs models.backend: toy"):
+    with pytest.raises(ConfigError, match=r"lab\.oracle_teacher needs models\.backend: toy"):
         LabRunConfig.from_mapping({"models": {"backend": "hf"}, "lab": {"oracle_teacher": {}}})
 
 

@@ -189,7 +189,7 @@ def _write_checkpoint(paths: RunPaths) -> Path:
         optimizer=optimizer,
         schedule=Schedule(peak_lr=1e-3),
         source=Source(),
-        toy_teacher=None,
+        teacher=None,
         paths=paths,
         config_digest="d" * 64,
     )
@@ -248,17 +248,19 @@ def test_a_run_fsyncs_its_logs_only_at_cycle_ends_checkpoints_and_run_end(
     fsyncs = FsyncRecorder(monkeypatch)
     committed = _check_commits(monkeypatch, fsyncs, paths)
     cycle_ends: list[int] = []
-    original: Callable[..., None] = OPDTrainer.run_cycle
+    original: Callable[..., None] = OPDTrainer._end_cycle
 
-    def run_cycle(self: OPDTrainer, cycle: int) -> None:
-        original(self, cycle)
+    def end_cycle(self: OPDTrainer, cycle: int, *args: Any) -> None:
+        original(self, cycle, *args)
+        if cycle < 0:  # a warm-up cycle; the warm-up's end is its durability point
+            return
         for log in _logs(paths):
             assert fsyncs.durable_size(log) == log.stat().st_size, (
                 f"cycle {cycle} ended with {log.name} not fsynced"
             )
         cycle_ends.append(cycle)
 
-    monkeypatch.setattr(OPDTrainer, "run_cycle", run_cycle)
+    monkeypatch.setattr(OPDTrainer, "_end_cycle", end_cycle)
     config = tiny_config("train.cycles=3", "train.checkpoint_every=2", "eval.every=1")
     trainer = OPDTrainer(config, output_dir=paths.root, quiet=True)
     trainer.train()
@@ -284,14 +286,14 @@ def test_an_interrupted_run_leaves_its_logs_fsynced(
     """The ``run_end`` event of an interrupted run, written after the last cycle end, is flushed."""
     paths = RunPaths(tmp_path / "run")
     fsyncs = FsyncRecorder(monkeypatch)
-    original: Callable[..., None] = OPDTrainer.run_cycle
+    original: Callable[..., None] = OPDTrainer._end_cycle
 
-    def run_cycle(self: OPDTrainer, cycle: int) -> None:
-        if cycle == 1:
+    def end_cycle(self: OPDTrainer, cycle: int, *args: Any) -> None:
+        original(self, cycle, *args)
+        if cycle == 0:
             raise KeyboardInterrupt
-        original(self, cycle)
 
-    monkeypatch.setattr(OPDTrainer, "run_cycle", run_cycle)
+    monkeypatch.setattr(OPDTrainer, "_end_cycle", end_cycle)
     trainer = OPDTrainer(tiny_config("train.cycles=2"), output_dir=paths.root, quiet=True)
     with pytest.raises(KeyboardInterrupt):
         trainer.train()

@@ -104,7 +104,7 @@ def _inputs(**changes: Any) -> ManifestInputs:
             rollout_version=2,
             policy_fingerprint="abc",
         ),
-        toy_teacher=None,
+        teacher_record=None,
     )
     base.update(changes)
     return ManifestInputs(**base)  # type: ignore[arg-type]
@@ -122,16 +122,16 @@ def test_the_role_graph_binds_exactly_the_objects_it_is_given() -> None:
     assert roles["RolloutRuntime"]["bound_to"] == "FakeRunner"
     assert roles["RewardOrVerifier"]["bound_to"] == "CalculatorEnvironment"
     assert roles["TargetBuilder"] == {"bound_to": "FakeScorer", "shape": "bucketed"}
-    assert roles["UpdateRuntime"] == {"bound_to": "OPDTrainer", "method": "updater.optimize"}
+    assert roles["UpdateRuntime"] == {"bound_to": "OPDTrainer", "method": "loss_step"}
     assert roles["EvaluationRuntime"] == {"bound_to": "OPDTrainer", "method": "evaluate"}
     assert roles["ArtifactBridge"]["cache"] == "teacher-cache"
     assert roles["ReferencePolicy"]["bound_to"] is None
 
 
 def test_the_role_graph_names_methods_that_exist() -> None:
-    """``OPDTrainer.updater`` is a ``PolicyUpdater``; both named methods are defined (read
-    from the source, so this module still never imports the trainer)."""
-    tree = ast.parse((SRC_DIR / "miniverl" / "training" / "trainer.py").read_text("utf-8"))
+    """Both named methods are defined on ``OPDTrainer`` (read from the source, so this module
+    still never imports the trainer)."""
+    tree = ast.parse((SRC_DIR / "miniverl" / "training" / "recipe.py").read_text("utf-8"))
     defined = {
         f"{cls.name}.{fn.name}"
         for cls in tree.body
@@ -139,8 +139,7 @@ def test_the_role_graph_names_methods_that_exist() -> None:
         for fn in cls.body
         if isinstance(fn, ast.FunctionDef)
     }
-    assert {"OPDTrainer.evaluate", "PolicyUpdater.optimize"} <= defined
-    assert "self.updater = PolicyUpdater(" in ast.unparse(tree)
+    assert {"OPDTrainer.evaluate", "OPDTrainer.loss_step"} <= defined
 
 
 def test_there_is_no_trainer_shaped_constructor_left() -> None:

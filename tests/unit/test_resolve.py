@@ -154,7 +154,7 @@ TABLE: list[tuple[str, tuple[str, ...], bool, str, HostCapabilities, dict, dict 
     ),
     (
         "cuda-roomy-resident-teacher-memory-taken-off-the-trajectory-budget",
-        ("train.rollouts_per_cycle=8", "memory.auto_swap_vram_headroom_gb=1.0"),
+        ("train.rollouts_per_cycle=8",),
         True,
         "cuda",
         HostCapabilities(cuda_available=True, torch_threads=8, free_vram_gib=4.0),
@@ -166,7 +166,7 @@ TABLE: list[tuple[str, tuple[str, ...], bool, str, HostCapabilities, dict, dict 
     ),
     (
         "cuda-tight-swap",
-        ("memory.auto_swap_vram_headroom_gb=2.0",),
+        (),
         True,
         "cuda",
         HostCapabilities(cuda_available=True, torch_threads=8, free_vram_gib=2.5),

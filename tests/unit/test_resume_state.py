@@ -72,7 +72,7 @@ def _checkpoint(paths: RunPaths, name: str = "cycle-0002", cycle: int = 2) -> Pa
         optimizer=optimizer,
         schedule=Schedule(peak_lr=1e-3),
         source=_Source({"cursor": 5}),
-        toy_teacher=None,
+        teacher=None,
         paths=paths,
         config_digest="d" * 64,
     )

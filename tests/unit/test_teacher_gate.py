@@ -232,8 +232,8 @@ def test_the_benchmark_refuses_a_teacher_under_the_threshold() -> None:
         "teacher gate failed: the teacher reproduces the correct next action at 47 of 50 "
         "student-visited states (0.940), under the threshold 0.950"
     )
-    assert "models.toy_fit.max_steps" in info.value.hint
-    assert "models.toy_fit.noise_fraction" in info.value.hint
+    assert "lab.toy_fit.max_steps" in info.value.hint
+    assert "lab.toy_fit.noise_fraction" in info.value.hint
     require_teacher_gate(_result(19, 20), 0.95)  # exactly at the threshold passes
     require_teacher_gate(_result(50, 50))  # default threshold 0.95
     with pytest.raises(TeacherGateError, match="at 0 of 0 student-visited states"):
@@ -336,7 +336,7 @@ def test_the_gate_of_a_student_file_against_the_oracle_teacher(tmp_path: Path) -
     save_file(student.full_state_dict(), str(tmp_path / "student.safetensors"))
     got = gate_of_weight_files(config, tmp_path / "student.safetensors", None, tasks=3)
     assert got.value == 1.0 and got.off_path_actions > 0 and got.episodes == 3
-    with pytest.raises(CheckpointError, match=r"models\.oracle_teacher has no weights"):
+    with pytest.raises(CheckpointError, match=r"lab\.oracle_teacher has no weights"):
         gate_of_weight_files(config, tmp_path / "student.safetensors", tmp_path / "t", tasks=1)
     learned = RunConfig.from_yaml(recipes / "toy_calc_chain.yaml", small)
     with pytest.raises(CheckpointError, match="a teacher weights file is needed"):

@@ -111,7 +111,7 @@ app.command(
     "teacher-audit",
     rich_help_panel=LAB,
     short_help="What the run's teacher targets at the student's own states: per position "
-    "class, top targets, EOS and closing tags.",
+    "class, top targets, EOS and closing tags (CPU).",
 )(teacher_audit_command)
 app.add_typer(
     cache_app,

@@ -13,8 +13,8 @@ facts about keys follow from that, and both are tables here:
   what to do instead.
 
 ``RunConfig.digest()`` hashes :func:`canonical_layout`: the core sections with every lab key
-at its place among them (a lab section the recipe leaves out at the value :data:`LAB_DEFAULTS`
-records) and every constant at its place. The digest of a recipe is therefore the same
+at its place among them (each lab record completed with the lab's defaults,
+:data:`LAB_RECORDS`) and every constant at its place. The digest of a recipe is therefore the same
 whichever layout it was written in, and it names the stored studies' cells by the digests
 they recorded. Torch-free, and free of the lab: these are key paths and values only.
 """
@@ -42,15 +42,10 @@ LAB_LOCATIONS: dict[Path, Path] = {
 }
 """Place among the core sections -> place under ``lab:`` (the lab's keys)."""
 
-_ADAPTER_DEFAULT = {
-    "enabled": True,
-    "r": 8,
-    "alpha": 16.0,
-    "dropout": 0.0,
-    "target_modules": None,
-}
+_ADAPTER = {"enabled": True, "r": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": None}
+_DAGGER = {"enabled": False, "rollouts_per_task": 1, "temperatures": [1.0], "tasks": None}
 
-LAB_DEFAULTS: dict[Path, Any] = {
+LAB_RECORDS: dict[Path, dict[str, Any]] = {
     ("toy_fit",): {
         "max_steps": 1500,
         "lr": 0.002,
@@ -68,7 +63,9 @@ LAB_DEFAULTS: dict[Path, Any] = {
         "noise_max_follow": 0,
         "probe_tasks": 16,
         "reuse": True,
+        "dagger": _DAGGER,
     },
+    ("toy_fit", "dagger"): _DAGGER,
     ("teacher_fit",): {
         "enabled": False,
         "steps": 60,
@@ -78,16 +75,43 @@ LAB_DEFAULTS: dict[Path, Any] = {
         "corrective_fraction": 0.25,
         "probe_tasks": 8,
         "cache_dir": "models/teacher-adapters",
-        "lora": _ADAPTER_DEFAULT,
+        "dagger": _DAGGER,
+        "lora": _ADAPTER,
     },
-    ("oracle_teacher",): None,
-    ("warmup_until",): None,
-    ("teacher_gate", "threshold"): 0.95,
-    ("teacher_gate", "tasks"): 64,
+    ("teacher_fit", "dagger"): _DAGGER,
+    ("teacher_fit", "lora"): _ADAPTER,
+    ("oracle_teacher",): {"smoothing": 0.001, "off_path": "context"},
+    ("teacher_gate",): {
+        "threshold": 0.95,
+        "tasks": 64,
+        "on_path": None,
+        "off_path": None,
+        "recovery": None,
+        "required": True,
+    },
+    ("warmup_until",): {
+        "metric": "success",
+        "k": None,
+        "threshold": 0.8,
+        "max_cycles": 20,
+        "check_every": 1,
+    },
 }
-"""The value each lab key has in the digest's layout when the recipe's ``lab:`` leaves it out
-(the lab's defaults; ``tests/unit/test_lab_config.py`` checks they agree). Keys not listed
-are left out of the layout when absent."""
+"""Every record of the ``lab:`` section, with the lab's default of each field: a record a
+recipe writes in part is completed from here before it is hashed, so a plain ``RunConfig``
+and the lab's ``LabRunConfig`` of one recipe have one digest. ``tests/unit/test_lab_config.py``
+derives this table from ``miniverl.lab.config.LabConfig`` and requires it to agree."""
+
+LAB_OMITTED: dict[Path, frozenset[str]] = {
+    ("toy_fit",): frozenset({"dagger"}),
+    ("teacher_fit",): frozenset({"dagger"}),
+    ("oracle_teacher",): frozenset({"off_path"}),
+    ("teacher_gate",): frozenset({"on_path", "off_path", "recovery", "required"}),
+}
+"""Fields a lab record leaves out of its dump while at their default (``Section.omitted_at_default``)."""
+
+LAB_OPTIONAL = frozenset({("oracle_teacher",), ("warmup_until",)})
+"""Lab records that are absent (``None``) unless a recipe writes them."""
 
 CONSTANTS: dict[Path, Any] = {
     ("run", "output_dir"): None,
@@ -213,19 +237,35 @@ def relocate(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return out, problems
 
 
+def complete_lab_record(path: Path, value: Any) -> Any:
+    """``value`` (the lab record at ``path``, or ``None``) with every field it leaves out at the
+    lab's default and every field of :data:`LAB_OMITTED` at its default left out, as the lab's
+    own dump writes it."""
+    defaults = LAB_RECORDS.get(path)
+    if defaults is None or not isinstance(value, Mapping):
+        return copy.deepcopy(value)
+    out = {key: copy.deepcopy(item) for key, item in value.items() if key not in defaults}
+    for key, default in defaults.items():
+        item = complete_lab_record((*path, key), value[key] if key in value else default)
+        if not (key in LAB_OMITTED.get(path, ()) and item == default):
+            out[key] = item
+    return out
+
+
 def canonical_layout(dump: Mapping[str, Any]) -> dict[str, Any]:
     """What ``RunConfig.digest()`` hashes: ``dump`` (a ``RunConfig.to_dict()``) with the
-    ``lab:`` section's keys at their core places (:data:`LAB_LOCATIONS`, defaults from
-    :data:`LAB_DEFAULTS`) and every constant at its place (:data:`CONSTANTS`)."""
+    ``lab:`` section's keys at their core places (:data:`LAB_LOCATIONS`, records completed by
+    :func:`complete_lab_record`) and every constant at its place (:data:`CONSTANTS`)."""
     out = copy.deepcopy({k: v for k, v in dump.items() if k != "lab"})
-    lab = dump.get("lab") or {}
+    given = dump.get("lab") or {}
+    lab = {key: copy.deepcopy(value) for key, value in given.items()}
+    for path in LAB_RECORDS:
+        if len(path) == 1:
+            value = given.get(path[0], None if path in LAB_OPTIONAL else {})
+            lab[path[0]] = complete_lab_record(path, value)
     # the teacher adapter's shape sits inside teacher_fit under lab:, beside it at core places
     for core_path, lab_path in sorted(LAB_LOCATIONS.items(), key=lambda kv: len(kv[1])):
         found, value = _get(lab, lab_path)
-        if not found:
-            found, value = lab_path in LAB_DEFAULTS, LAB_DEFAULTS.get(lab_path)
-            if not found and lab_path[:1] in LAB_DEFAULTS:
-                found, value = _get({"x": LAB_DEFAULTS[lab_path[:1]]}, ("x", *lab_path[1:]))
         if found:
             if lab_path == ("teacher_fit",) and isinstance(value, Mapping):
                 value = {k: v for k, v in value.items() if k != "lora"}
@@ -239,9 +279,12 @@ def canonical_layout(dump: Mapping[str, Any]) -> dict[str, Any]:
 __all__ = [
     "CONSTANTS",
     "CONSTANT_HINTS",
-    "LAB_DEFAULTS",
     "LAB_LOCATIONS",
+    "LAB_OMITTED",
+    "LAB_OPTIONAL",
+    "LAB_RECORDS",
     "canonical_layout",
+    "complete_lab_record",
     "move_lab_keys",
     "relocate",
 ]

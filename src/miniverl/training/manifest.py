@@ -112,7 +112,7 @@ class LocalRoleGraph:
             note="exact verifier; reported, never optimized",
         )
         graph.bind("TargetBuilder", scorer, shape=None if scorer is None else scorer.shape)
-        graph.bind("UpdateRuntime", recipe, method="updater.optimize")
+        graph.bind("UpdateRuntime", recipe, method="loss_step")
         graph.bind("EvaluationRuntime", recipe, method="evaluate")
         graph.bind(
             "ArtifactBridge",

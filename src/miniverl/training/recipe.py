@@ -366,7 +366,8 @@ class OPDTrainer:
                                 group, supervision, cycle, len(steps), loss, update, step_started
                             )
                         )
-                    self._end_cycle(cycle, source, batch, steps, before)
+                    self._end_cycle(cycle, source, batch, steps, before)  # logs durable
+                    self._after_cycle(cycle, steps)  # held-out evaluation, checkpoint, stop
                 return self._finish(started)
             except KeyboardInterrupt:
                 self.events.emit(
@@ -602,8 +603,8 @@ class OPDTrainer:
         before: tuple[float, int, str | None],
     ) -> None:
         """After a cycle's updates: a warm-up cycle's event and criterion, or a recipe cycle's
-        record, held-out evaluation, checkpoint and stop condition. ``before``: the cycle's
-        start time, parameter version and policy fingerprint."""
+        record; the cycle's logs reach the disk. ``before``: the cycle's start time, parameter
+        version and policy fingerprint."""
         if cycle < 0:
             self._end_warmup_cycle(cycle, steps)
             return
@@ -660,6 +661,13 @@ class OPDTrainer:
                 "cycle_end", echo=f"cycle {cycle}: {format_live_line(live)}", cycle=cycle, **live
             )
             self.sync_logs()
+
+    def _after_cycle(self, cycle: int, steps: list[dict[str, Any]]) -> None:
+        """A recipe cycle's held-out evaluation (``eval.every``), checkpoint
+        (``train.checkpoint_every``, and the last cycle) and stop condition."""
+        if cycle < 0:
+            return
+        cfg, state = self.config, self.state
         last = cycle == cfg.train.cycles - 1
         held_out = None
         if cfg.eval.every and not last and (cycle + 1) % cfg.eval.every == 0:
