@@ -246,7 +246,7 @@ def complete_lab_record(path: Path, value: Any) -> Any:
         return copy.deepcopy(value)
     out = {key: copy.deepcopy(item) for key, item in value.items() if key not in defaults}
     for key, default in defaults.items():
-        item = complete_lab_record((*path, key), value[key] if key in value else default)
+        item = complete_lab_record((*path, key), value.get(key, default))
         if not (key in LAB_OMITTED.get(path, ()) and item == default):
             out[key] = item
     return out
