@@ -2,7 +2,7 @@
 
 The core's trainer takes its teacher and its warm-up criterion as arguments; this is where
 the lab supplies them for one run: the teacher :func:`~miniverl.lab.teachers.prepare.prepare_teacher`
-makes (or finds beside a cold start), and the warm-up criterion of ``lab.warmup_until``.
+makes (or finds beside a cold start, or in the directory of the run being resumed), and the warm-up criterion of ``lab.warmup_until``.
 ``miniverl train`` and ``miniverl demo`` start their runs here; the benchmark's cells compose
 the same pieces (``lab/benchmark/cell_runner.py``).
 """
@@ -29,7 +29,11 @@ def start_run(
     kept in the run directory and its events in the run's log), the warm-up criterion, and
     ``cold_start`` as the run's initial weights. ``trainer_options`` are ``OPDTrainer``'s
     (``output_dir``, ``resume``, ``resume_from``, ``submitted_recipe``, ``verbose``, ...)."""
-    prepared = prepare_teacher(config, cold_start=cold_start, quiet=quiet)
+    resumed = trainer_options.get("resume") or trainer_options.get("resume_from") is not None
+    run_dir = trainer_options.get("output_dir") or Path("runs") / config.run.name
+    prepared = prepare_teacher(
+        config, cold_start=cold_start, resumed_run=run_dir if resumed else None, quiet=quiet
+    )
     trainer = OPDTrainer(
         config,
         quiet=quiet,

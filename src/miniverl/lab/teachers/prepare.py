@@ -7,12 +7,14 @@ what to give it, in this order:
 1. no teacher at all for a mode without one, and none for ``models.teacher.checkpoint``
    (the core loads that trained student itself);
 2. the oracle teacher (``lab.oracle_teacher``): built over every task of the splits;
-3. a cold start's own teacher (``--cold-start DIR`` holding ``toy-teacher.safetensors`` or
+3. a resumed run's own toy teacher (``toy-teacher.safetensors`` in its directory), verified
+   against the record its manifest keeps;
+4. a cold start's own teacher (``--cold-start DIR`` holding ``toy-teacher.safetensors`` or
    ``teacher-adapter.safetensors``, written by the benchmark), verified against its marker;
-4. a toy teacher fitted (or reused from the digest cache) per ``lab.toy_fit``;
-5. an HF teacher adapter fitted (or reused) per ``lab.teacher_fit``, handed over as a
+5. a toy teacher fitted (or reused from the digest cache) per ``lab.toy_fit``;
+6. an HF teacher adapter fitted (or reused) per ``lab.teacher_fit``, handed over as a
    teacher checkpoint file;
-6. otherwise the base model the recipe names (the core builds it).
+7. otherwise the base model the recipe names (the core builds it).
 
 A DAgger fit labels the warmed-up student's states, so it needs that ``student``: only a
 benchmark's cold start has one; without it the fit is refused with that hint.
@@ -32,7 +34,7 @@ from miniverl.agent.loop import RolloutRunner
 from miniverl.config.models import RunConfig
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
-from miniverl.errors import CheckpointError, ConfigError
+from miniverl.errors import CheckpointError, ConfigError, RunDirectoryError
 from miniverl.lab.config import LabConfig, lab_of
 from miniverl.models.base import CausalLMBackend
 from miniverl.training.cold_start import COLD_START_MARKER
@@ -42,6 +44,7 @@ from miniverl.training.sources import oom_splitter
 from miniverl.utils.hashing import sha256_bytes, sha256_file
 from miniverl.utils.io import atomic_write_bytes, read_json
 from miniverl.utils.logging import EventLog, make_console
+from miniverl.utils.runs import RunPaths
 from miniverl.utils.seeding import seed_everything
 
 COLD_START_ADAPTER = "teacher-adapter.safetensors"
@@ -136,19 +139,23 @@ def prepare_teacher(
     config: RunConfig,
     *,
     cold_start: str | Path | None = None,
+    resumed_run: str | Path | None = None,
     student: CausalLMBackend | None = None,
     quiet: bool = True,
 ) -> PreparedTeacher:
     """The teacher ``config``'s lab section asks for (see the module docstring for the order).
 
-    ``student``: the warmed-up student of a benchmark's cold start, whose states a DAgger fit
-    labels (and on whose shared base an HF adapter is fitted).
+    ``resumed_run``: the directory of the run being resumed. ``student``: the warmed-up
+    student of a benchmark's cold start, whose states a DAgger fit labels (and on whose
+    shared base an HF adapter is fitted).
     """
     if not config.mode().uses_teacher or config.models.teacher.checkpoint is not None:
         return PreparedTeacher()
     lab = lab_of(config)
     if lab.oracle_teacher is not None:
         return _oracle(FitContext.of(config, quiet=quiet))
+    if resumed_run is not None and (found := _from_run(config, Path(resumed_run))):
+        return found
     if cold_start is not None and (found := _from_cold_start(config, Path(cold_start))):
         return found
     dagger = lab.toy_fit.dagger.enabled or lab.teacher_fit.dagger.enabled
@@ -242,6 +249,25 @@ def _adapter_fit(ctx: FitContext, student: CausalLMBackend | None) -> PreparedTe
         backend=view if student is not None else None,
         events=events,
     )
+
+
+def _from_run(config: RunConfig, run_dir: Path) -> PreparedTeacher | None:
+    """The toy teacher a run keeps in its directory, verified against its manifest's record;
+    ``None`` when the run keeps none."""
+    from miniverl.lab.teachers.toy_fit import TOY_TEACHER_FILE, load_teacher
+    from miniverl.models.factory import build_teacher
+
+    paths = RunPaths(run_dir)
+    weights = paths.root / TOY_TEACHER_FILE
+    if config.models.backend != "toy" or not weights.exists() or not paths.manifest.is_file():
+        return None
+    record = read_json(paths.manifest, error=RunDirectoryError).get("teacher") or {}
+    ctx = FitContext.of(config)
+    teacher = build_teacher(config, ctx.tokenizer, ctx.device)
+    load_teacher(teacher, weights, record.get("weights_sha256"))
+    for param in teacher.trainable_parameters():
+        param.requires_grad_(False)
+    return PreparedTeacher(teacher=teacher, record=record, backend=teacher)
 
 
 def _from_cold_start(config: RunConfig, directory: Path) -> PreparedTeacher | None:
