@@ -89,7 +89,7 @@ class RunConfig(Section):
     )
     lab: dict[str, Any] = Field(
         default_factory=dict,
-        description="The lab's settings (teacher fitting, the oracle teacher, teacher gates, the warm-up criterion): validated by miniverl.lab.config.LabConfig, never read by a training run (docs/configuration.md, 'The lab section').",
+        description="The lab's settings (teacher fitting, the oracle teacher, teacher gates, the warm-up criterion): validated by miniverl.lab.config.LabConfig, never read by a training run (docs/configuration.md, section `lab`).",
     )
 
     @model_validator(mode="after")

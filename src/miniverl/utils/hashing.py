@@ -6,9 +6,9 @@ the byte encodings here are frozen: changing :func:`canonical_json`'s output for
 ``compact``/``ensure_ascii`` choice would orphan every cache and reuse key on disk.
 ``tests/unit/test_hashing.py`` pins known values.
 
-Two canonical-JSON spellings exist for historical reasons and both are kept, selected by
-``compact``: ``separators=(",", ":")`` (alignment maps, tokenizer fingerprints, cache
-journal, adapter fits) and Python's default ``", "``/``": "`` (toy-teacher reuse digests).
+Two canonical-JSON spellings are in use, selected by ``compact``: ``separators=(",", ":")``
+(alignment maps, tokenizer fingerprints, cache journal, adapter fits) and Python's default
+``", "``/``": "`` (toy-teacher reuse digests); each keys files on disk, so neither changes.
 """
 
 from __future__ import annotations
