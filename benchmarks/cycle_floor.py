@@ -9,7 +9,8 @@ machine load:
   rollouts  ``RolloutRunner.rollout_batch`` (student decode, tools, transcripts);
   scoring   the rest of the source's ``samples()``: teacher forward, selection, alignment,
             bucketed targets, cache write and flush (in an SFT cycle: the oracle traces);
-  update    ``PolicyUpdater.optimize``: student forward, loss, backward, optimizer step.
+  update    ``OPDTrainer.loss_step`` and ``apply_update`` for every optimizer group: student
+            forward, loss, backward, optimizer step.
 
 FLOPs are counted from the model shapes and the cycle's own token counts, matmuls only
 (norms, softmax, top-k, Adam and the rotary are elementwise and left out). For a decoder
@@ -76,7 +77,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -85,9 +86,11 @@ import torch
 import torch.nn.functional as F
 
 from miniverl.agent.loop import RolloutRunner
-from miniverl.config.models import RunConfig
 from miniverl.config.presets import demo_config
-from miniverl.training.recipe import OPDTrainer, PolicyUpdater
+from miniverl.lab.config import load_recipe, with_lab
+from miniverl.lab.cycles import run_cycle, warm_up
+from miniverl.lab.run import start_run
+from miniverl.training.recipe import OPDTrainer
 
 PHASES = ("rollouts", "scoring", "update")
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,7 +211,8 @@ def matmul_only_seconds(
 
 
 class PhaseClock:
-    """Times ``rollout_batch``, the source's ``samples`` and ``optimize`` inside one cycle."""
+    """Times ``rollout_batch``, the source's ``samples`` and the update (``loss_step`` and
+    ``apply_update``) inside one cycle."""
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(("rollouts", "samples", "update", "decode"), 0.0)
@@ -220,7 +224,6 @@ class PhaseClock:
     def patched(self, trainer: OPDTrainer) -> Iterator[None]:
         clock = self
         original_rollout = RolloutRunner.rollout_batch
-        original_optimize = PolicyUpdater.optimize
 
         def timed(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -236,12 +239,6 @@ class PhaseClock:
             clock.trajectories.extend(out)
             return out
 
-        def optimize(
-            updater: PolicyUpdater, samples: Sequence[Any], *args: Any, **kwargs: Any
-        ) -> Any:
-            clock.samples.extend(s for s in samples if s.trainable)
-            return timed("update", original_optimize)(updater, samples, *args, **kwargs)
-
         student = trainer.student
         original_step = getattr(student, "_batch_step", None)
 
@@ -255,14 +252,12 @@ class PhaseClock:
             return out
 
         RolloutRunner.rollout_batch = rollout_batch  # type: ignore[method-assign]
-        PolicyUpdater.optimize = optimize  # type: ignore[method-assign]
         if original_step is not None:
             student._batch_step = batch_step
         try:
             yield
         finally:
             RolloutRunner.rollout_batch = original_rollout  # type: ignore[method-assign]
-            PolicyUpdater.optimize = original_optimize  # type: ignore[method-assign]
             if original_step is not None:
                 del student._batch_step
 
@@ -272,6 +267,26 @@ class PhaseClock:
             "scoring": self.seconds["samples"] - self.seconds["rollouts"],
             "update": self.seconds["update"],
         }
+
+
+def run_one_cycle(
+    trainer: OPDTrainer, cycle: int, *, warmup: bool, clock: PhaseClock | None = None
+) -> None:
+    """One cycle of ``OPDTrainer.train``'s loop (``miniverl.lab.cycles.run_cycle``); with a
+    ``clock``, its updates timed and its trainable samples kept."""
+    if clock is None:
+        run_cycle(trainer, cycle, warmup=warmup)
+        return
+    started: list[float] = []
+
+    def before(rows: Any) -> None:
+        started.append(time.perf_counter())
+
+    def after(rows: Any) -> None:
+        clock.seconds["update"] += time.perf_counter() - started[0]
+        clock.samples.extend(rows)
+
+    run_cycle(trainer, cycle, warmup=warmup, before_update=before, after_update=after)
 
 
 def time_opd_cycle(trainer: OPDTrainer, cycle: int) -> tuple[dict[str, float], PhaseClock]:
@@ -289,7 +304,7 @@ def time_opd_cycle(trainer: OPDTrainer, cycle: int) -> tuple[dict[str, float], P
     try:
         with clock.patched(trainer):
             t0 = time.perf_counter()
-            trainer.run_cycle(cycle)
+            run_one_cycle(trainer, cycle, warmup=False, clock=clock)
             total = time.perf_counter() - t0
     finally:
         del source.samples
@@ -300,7 +315,7 @@ def time_sft_cycle(trainer: OPDTrainer) -> tuple[dict[str, float], PhaseClock]:
     clock = PhaseClock()
     with clock.patched(trainer):
         t0 = time.perf_counter()
-        trainer.run_sft_warmup(cycles=1)
+        run_one_cycle(trainer, -1, warmup=True, clock=clock)
         total = time.perf_counter() - t0
     return {
         "oracle traces": total - clock.seconds["update"],
@@ -332,8 +347,8 @@ def time_cycle_pairs(
 
 
 def defer_log_fsyncs(trainer: OPDTrainer) -> OPDTrainer:
-    """Log durability as in a run: ``OPDTrainer._train_locked`` turns the per-append fsync of
-    ``events`` and ``metrics`` off and ``run_cycle`` fsyncs every log once at its end, so a
+    """Log durability as in a run: ``OPDTrainer.train`` turns the per-append fsync of
+    ``events`` and ``metrics`` off and fsyncs every log once at the end of each cycle, so a
     phase timed here must not pay an fsync per metrics line that a run never pays."""
     trainer.events.sync = trainer.metrics.sync = False
     return trainer
@@ -349,15 +364,12 @@ def toy_trainer(root: Path, args: argparse.Namespace) -> OPDTrainer:
     ]
     if args.tiny:
         overrides += [
-            "models.toy_fit.max_steps=20",
-            "models.toy_fit.extra_tasks=0",
+            "lab.toy_fit.max_steps=20",
+            "lab.toy_fit.extra_tasks=0",
             "environment.train_tasks=16",
         ]
-    config = demo_config().with_overrides(overrides)
-    trainer = OPDTrainer(config, output_dir=root / "run", quiet=True)
-    trainer.setup()
-    trainer._prepare_toy_teacher()
-    return defer_log_fsyncs(trainer)
+    config = with_lab(demo_config()).with_overrides(overrides)
+    return defer_log_fsyncs(start_run(config, output_dir=root / "run"))
 
 
 def toy_floor(args: argparse.Namespace) -> dict[str, Any]:
@@ -369,10 +381,10 @@ def toy_floor(args: argparse.Namespace) -> dict[str, Any]:
             os.environ.setdefault("MINIVERL_CACHE_DIR", str(root / "cache"))
         trainer = toy_trainer(root, args)
         threads = torch.get_num_threads()
-        trainer.run_sft_warmup(cycles=args.warmup_cycles)
+        warm_up(trainer, args.warmup_cycles)
         cycle = 0
         for _ in range(args.untimed):
-            trainer.run_cycle(cycle)
+            run_one_cycle(trainer, cycle, warmup=False)
             cycle += 1
         opd, opd_clocks, sft, sft_clocks = time_cycle_pairs(trainer, args.repeats, cycle)
         student = shape_of(trainer.student)
@@ -740,7 +752,7 @@ def chain_overrides(model_dir: Path, args: argparse.Namespace) -> list[str]:
     return [
         f"models.student.model_id={model_dir}",
         f"models.teacher.model_id={model_dir}",
-        "models.teacher_fit.enabled=false",
+        "lab.teacher_fit.enabled=false",
         f"environment.train_tasks={max(8, 4 * args.rollouts)}",
         "environment.eval_tasks=1",
         "environment.test_tasks=1",
@@ -760,11 +772,8 @@ def chain_trainer(root: Path, args: argparse.Namespace) -> OPDTrainer:
     from miniverl.models import acquire
 
     model_dir = args.model_dir or acquire.fetch_model(SMOLLM2, root / "models" / SMOLLM2)
-    config = RunConfig.from_yaml(CHAIN_RECIPE, chain_overrides(Path(model_dir), args))
-    trainer = OPDTrainer(config, output_dir=root / "run", quiet=True)
-    trainer.setup()
-    trainer.teacher_adapter_report = trainer.prepare_teacher_adapter()
-    return defer_log_fsyncs(trainer)
+    config = load_recipe(CHAIN_RECIPE, chain_overrides(Path(model_dir), args))
+    return defer_log_fsyncs(start_run(config, output_dir=root / "run"))
 
 
 def with_other(timings: list[dict[str, float]]) -> list[dict[str, float]]:
@@ -795,7 +804,7 @@ def cycle_cost(args: argparse.Namespace) -> dict[str, Any]:
             trainer = chain_trainer(root, args)
             recipe = str(CHAIN_RECIPE.relative_to(ROOT))
         threads = torch.get_num_threads()
-        trainer.run_sft_warmup(cycles=args.warmup_cycles)
+        warm_up(trainer, args.warmup_cycles)
         opd, opd_clocks, sft, sft_clocks = time_cycle_pairs(trainer, args.repeats, 0)
         opd = with_other(opd)
         student, teacher, cfg = shape_of(trainer.student), shape_of(trainer.teacher), trainer.config

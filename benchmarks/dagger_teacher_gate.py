@@ -3,7 +3,7 @@
 A diagnostic, not a timing. For a cold start's ``student.safetensors`` it fits (or reuses, by
 digest) the toy teacher of ``--old-recipe`` (oracle and noise-injected traces) and that of
 ``--recipe`` (the same plus the student's labelled states on training tasks,
-``models.toy_fit.dagger``), builds the smoothed oracle of ``--oracle-recipe``, and scores each
+``lab.toy_fit.dagger``), builds the smoothed oracle of ``--oracle-recipe``, and scores each
 with ``evaluate_state_gate`` (``src/miniverl/lab/teachers/gate.py``) on the student's
 rollouts of the first ``--tasks`` validation tasks: per-position top-1 agreement on and off
 the oracle's path (a privileged prediction is an off-path miss) and the teacher's recovery
@@ -13,7 +13,7 @@ rate, with the CPU and wall seconds of each fit and gate. Writes ``--out/gate.js
         results/calc_chain_oracle/pilot/seed-1/cold-start --out /tmp/dagger-gate \\
         [--recipe recipes/toy_calc_chain_dagger.yaml] [--tasks 60] [override ...]
 
-Overrides apply to both fitted teachers (e.g. ``models.toy_fit.max_steps=800``).
+Overrides apply to both fitted teachers (e.g. ``lab.toy_fit.max_steps=800``).
 """
 
 from __future__ import annotations
@@ -25,45 +25,30 @@ from typing import Any
 
 from safetensors.torch import load_file
 
-from miniverl.agent.loop import RolloutRunner
 from miniverl.config.models import RunConfig
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
+from miniverl.lab.config import lab_of, load_recipe
 from miniverl.lab.teachers.gate import (
     evaluate_state_gate,
     state_gate_failures,
     state_gate_thresholds,
 )
 from miniverl.lab.teachers.oracle import build_oracle_teacher
-from miniverl.lab.teachers.toy_fit import prepare_toy_teacher
-from miniverl.models.factory import build_student, build_teacher, build_tokenizer
-from miniverl.training.live import ProgressReporter
-from miniverl.training.sources import oom_splitter
+from miniverl.lab.teachers.prepare import prepare_teacher
+from miniverl.models.factory import build_student, build_tokenizer
 from miniverl.utils.io import write_json
 from miniverl.utils.logging import EventLog
 
 
-def _fit(config: RunConfig, student: Any, splits: Any, env: Any, out: Path) -> tuple[Any, dict]:
-    tokenizer = student.tokenizer
-    teacher = build_teacher(config, tokenizer, "cpu")
+def _fit(config: RunConfig, student: Any, out: Path) -> tuple[Any, dict]:
+    """The toy teacher ``config``'s lab section fits (or reuses by digest), as a benchmark's
+    cold start would fit it for ``student``; its events in ``out/events.jsonl``."""
     out.mkdir(parents=True, exist_ok=True)
-    events = EventLog(out / "events.jsonl")
-    report = prepare_toy_teacher(
-        teacher,
-        config=config,
-        environment=env,
-        splits=splits,
-        oracle_runner=RolloutRunner(teacher, env, config.rollout),
-        chunk_size=64,
-        device="cpu",
-        run_dir=out,
-        events=events,
-        progress=ProgressReporter(None),
-        split=oom_splitter(events, "probe rollout"),
-        publish=lambda _report: None,
-        student=student if config.models.toy_fit.dagger.enabled else None,
-    )
-    return teacher, report
+    dagger = lab_of(config).toy_fit.dagger.enabled
+    prepared = prepare_teacher(config, student=student if dagger else None)
+    prepared.events.replay(EventLog(out / "events.jsonl"))
+    return prepared.backend, prepared.record or {}
 
 
 def main() -> None:
@@ -78,19 +63,20 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=["old", "dagger", "oracle"])
     args = parser.parse_args()
 
-    config = RunConfig.from_yaml(args.recipe, args.overrides)
+    config = load_recipe(args.recipe, args.overrides)
     configs = {
-        "old": RunConfig.from_yaml(args.old_recipe, args.overrides),
+        "old": load_recipe(args.old_recipe, args.overrides),
         "dagger": config,
     }
-    oracle_config = RunConfig.from_yaml(args.oracle_recipe)
+    oracle_config = load_recipe(args.oracle_recipe)
     tokenizer = build_tokenizer(config)
     env = make_environment(config.environment.name, **config.environment.params)
     splits = build_splits(env, config.environment)
     student = build_student(config, tokenizer, "cpu")
     student.load_full_state_dict(load_file(str(args.cold_start / "student.safetensors")))
-    tasks = splits["eval"][: args.tasks or config.eval.teacher_gate_tasks]
-    thresholds = state_gate_thresholds(config.eval)
+    gate = lab_of(config).teacher_gate
+    tasks = splits["eval"][: args.tasks or gate.tasks]
+    thresholds = state_gate_thresholds(gate)
     rows: dict[str, Any] = {"cold_start": str(args.cold_start), "thresholds": thresholds}
     for name in args.only:
         wall, cpu = time.perf_counter(), time.process_time()
@@ -99,7 +85,7 @@ def main() -> None:
             teacher, report = build_oracle_teacher(oracle_config, tokenizer, every), {}
             fit_ids = [t.task_id for t in splits["train"]]
         else:
-            teacher, report = _fit(configs[name], student, splits, env, args.out / name)
+            teacher, report = _fit(configs[name], student, args.out / name)
             fit_ids = report["fit_task_ids"]
         fit_wall, fit_cpu = time.perf_counter() - wall, time.process_time() - cpu
         wall, cpu = time.perf_counter(), time.process_time()

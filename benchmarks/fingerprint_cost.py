@@ -39,15 +39,19 @@ import torch
 
 from miniverl.config.models import RunConfig
 from miniverl.config.presets import demo_config
+from miniverl.lab.run import start_run
 from miniverl.models import fingerprint
-from miniverl.training.recipe import OPDTrainer
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET = 0.02
 
 
 class FingerprintClock:
-    """Wraps ``fingerprint.tensor_fingerprint`` and ``OPDTrainer.run_cycle`` with timers."""
+    """Times every ``fingerprint.tensor_fingerprint`` call inside the recipe's cycles, and the
+    cycles themselves. The trainer delimits the cycles: this clock is its ``stop_after_cycle``
+    (a ``CycleStop`` that never stops), whose ``begin`` runs before the first cycle and whose
+    ``after_cycle`` runs at the end of each, so a cycle's time includes its evaluation and
+    checkpoint when it has them."""
 
     def __init__(self) -> None:
         self.in_cycle = False
@@ -55,7 +59,18 @@ class FingerprintClock:
         self.cycles: list[float] = []
         self.calls_per_cycle: list[int] = []
         self._original_fp: Callable[..., str] = fingerprint.tensor_fingerprint
-        self._original_cycle = OPDTrainer.run_cycle
+        self._open: list[float] = []
+        self._started = 0.0
+
+    def begin(self, paths: Any, events: Any) -> None:
+        self._open, self._started, self.in_cycle = [], time.perf_counter(), True
+
+    def after_cycle(self, cycle: int, *, steps: int, global_step: int) -> bool:
+        self.cycles.append(time.perf_counter() - self._started)
+        self.calls += self._open
+        self.calls_per_cycle.append(len(self._open))
+        self.begin(None, None)
+        return False
 
     def __enter__(self) -> FingerprintClock:
         clock = self
@@ -64,27 +79,14 @@ class FingerprintClock:
             start = time.perf_counter()
             out = clock._original_fp(tensors)
             if clock.in_cycle:
-                clock.calls.append(time.perf_counter() - start)
+                clock._open.append(time.perf_counter() - start)
             return out
 
-        def timed_cycle(trainer: OPDTrainer, cycle: int) -> None:
-            before = len(clock.calls)
-            clock.in_cycle = True
-            start = time.perf_counter()
-            try:
-                clock._original_cycle(trainer, cycle)
-            finally:
-                clock.in_cycle = False
-            clock.cycles.append(time.perf_counter() - start)
-            clock.calls_per_cycle.append(len(clock.calls) - before)
-
         fingerprint.tensor_fingerprint = timed_fingerprint  # type: ignore[assignment]
-        OPDTrainer.run_cycle = timed_cycle  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
         fingerprint.tensor_fingerprint = self._original_fp  # type: ignore[assignment]
-        OPDTrainer.run_cycle = self._original_cycle  # type: ignore[method-assign]
 
     def report(self, name: str, params: int) -> float:
         fp_total, cycle_total = sum(self.calls), sum(self.cycles)
@@ -101,8 +103,8 @@ class FingerprintClock:
 
 
 def _run(config: RunConfig, out: Path, name: str) -> float:
-    trainer = OPDTrainer(config, output_dir=out, quiet=True)
     with FingerprintClock() as clock:
+        trainer = start_run(config, output_dir=out, stop_after_cycle=clock)
         trainer.train()
     params = sum(p.numel() for p in trainer.student.trainable_parameters())
     return clock.report(name, params)
@@ -113,8 +115,8 @@ def toy_arm(root: Path, cycles: int) -> float:
         [
             f"train.cycles={cycles}",
             "train.sft_warmup_cycles=20",
-            "models.toy_fit.max_steps=200",
-            "models.toy_fit.extra_tasks=0",
+            "lab.toy_fit.max_steps=200",
+            "lab.toy_fit.extra_tasks=0",
             "eval.baseline=false",
             "eval.after_warmup=false",
             "eval.max_tasks=4",

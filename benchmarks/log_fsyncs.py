@@ -36,8 +36,8 @@ from typing import Any
 import torch
 
 from miniverl.config.presets import demo_config
+from miniverl.lab.run import start_run
 from miniverl.training.checkpoint import run_logs
-from miniverl.training.recipe import OPDTrainer
 from miniverl.utils import io
 from miniverl.utils.runs import RunPaths
 
@@ -116,15 +116,14 @@ def run_arm(arm: str, root: Path, cycles: int, warmup_cycles: int) -> Counts:
         [
             f"train.cycles={cycles}",
             f"train.sft_warmup_cycles={warmup_cycles}",
-            "models.toy_fit.max_steps=200",
-            "models.toy_fit.extra_tasks=0",
+            "lab.toy_fit.max_steps=200",
+            "lab.toy_fit.extra_tasks=0",
         ]
     )
-    trainer = OPDTrainer(config, output_dir=directory / "run", quiet=True)
     counts = Counts()
-    with instrumented(arm, trainer.paths, counts):
+    with instrumented(arm, RunPaths(directory / "run"), counts):
         started = time.perf_counter()
-        trainer.train()
+        start_run(config, output_dir=directory / "run").train()
         counts.wall_s = time.perf_counter() - started
     return counts
 

@@ -22,7 +22,7 @@ from the teacher's top-1 target:
 - ``after_first``: ``same_turn`` + ``early_answer`` + ``later``; ``all``: every position.
 
 Fitting one batch for many steps is off-policy after the first step by construction, so the
-on-policy check is off (``strict_on_policy=False``); this script never trains an arm.
+on-policy check is not run; this script never trains an arm.
 
     PYTHONPATH=src python benchmarks/opd_target_ablation.py COLD_START_DIR \\
         [--recipe recipes/toy_calc_chain_oracle.yaml] [--seed 1] [--steps 60] \\
@@ -32,14 +32,17 @@ on-policy check is off (``strict_on_policy=False``); this script never trains an
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from miniverl.config.models import RunConfig
+from miniverl.lab.config import load_recipe
+from miniverl.lab.run import start_run
 from miniverl.schemas.text import FINAL_OPEN, TOOL_CALL_OPEN
-from miniverl.training.recipe import OPDTrainer
+from miniverl.training.cold_start import load_cold_start
+from miniverl.training.optim import scheduled_lr
+from miniverl.training.recipe import OPDTrainer, apply_update
 
 SUBSETS = ("all", "on_path", "same_turn", "early_answer", "later", "after_first")
 AFTER_FIRST = frozenset({"same_turn", "early_answer", "later"})
@@ -77,12 +80,42 @@ def keeps(subset: str, kind: str | None) -> bool:
     return subset == "all" or kind == subset or (subset == "after_first" and kind in AFTER_FIRST)
 
 
+def fit_batch(trainer: OPDTrainer, samples: list[Any], passes: int) -> list[float]:
+    """``passes`` passes of the recipe's optimizer groups over the fixed ``samples``
+    (``loss_step`` and ``apply_update``, the OPD learning rate); each group's loss."""
+    cfg, state = trainer.config, trainer.state
+    size = cfg.train.group_size()
+    losses: list[float] = []
+    trainer.student.set_train(True)
+    for _ in range(passes):
+        for start in range(0, len(samples), size):
+            result = trainer.loss_step(samples[start : start + size], teacher_targets=True)
+            lr = scheduled_lr(
+                trainer.schedule,
+                cfg.train,
+                global_step=state.global_step,
+                main_start_step=state.main_start_step,
+                in_warmup=False,
+            )
+            update = apply_update(
+                trainer.optimizer,
+                trainer.student.trainable_parameters(),
+                lr=lr,
+                max_grad_norm=cfg.train.max_grad_norm,
+                events=trainer.events,
+                global_step=state.global_step,
+            )
+            state.global_step += int(update.committed)
+            losses.append(result.loss)
+    trainer.student.set_train(False)
+    return losses
+
+
 def fit_subset(
     config: RunConfig, cold_start: Path, subset: str, steps: int, workdir: Path
 ) -> dict[str, Any]:
-    trainer = OPDTrainer(config, output_dir=workdir / subset, cold_start=cold_start, quiet=True)
-    trainer.setup()
-    trainer.load_shared_cold_start()
+    trainer = start_run(config, cold_start=cold_start, output_dir=workdir / subset)
+    load_cold_start(cold_start, student=trainer.student, events=trainer.events)
     before = trainer.evaluate("ablation_before", temperature=0.0)
     source = trainer.source
     batch = source.samples(0, trainer.next_tasks(source.tasks_per_cycle))
@@ -100,16 +133,15 @@ def fit_subset(
         if sum(weights) > 0:
             sample.alignment = sample.alignment.model_copy(update={"token_weights": weights})
             kept.append(sample)
-    supervision = dataclasses.replace(source.supervision, strict_on_policy=False, passes=steps)
-    records = trainer.updater.optimize(kept, supervision, cycle=0) if kept else []
+    losses = fit_batch(trainer, kept, steps)
     after = trainer.evaluate("ablation_after", temperature=0.0)
     return {
         "subset": subset,
         "positions": counts,
         "episodes_fitted": len(kept),
         "episodes": len(batch.samples),
-        "loss_first": records[0]["loss"] if records else None,
-        "loss_last": records[-1]["loss"] if records else None,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
         "solved_before": before["solved"],
         "solved_after": after["solved"],
         "tasks": after["tasks"],
@@ -132,7 +164,7 @@ def main() -> None:
     unknown = sorted(set(subsets) - set(SUBSETS))
     if unknown:
         parser.error(f"unknown subset(s) {', '.join(unknown)}; choose from {', '.join(SUBSETS)}")
-    config = RunConfig.from_yaml(
+    config = load_recipe(
         args.recipe,
         ["run.mode=opd", "loss.divergence=forward_kl", f"run.seed={args.seed}", *args.overrides],
     )

@@ -8,7 +8,7 @@ code. Both are scored by ``lab/teachers/audit.py`` with the current oracle as th
 
     python benchmarks/oracle_audit_before_after.py RUN_DIR [--cycles 150-199] [--commit a918966]
 
-RUN_DIR is a ``miniverl train`` run with ``models.oracle_teacher`` whose trajectories.jsonl holds
+RUN_DIR is a ``miniverl train`` run with ``lab.oracle_teacher`` whose trajectories.jsonl holds
 the student's rollouts (any code version may have produced them).
 """
 
@@ -25,6 +25,7 @@ from pathlib import Path
 from miniverl.config.loading import load_resolved_config
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
+from miniverl.lab.config import lab_of
 from miniverl.lab.teachers.audit import (
     audit_trajectories,
     parse_cycles,
@@ -81,9 +82,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write both audits here")
     args = parser.parse_args()
     config = load_resolved_config(args.run_dir)
-    spec = config.models.oracle_teacher
+    spec = lab_of(config).oracle_teacher
     if spec is None:
-        sys.exit("the run has no models.oracle_teacher")
+        sys.exit("the run has no lab.oracle_teacher")
     tokenizer = build_tokenizer(config)
     env = make_environment(config.environment.name, **config.environment.params)
     tasks = [t for split in build_splits(env, config.environment).values() for t in split]

@@ -256,7 +256,7 @@ def bench_opd_arm(
     if sft_cycles is not None:
         shorten.append(f"train.sft_warmup_cycles={sft_cycles}")
     if fit_steps is not None:
-        shorten.append(f"models.toy_fit.max_steps={fit_steps}")
+        shorten.append(f"lab.toy_fit.max_steps={fit_steps}")
     base = base.with_overrides(shorten) if shorten else base
     seed = base.run.seed
     print(

@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.agent.loop import EpisodeRequest
-from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task
 from miniverl.errors import ConfigError
+from miniverl.lab.config import load_recipe
+from miniverl.lab.cycles import warm_up
+from miniverl.lab.run import start_run
 from miniverl.training.recipe import OPDTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,17 +67,14 @@ def headroom_trainer(root: Path, args: argparse.Namespace) -> OPDTrainer:
     overrides = [
         f"models.student.model_id={model_dir}",
         f"models.teacher.model_id={model_dir}",
-        "models.teacher_fit.enabled=false",
+        "lab.teacher_fit.enabled=false",
         f"environment.eval_tasks={args.eval_tasks}",
         "environment.test_tasks=1",
         "eval.baseline=false",
         "eval.after_warmup=false",
         "run.cpu_threads=1",
     ]
-    config = RunConfig.from_yaml(RECIPE, overrides)
-    trainer = OPDTrainer(config, output_dir=root / "run", quiet=True)
-    trainer.setup()
-    return trainer
+    return start_run(load_recipe(RECIPE, overrides), output_dir=root / "run")
 
 
 def greedy_by_k(trainer: OPDTrainer, picked: dict[int, list[Task]]) -> dict[str, Any]:
@@ -121,7 +120,7 @@ def headroom(args: argparse.Namespace) -> dict[str, Any]:
         }
         report["state_0"] = greedy_by_k(trainer, picked)
         t0 = time.perf_counter()
-        trainer.run_sft_warmup(cycles=args.cycles)
+        warm_up(trainer, args.cycles)
         report["sft_seconds"] = time.perf_counter() - t0
         report["state_n"] = greedy_by_k(trainer, picked)
         report["optimizer_steps"] = trainer.state.global_step

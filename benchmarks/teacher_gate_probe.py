@@ -10,7 +10,7 @@ candidate toy teachers before a long protocol.
         TEACHER.safetensors [--recipe recipes/toy_calc_chain.yaml] [--tasks 60] [override ...]
 
 TEACHER ``oracle`` scores the smoothed oracle teacher of a recipe with
-``models.oracle_teacher`` (``--recipe recipes/toy_calc_chain_oracle.yaml``), which has no file.
+``lab.oracle_teacher`` (``--recipe recipes/toy_calc_chain_oracle.yaml``), which has no file.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from miniverl.lab.teachers.gate import gate_of_weight_files
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("student")
-    parser.add_argument("teacher", help="safetensors file, or 'oracle' (models.oracle_teacher)")
+    parser.add_argument("teacher", help="safetensors file, or 'oracle' (lab.oracle_teacher)")
     parser.add_argument("overrides", nargs="*", help="dotted recipe overrides")
     parser.add_argument("--recipe", default="recipes/toy_calc_chain.yaml")
     parser.add_argument("--tasks", type=int, default=None)

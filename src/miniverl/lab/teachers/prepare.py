@@ -158,7 +158,11 @@ def prepare_teacher(
         return found
     if cold_start is not None and (found := _from_cold_start(config, Path(cold_start))):
         return found
-    dagger = lab.toy_fit.dagger.enabled or lab.teacher_fit.dagger.enabled
+    dagger = (
+        lab.toy_fit.dagger.enabled
+        if config.models.backend == "toy"
+        else lab.teacher_fit.enabled and lab.teacher_fit.dagger.enabled
+    )
     if dagger and student is None:
         raise ConfigError(
             "the recipe fits a DAgger teacher, which labels the states of a warmed-up student: "
