@@ -484,3 +484,22 @@ def export_cold_start(trainer: Any, directory: Path, prepared: Any = None) -> Pa
         global_step=trainer.state.global_step,
         evaluations=trainer.state.eval_results,
     )
+
+
+def interrupt_cycle(monkeypatch: Any, cycle: int, *, before_checkpoint: bool) -> None:
+    """Make ``OPDTrainer.train`` raise ``KeyboardInterrupt`` at recipe cycle ``cycle``: once
+    its work and records are done but before its evaluation and checkpoint
+    (``before_checkpoint``), or once it ended, checkpoint included (the next cycle never
+    starts). ``monkeypatch`` is pytest's fixture (or a ``monkeypatch.context()``)."""
+    from miniverl.training.recipe import OPDTrainer
+
+    original = OPDTrainer._after_cycle
+
+    def after_cycle(self: Any, c: int, steps: Any) -> None:
+        if c == cycle and before_checkpoint:
+            raise KeyboardInterrupt
+        original(self, c, steps)
+        if c == cycle:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(OPDTrainer, "_after_cycle", after_cycle)

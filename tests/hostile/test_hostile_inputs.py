@@ -143,7 +143,11 @@ RECIPE_TEXT_CASES: list[tuple[str, str, str]] = [
     ("name_empty", 'run: {name: ""}\n', "run.name: String should have at least 1"),
     ("env_name_path", "environment: {name: os.path}\n", "environment.name: String should match"),
     ("hidden_huge", "models: {student: {model_id: x, toy: {hidden_size: 1000000}}}\n", NOT_A_KEY),
-    ("seq_len_huge", "models: {student: {model_id: x, toy: {max_seq_len: 1000000000}}}\n", NOT_A_KEY),
+    (
+        "seq_len_huge",
+        "models: {student: {model_id: x, toy: {max_seq_len: 1000000000}}}\n",
+        NOT_A_KEY,
+    ),
     (
         "lora_alpha_inf",
         "models: {student: {model_id: x, lora: {alpha: .inf}}}\n",

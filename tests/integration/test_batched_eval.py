@@ -22,7 +22,7 @@ def _trainer(tmp_path: Path, name: str, *overrides: str) -> OPDTrainer:
         quiet=True,
         progress=False,
     )
-    trainer.setup(with_teacher=False)
+    trainer.setup()
     module = trainer.student.module  # type: ignore[attr-defined]
     module.double()
     with torch.no_grad():

@@ -71,13 +71,13 @@ def test_the_negative_control_is_taught_by_the_frozen_cold_start(bench: Path) ->
     record = manifest["teacher_checkpoint"]
     assert record["sha256"] == sha256_file(cold / "student.safetensors")
     assert Path(record["weights"]) == cold / "student.safetensors"
-    assert manifest["toy_teacher"] is None
+    assert manifest["teacher"] is None
     opd = json.loads(RunPaths(_arm_dir(bench, "opd")).manifest.read_text())
     assert "teacher_checkpoint" not in opd
     data = json.loads(RunPaths(bench).benchmark_json.read_text())
     assert data["arms"]["opd_self"]["overrides"][-2:] == [
         "models.teacher.checkpoint=cold_start",
-        "models.teacher_fit.enabled=false",
+        "lab.teacher_fit.enabled=false",
     ]
 
 

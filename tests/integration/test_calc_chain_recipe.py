@@ -56,7 +56,7 @@ def test_a_few_cycles_train_on_calc_chain(tmp_path: Path) -> None:
     env = manifest["environment"]
     assert env["name"] == "calc_chain" and env["max_turn_budget"] == 9
     assert env["split_sizes"] == {"train": 6, "eval": 2, "test": 12}
-    assert manifest["toy_teacher"]["fit_tasks"] == 6 + 4
+    assert manifest["teacher"]["fit_tasks"] == 6 + 4
     cycles = [
         json.loads(line)
         for line in paths.metrics.read_text().splitlines()

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from helpers import tiny_config
+from helpers import interrupt_cycle, tiny_config
 from miniverl.cli.main import app
-from miniverl.training.recipe import OPDTrainer
 from miniverl.trajectory.io import read_trajectories, write_trajectories
 from miniverl.utils.runs import RunPaths
 
@@ -30,15 +29,8 @@ def test_resume_reuses_the_stored_overrides_and_the_hint_is_exact(
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(tiny_config().to_yaml())
     run = tmp_path / "run"
-    original = OPDTrainer.run_cycle
-
-    def interrupted(self: OPDTrainer, cycle: int) -> None:
-        if cycle == 1:
-            raise KeyboardInterrupt
-        original(self, cycle)
-
     with monkeypatch.context() as m:
-        m.setattr(OPDTrainer, "run_cycle", interrupted)
+        interrupt_cycle(m, 0, before_checkpoint=False)
         code, out = _invoke(
             "train", str(recipe), "train.cycles=3", "loss.divergence=reverse_kl",
             "--output", str(run), "--quiet", "--no-report",

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from helpers import tiny_config
-from miniverl.lab.benchmark.budgets import BudgetCap, cap_outcome, measure_budget
+from miniverl.lab.benchmark.budgets import BudgetCap, CapMeter, cap_outcome, measure_budget
 from miniverl.lab.benchmark.harness import run_benchmark
 from miniverl.training.recipe import OPDTrainer
 
@@ -18,7 +18,10 @@ def _records(path: Path) -> list[dict]:
 def test_the_trainer_stops_after_the_cycle_that_spends_the_cap(tmp_path: Path) -> None:
     cap = BudgetCap(resource="student_generated_tokens", limit=1.0)
     trainer = OPDTrainer(
-        tiny_config("train.cycles=3"), output_dir=tmp_path / "run", quiet=True, budget_cap=cap
+        tiny_config("train.cycles=3"),
+        output_dir=tmp_path / "run",
+        quiet=True,
+        stop_after_cycle=CapMeter(cap),
     )
     trainer.train()
     cycles = [r for r in _records(trainer.paths.metrics) if r.get("kind") == "cycle"]
@@ -42,7 +45,10 @@ def test_the_trainer_stops_after_the_cycle_that_spends_the_cap(tmp_path: Path) -
 def test_an_unspent_cap_changes_nothing(tmp_path: Path) -> None:
     cap = BudgetCap(resource="wall_seconds", limit=1e9)
     trainer = OPDTrainer(
-        tiny_config("train.cycles=2"), output_dir=tmp_path / "run", quiet=True, budget_cap=cap
+        tiny_config("train.cycles=2"),
+        output_dir=tmp_path / "run",
+        quiet=True,
+        stop_after_cycle=CapMeter(cap),
     )
     trainer.train()
     cycles = [r for r in _records(trainer.paths.metrics) if r.get("kind") == "cycle"]

@@ -152,7 +152,7 @@ def test_a_lora_student_updates_in_two_matmul_passes() -> None:
         [
             "models.runtime=dual_model",
             "models.student.lora.enabled=false",
-            "models.teacher_fit.enabled=false",
+            "lab.teacher_fit.enabled=false",
         ]
     )
     assert floor.update_passes(full) == 3
@@ -166,12 +166,13 @@ def test_the_timed_cycle_fsyncs_its_logs_as_a_run_does(
     import argparse
 
     from miniverl.agent.loop import RolloutRunner
-    from miniverl.training.recipe import PolicyUpdater
+    from miniverl.lab.cycles import run_cycle, warm_up
+    from miniverl.training.recipe import OPDTrainer
 
     floor = _script()
     monkeypatch.setenv("MINIVERL_CACHE_DIR", str(tmp_path / "c"))
     trainer = floor.toy_trainer(tmp_path, argparse.Namespace(tiny=True, cache_dir=None))
-    trainer.run_sft_warmup(cycles=1)
+    warm_up(trainer, 1)
     where: list[str] = []
     phase = ["cycle"]
     real_fsync = os.fsync
@@ -194,7 +195,7 @@ def test_the_timed_cycle_fsyncs_its_logs_as_a_run_does(
     monkeypatch.setattr(
         RolloutRunner, "rollout_batch", timed("rollouts", RolloutRunner.rollout_batch)
     )
-    monkeypatch.setattr(PolicyUpdater, "optimize", timed("update", PolicyUpdater.optimize))
-    trainer.run_cycle(0)
+    monkeypatch.setattr(OPDTrainer, "loss_step", timed("update", OPDTrainer.loss_step))
+    run_cycle(trainer, 0, warmup=False)
     assert "update" not in where and "rollouts" not in where, where
     assert where.count("cycle") >= 2  # events and metrics at the cycle's end

@@ -48,7 +48,7 @@ def test_contents_validate(demo_fast_run: Path) -> None:
     assert marker["config_digest"] == manifest["config_digest"]
     assert manifest["measurement_status"]["gpu_memory"] == "not_run_no_cuda"
     assert manifest["memory_plan"]["reason"]
-    assert manifest["toy_teacher"]["steps"] > 0
+    assert manifest["teacher"]["steps"] > 0
     env = json.loads(paths.environment.read_text())
     text = json.dumps(env)
     assert str(Path.home()) not in text and "hostname" not in text
@@ -76,9 +76,10 @@ def test_events_tell_the_run_in_order(demo_fast_run: Path) -> None:
     ]
     # a teacher fitted by an earlier test with identical inputs is reused, not refitted
     events = ["toy_teacher_fitted" if e == "toy_teacher_reused" else e for e in events]
+    # the lab fits the teacher before the run starts, and its events open the run's log
     order = [
-        "run_start",
         "toy_teacher_fitted",
+        "run_start",
         "sft_warmup_start",
         "rollouts_collected",
         "token_analysis_written",

@@ -13,9 +13,10 @@ from helpers import capture_trained_samples, tiny_config
 from miniverl.agent.protocol import format_final, format_tool_call
 from miniverl.environments.oracle_state import next_oracle_action
 from miniverl.lab.benchmark.cell_runner import gate_subject
+from miniverl.lab.run import start_run
 from miniverl.lab.teachers.gate import run_teacher_gate
-from miniverl.training import checkpoint
-from miniverl.training.recipe import OPDTrainer
+from miniverl.lab.teachers.prepare import PreparedTeacher
+from miniverl.lab.teachers.toy_fit import TOY_TEACHER_FILE
 
 EPS = 0.001
 CHAIN = (
@@ -39,11 +40,11 @@ def test_opd_with_the_oracle_teacher_is_supervised_by_the_oracle_at_student_stat
     config = tiny_config(
         "run.mode=opd", "rollout.temperature=1.0", "train.rollouts_per_cycle=4", *CHAIN
     )
-    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True)
+    trainer = start_run(config, output_dir=tmp_path / "run")
     trainer.train()
 
     root = tmp_path / "run"
-    assert not (root / checkpoint.TOY_TEACHER_FILE).exists(), "no toy teacher is fitted or saved"
+    assert not (root / TOY_TEACHER_FILE).exists(), "no toy teacher is fitted or saved"
     assert trainer.teacher is not None and trainer.teacher.capabilities.backend == "oracle"
     manifest = json.loads((root / "manifest.json").read_text())
     assert '"backend": "oracle"' in json.dumps(manifest)
@@ -76,5 +77,5 @@ def test_opd_with_the_oracle_teacher_is_supervised_by_the_oracle_at_student_stat
             off_path += action.steps_done < len(before)
     assert turn_starts >= 8 and off_path >= 2, (turn_starts, off_path)
 
-    gate = run_teacher_gate(gate_subject(trainer))
+    gate = run_teacher_gate(gate_subject(trainer, PreparedTeacher()))
     assert gate.value == 1.0 and gate.actions >= 2

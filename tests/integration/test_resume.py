@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import tiny_config
+from helpers import interrupt_cycle, tiny_config
 from miniverl.errors import CheckpointError
 from miniverl.training.checkpoint import find_latest_checkpoint, load_checkpoint, read_marker
 from miniverl.training.recipe import OPDTrainer
@@ -25,15 +25,8 @@ def _stable(path: Path) -> list[dict]:
 
 
 def _interrupt_at(monkeypatch: pytest.MonkeyPatch, cycle: int) -> None:
-    original = OPDTrainer.run_cycle
-
-    def run_cycle(self: OPDTrainer, c: int) -> None:
-        if c == cycle:
-            original(self, c)  # the work of this cycle happens, but its checkpoint never does
-            raise KeyboardInterrupt
-        original(self, c)
-
-    monkeypatch.setattr(OPDTrainer, "run_cycle", run_cycle)
+    """The work of ``cycle`` happens, but its checkpoint never does."""
+    interrupt_cycle(monkeypatch, cycle, before_checkpoint=True)
 
 
 @pytest.mark.parametrize(

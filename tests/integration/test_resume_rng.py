@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import interrupt_cycle
 from miniverl.config.models import RunConfig
 from miniverl.models.tiny_hf import build_tiny_hf_checkpoint
 from miniverl.training.recipe import OPDTrainer
@@ -59,15 +60,8 @@ def test_resume_restores_every_rng_stream_bit_identical_lora_dropout_adapters(
     straight = OPDTrainer(config, output_dir=tmp_path / "straight", quiet=True)
     straight.train()
 
-    original = OPDTrainer.run_cycle
-
-    def stop_after_cycle_0(self: OPDTrainer, cycle: int) -> None:
-        if cycle == 1:
-            raise KeyboardInterrupt
-        original(self, cycle)
-
     with monkeypatch.context() as m:
-        m.setattr(OPDTrainer, "run_cycle", stop_after_cycle_0)
+        interrupt_cycle(m, 0, before_checkpoint=False)
         with pytest.raises(KeyboardInterrupt):
             OPDTrainer(config, output_dir=tmp_path / "resumed", quiet=True).train()
     # a fresh process would start from a different RNG state; make that explicit here

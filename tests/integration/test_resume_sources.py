@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import tiny_config
+from helpers import interrupt_cycle, tiny_config
 from miniverl.training.checkpoint import MARKER_FILE, STATE_FILE
 from miniverl.training.recipe import OPDTrainer
 from miniverl.utils.hashing import sha256_file
@@ -37,15 +37,8 @@ def _as_pre_source_checkpoint(checkpoint: Path) -> None:
 def _interrupt_after_cycle_1(monkeypatch: pytest.MonkeyPatch, config: Any, run: Path) -> None:
     """Train ``config`` into ``run`` and kill it (KeyboardInterrupt) right after cycle 1's work,
     before that cycle's checkpoint."""
-    original = OPDTrainer.run_cycle
-
-    def run_cycle(self: OPDTrainer, c: int) -> None:
-        original(self, c)
-        if c == 1:
-            raise KeyboardInterrupt
-
     with monkeypatch.context() as m:
-        m.setattr(OPDTrainer, "run_cycle", run_cycle)
+        interrupt_cycle(m, 1, before_checkpoint=True)
         with pytest.raises(KeyboardInterrupt):
             OPDTrainer(config, output_dir=run, quiet=True).train()
 

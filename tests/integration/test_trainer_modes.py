@@ -10,6 +10,7 @@ import pytest
 from helpers import tiny_config
 from miniverl.cache.store import TeacherCache
 from miniverl.errors import StaleCacheError
+from miniverl.lab.run import start_run
 from miniverl.training.recipe import OPDTrainer
 from miniverl.training.sources import OnPolicySource
 from miniverl.trajectory.io import read_trajectories
@@ -32,7 +33,8 @@ def _events(trainer: OPDTrainer) -> list[str]:
 
 
 def _run(tmp_path: Path, *overrides: str, name: str = "run") -> OPDTrainer:
-    trainer = OPDTrainer(tiny_config(*overrides), output_dir=tmp_path / name, quiet=True)
+    """A run as ``miniverl train`` starts it: with the teacher the lab fits for it."""
+    trainer = start_run(tiny_config(*overrides), output_dir=tmp_path / name)
     trainer.train()
     return trainer
 
