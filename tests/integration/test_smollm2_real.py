@@ -377,8 +377,8 @@ def test_one_opd_cycle_on_the_real_model_changes_only_the_student_adapter(
     from safetensors.torch import load_file
 
     from miniverl.config.models import RunConfig
+    from miniverl.lab.run import start_run
     from miniverl.lab.teachers.adapter_fit import ADAPTER_FILE
-    from miniverl.training.recipe import OPDTrainer
 
     spec = {"model_id": str(smollm2_dir), "lora": {"enabled": True, "r": 2, "alpha": 4}}
     config = RunConfig.from_mapping(
@@ -412,15 +412,14 @@ def test_one_opd_cycle_on_the_real_model_changes_only_the_student_adapter(
             "eval": {"baseline": False, "after_warmup": False},
         }
     )
-    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True)
-    trainer.setup()
+    trainer = start_run(config, output_dir=tmp_path / "run")
     model = trainer.student.model
     base_before = {k: _bits(p) for k, p in model.named_parameters() if "lora_" not in k}
     actor_before = trainer.student.adapter_state("actor")
     summary = trainer.train()
 
     assert summary["global_optimizer_step"] == 1 and trainer.state.parameter_version == 1
-    report = summary["teacher_adapter"]
+    report = summary["teacher"]
     assert report["reused"] is False and report["steps"] == 1
     fitted = load_file(str(Path(report["directory"]) / ADAPTER_FILE))
     live_teacher = trainer.student.adapter_state("teacher")
@@ -443,27 +442,30 @@ def test_one_opd_cycle_on_the_real_model_changes_only_the_student_adapter(
 @pytest.mark.slow
 @needs_wheel
 def test_one_cycle_of_the_calc_chain_recipe(smollm2_dir: Path, tmp_path: Path) -> None:
-    """``recipes/smollm2_calc_chain.yaml`` shrunk by overrides, on the real model: one warm-up
-    cycle with its criterion check, the teacher-adapter fit, one OPD cycle, the final eval."""
-    from miniverl.config.models import RunConfig
-    from miniverl.training.recipe import OPDTrainer
+    """``recipes/smollm2_calc_chain.yaml`` shrunk by overrides, on the real model: the
+    teacher-adapter fit, one warm-up cycle with its criterion check, one OPD cycle, the final
+    eval. The DAgger part of the fit labels a warmed-up student's states, which only a
+    benchmark's cold start has (``test_smollm2_recipe_arms.py`` runs it), so it is off here."""
+    from miniverl.lab.config import load_recipe
+    from miniverl.lab.run import start_run
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "smollm2_calc_chain.yaml"
     overrides = [
         f"models.student.model_id={smollm2_dir}",
         f"models.teacher.model_id={smollm2_dir}",
-        f"models.teacher_fit.cache_dir={tmp_path / 'adapters'}",
-        "models.teacher_fit.steps=1",
-        "models.teacher_fit.batch_size=1",
-        "models.teacher_fit.extra_tasks=0",
-        "models.teacher_fit.probe_tasks=0",
+        f"lab.teacher_fit.cache_dir={tmp_path / 'adapters'}",
+        "lab.teacher_fit.steps=1",
+        "lab.teacher_fit.batch_size=1",
+        "lab.teacher_fit.extra_tasks=0",
+        "lab.teacher_fit.probe_tasks=0",
+        "lab.teacher_fit.dagger.enabled=false",
         "environment.train_tasks=2",
         "environment.eval_tasks=3",
         "environment.test_tasks=5",
         "rollout.max_new_tokens_per_turn=6",
         "rollout.max_parse_errors=0",
-        "train.sft_warmup_until.max_cycles=1",
-        "train.sft_warmup_until.check_every=1",
+        "lab.warmup_until.max_cycles=1",
+        "lab.warmup_until.check_every=1",
         "train.cycles=1",
         "train.rollouts_per_cycle=2",
         "train.trajectory_batch_size=2",
@@ -473,12 +475,10 @@ def test_one_cycle_of_the_calc_chain_recipe(smollm2_dir: Path, tmp_path: Path) -
         "eval.max_tasks=1",
         "run.cpu_threads=2",
     ]
-    config = RunConfig.from_yaml(recipe, overrides)
-    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True)
-    trainer.setup()
+    trainer = start_run(load_recipe(recipe, overrides), output_dir=tmp_path / "run")
     summary = trainer.train()
     assert summary["global_optimizer_step"] == 2 and trainer.state.parameter_version == 2
-    assert summary["teacher_adapter"]["steps"] == 1
+    assert summary["teacher"]["steps"] == 1
     events = [json.loads(line) for line in trainer.paths.events.read_text().splitlines()]
     kinds = {e["event"] for e in events}
     assert "teacher_adapter_fitted" in kinds

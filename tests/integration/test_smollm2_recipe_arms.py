@@ -89,7 +89,7 @@ def test_every_arm_runs_on_an_ungated_hf_teacher_and_says_so(tmp_path: Path) -> 
     }
     assert modes == {"opd": "standard", "opd_privileged": "privileged_context"}
     cold = json.loads((runs / "cold-start-run" / "eval.json").read_text())
-    fit = cold["teacher_adapter"]
+    fit = cold["teacher"]
     assert fit["dagger_episodes"] == 2 and fit["dagger_states"] > 0
     assert (
         fit["cost"]["examples"]
