@@ -88,8 +88,9 @@ def test_every_arm_runs_on_an_ungated_hf_teacher_and_says_so(tmp_path: Path) -> 
         for arm in ("opd", "opd_privileged")
     }
     assert modes == {"opd": "standard", "opd_privileged": "privileged_context"}
-    cold = json.loads((runs / "cold-start-run" / "eval.json").read_text())
-    fit = cold["teacher"]
+    # the DAgger adapter is fitted on the warmed-up student and kept with the cold start
+    cold = json.loads((runs / "cold-start" / "cold_start.json").read_text())
+    fit = cold["teacher_adapter"]
     assert fit["dagger_episodes"] == 2 and fit["dagger_states"] > 0
     assert (
         fit["cost"]["examples"]

@@ -18,12 +18,12 @@ from typing import Any
 from typer.testing import CliRunner
 
 from miniverl.cli.main import app
-from miniverl.config.models import RunConfig
 from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
 from miniverl.lab.benchmark.cell_runner import _eval_trajectories, chain_endpoints
 from miniverl.lab.benchmark.cells import _digest
 from miniverl.lab.benchmark.stats import t_interval, t_test_p
+from miniverl.lab.config import LabRunConfig
 
 ROOT = Path(__file__).resolve().parents[2] / "results" / "positive_control"
 LOG = (ROOT / "LOG.md").read_text(encoding="utf-8")
@@ -40,8 +40,8 @@ def _cell(seed: int, name: str) -> dict[str, Any]:
 
 def _turn_only(seed: int) -> tuple[int, dict[str, Any]]:
     run = ROOT / "turn-only-pilot" / f"seed-{seed}"
-    config = RunConfig.from_yaml(run / "config.original.yaml")
-    assert config.models.oracle_teacher.off_path == "turn_only"
+    config = LabRunConfig.from_yaml(run / "config.original.yaml")
+    assert config.lab.oracle_teacher.off_path == "turn_only"
     env = make_environment(config.environment.name, **config.environment.params)
     splits = build_splits(env, config.environment)
     tasks = {t.task_id: t for split in splits.values() for t in split}
@@ -112,10 +112,10 @@ def test_the_turn_only_runs_differ_from_the_opd_cell_only_in_off_path() -> None:
     ``context`` teacher) and changed one field on the command line."""
     for seed in SEEDS:
         run = ROOT / "turn-only-pilot" / f"seed-{seed}"
-        submitted = RunConfig.from_yaml(run / "config.submitted.yaml")
-        ran = RunConfig.from_yaml(run / "config.original.yaml")
-        assert submitted.models.oracle_teacher.off_path == "context"
-        assert ran.models.oracle_teacher.off_path == "turn_only"
+        submitted = LabRunConfig.from_yaml(run / "config.submitted.yaml")
+        ran = LabRunConfig.from_yaml(run / "config.original.yaml")
+        assert submitted.lab.oracle_teacher.off_path == "context"
+        assert ran.lab.oracle_teacher.off_path == "turn_only"
         assert ran.with_overrides(["models.oracle_teacher.off_path=context"]) == submitted
         command = json.loads((run / "command.json").read_text(encoding="utf-8"))
         assert command["overrides"] == ["models.oracle_teacher.off_path=turn_only"]

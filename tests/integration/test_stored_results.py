@@ -30,6 +30,7 @@ from miniverl.lab.benchmark.harness import run_benchmark
 from miniverl.lab.benchmark.lr_grid import benchmark_arms_from_grid, lr_text, run_lr_grid
 from miniverl.lab.benchmark.stats import minimum_detectable_effect, seeds_needed
 from miniverl.lab.benchmark.stats import p_text as stats_p_text
+from miniverl.lab.config import load_recipe
 from miniverl.utils.hashing import sha256_file
 from miniverl.utils.io import read_json
 
@@ -530,8 +531,8 @@ def test_opd_entropy_aware_is_opd_reverse_kl_under_the_smoothed_oracle() -> None
 
     from miniverl.models.tokenizers import ToyTokenizer
 
-    config = RunConfig.from_yaml(ROOT / "recipes" / "toy_calc_chain_oracle.yaml")
-    eps, vocab = config.models.oracle_teacher.smoothing, ToyTokenizer().vocab_size
+    config = load_recipe(ROOT / "recipes" / "toy_calc_chain_oracle.yaml")
+    eps, vocab = config.lab.oracle_teacher.smoothing, ToyTokenizer().vocab_size
     high, low = 1 - eps + eps / vocab, eps / vocab
     entropy = -high * math.log(high) - (vocab - 1) * low * math.log(low)
     assert entropy < 0.02 < config.loss.entropy_threshold

@@ -131,7 +131,24 @@ def test_the_lab_record_tables_are_derived_from_the_lab_config() -> None:
     assert {p: d for p, (d, _, _) in records.items()} == layout.LAB_RECORDS
     assert {p: o for p, (_, o, _) in records.items() if o} == layout.LAB_OMITTED
     assert {p for p, (_, _, opt) in records.items() if opt} == layout.LAB_OPTIONAL
+    floats = {
+        (*path, name)
+        for path in records
+        for name, field in _record_model(path).model_fields.items()
+        if field.get_default(call_default_factory=True) is None
+        and float in typing.get_args(field.annotation)
+    }
+    assert floats == layout.LAB_FLOATS
     assert RunConfig().digest() == with_lab(RunConfig()).digest()
+
+
+def _record_model(path: tuple[str, ...]) -> type[pydantic.BaseModel]:
+    model: type[pydantic.BaseModel] = LabConfig
+    for name in path:
+        args = typing.get_args(model.model_fields[name].annotation)
+        args = args or (model.model_fields[name].annotation,)
+        model = next(a for a in args if isinstance(a, type) and issubclass(a, pydantic.BaseModel))
+    return model
 
 
 @pytest.mark.parametrize(
@@ -145,6 +162,9 @@ def test_the_lab_record_tables_are_derived_from_the_lab_config() -> None:
         {"teacher_gate": {"required": True, "on_path": 0.5}},
         {"warmup_until": {"threshold": 0.5}},
         {"teacher_fit": {"steps": 3, "dagger": {"tasks": 3}}},
+        {"teacher_fit": {"lr": 1, "lora": {"alpha": 64}}, "teacher_gate": {"on_path": 1}},
+        {"toy_fit": {"noise_kinds": {"operand_digit": 1}, "dagger": {"temperatures": [1, 2]}}},
+        {"toy_fit": {"lr": 1, "target_success": 1}, "warmup_until": {"threshold": 1}},
     ],
 )
 def test_a_partial_lab_section_hashes_as_the_lab_validates_it(lab: dict[str, Any]) -> None:

@@ -113,6 +113,12 @@ LAB_OMITTED: dict[Path, frozenset[str]] = {
 LAB_OPTIONAL = frozenset({("oracle_teacher",), ("warmup_until",)})
 """Lab records that are absent (``None``) unless a recipe writes them."""
 
+LAB_FLOATS = frozenset(
+    {("teacher_gate", "on_path"), ("teacher_gate", "off_path"), ("teacher_gate", "recovery")}
+)
+"""Float fields of the lab records whose default is ``None`` (the others are floats by their
+default): a recipe's ``1`` there is hashed as the lab validates it, ``1.0``."""
+
 CONSTANTS: dict[Path, Any] = {
     ("run", "output_dir"): None,
     ("run", "deterministic"): True,
@@ -247,9 +253,29 @@ def complete_lab_record(path: Path, value: Any) -> Any:
     out = {key: copy.deepcopy(item) for key, item in value.items() if key not in defaults}
     for key, default in defaults.items():
         item = complete_lab_record((*path, key), value.get(key, default))
+        item = _as_float(item) if (*path, key) in LAB_FLOATS else _typed_like(default, item)
         if not (key in LAB_OMITTED.get(path, ()) and item == default):
             out[key] = item
     return out
+
+
+def _as_float(value: Any) -> Any:
+    """An int (not a bool) as the float the lab's validation makes of it."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _typed_like(default: Any, value: Any) -> Any:
+    """``value`` with the ints a float field (or a list or mapping of floats) holds as floats,
+    judged by the field's ``default``."""
+    if isinstance(default, float):
+        return _as_float(value)
+    if isinstance(default, list) and default and isinstance(value, list):
+        if all(isinstance(v, float) for v in default):
+            return [_as_float(v) for v in value]
+    if isinstance(default, dict) and default and isinstance(value, dict):
+        if all(isinstance(v, float) for v in default.values()):
+            return {k: _as_float(v) for k, v in value.items()}
+    return value
 
 
 def canonical_layout(dump: Mapping[str, Any]) -> dict[str, Any]:
@@ -280,6 +306,7 @@ __all__ = [
     "CONSTANTS",
     "CONSTANT_HINTS",
     "LAB_LOCATIONS",
+    "LAB_FLOATS",
     "LAB_OMITTED",
     "LAB_OPTIONAL",
     "LAB_RECORDS",
