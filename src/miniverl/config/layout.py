@@ -269,12 +269,13 @@ def _typed_like(default: Any, value: Any) -> Any:
     judged by the field's ``default``."""
     if isinstance(default, float):
         return _as_float(value)
-    if isinstance(default, list) and default and isinstance(value, list):
-        if all(isinstance(v, float) for v in default):
-            return [_as_float(v) for v in value]
-    if isinstance(default, dict) and default and isinstance(value, dict):
-        if all(isinstance(v, float) for v in default.values()):
-            return {k: _as_float(v) for k, v in value.items()}
+    items = default.values() if isinstance(default, dict) else default
+    of_floats = isinstance(default, (list, dict)) and bool(default)
+    of_floats = of_floats and all(isinstance(v, float) for v in items)
+    if of_floats and isinstance(default, list) and isinstance(value, list):
+        return [_as_float(v) for v in value]
+    if of_floats and isinstance(default, dict) and isinstance(value, dict):
+        return {k: _as_float(v) for k, v in value.items()}
     return value
 
 
@@ -305,8 +306,8 @@ def canonical_layout(dump: Mapping[str, Any]) -> dict[str, Any]:
 __all__ = [
     "CONSTANTS",
     "CONSTANT_HINTS",
-    "LAB_LOCATIONS",
     "LAB_FLOATS",
+    "LAB_LOCATIONS",
     "LAB_OMITTED",
     "LAB_OPTIONAL",
     "LAB_RECORDS",
