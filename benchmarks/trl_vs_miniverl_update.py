@@ -37,7 +37,9 @@ token mean averaged over trajectories; TRL's is a token mean over the batch. Aft
 passes (and after the peak is read), each arm also computes, untimed, the per-position
 divergence at the selected positions and the LoRA gradient of the *batch token mean* (the
 miniverl arms by one more ``chunked_selected_position_loss`` pass with unit weights), so the
-exact arm can be checked against TRL position by position and gradient by gradient.
+exact arm can be checked against TRL position by position and gradient by gradient; the trl
+and exact arms also differentiate that loss in float64 with respect to the selected student
+logits, which tells float32 rounding apart from a different objective.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/trl_vs_miniverl_update.py \\
         --model-dir models/smollm2-135m-instruct --trl-python /work/venv-trl/bin/python
@@ -667,8 +669,8 @@ def main(argv: list[str] | None = None) -> int:
         "--micro-batch",
         type=int,
         default=0,
-        help="trajectories per miniverl forward (train.trajectory_batch_size; 0: all at once, "
-        "as the trl arm)",
+        help="trajectories per student forward of the miniverl arms (train.trajectory_batch_size; "
+        "0: all at once, which the trl arm always does)",
     )
     parser.add_argument("--workdir", type=Path, help="keep the batch and arm files here")
     parser.add_argument("--json", type=Path, help="write every measurement here")
