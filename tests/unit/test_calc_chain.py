@@ -209,6 +209,7 @@ def test_split_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"eval_k": ["2"]}, "calc_chain: eval_k must be a non-empty list of chain lengths in 1..6, got ['2']"),
         ({"spare_turns": -1}, "calc_chain: spare_turns must be a non-negative integer, got -1"),
         ({"checked": "yes"}, "calc_chain: checked must be true or false, got 'yes'"),
+        ({"prompt_style": "tiny"}, "calc_chain: prompt_style must be one of full, compact, got 'tiny'"),
     ],
 )  # fmt: skip
 def test_bad_params(params: dict, message: str) -> None:

@@ -79,7 +79,11 @@ _SYSTEM_PROMPT = (
     "Start each step from the previous result.\n"
     f"{TOOL_PROTOCOL_HINT}"
 )
+_COMPACT_PROMPT = f"Solve it with calculator calls, one step each.\n{TOOL_PROTOCOL_HINT}"
 _CHECKED_HINT = "A wrong step is refused, and the error names the next step.\n"
+PROMPT_STYLES = ("full", "compact")
+"""``full``: the tool described and the chaining rule stated; ``compact``: one line before the
+block syntax (about half the tokens, for budgets where sequence length is the cost)."""
 _CALL_PATTERN = re.compile(
     rf"^\s*([+-]?\d{{1,{MAX_OPERAND_DIGITS}}})\s*([-+*])\s*([+-]?\d{{1,{MAX_OPERAND_DIGITS}}})\s*$"
 )
@@ -271,6 +275,7 @@ class CalcChainEnvironment(ToolEnvironment):
         test_k: Sequence[int] = (1, 2, 3, 4, 5, 6),
         spare_turns: int = SPARE_TURNS,
         checked: bool = False,
+        prompt_style: str = "full",
     ) -> None:
         self.split_ks: dict[str, tuple[int, ...]] = {
             "train": _check_ks("train_k", train_k),
@@ -285,6 +290,12 @@ class CalcChainEnvironment(ToolEnvironment):
             raise ToolEnvironmentError(
                 f"calc_chain: checked must be true or false, got {checked!r}"
             )
+        if prompt_style not in PROMPT_STYLES:
+            raise ToolEnvironmentError(
+                f"calc_chain: prompt_style must be one of {', '.join(PROMPT_STYLES)}, "
+                f"got {prompt_style!r}"
+            )
+        self.prompt_style = prompt_style
         self.spare_turns = spare_turns
         self.checked = checked
         self._steps = 0
@@ -305,9 +316,10 @@ class CalcChainEnvironment(ToolEnvironment):
         ]
 
     def system_prompt(self) -> str:
+        prompt = _SYSTEM_PROMPT if self.prompt_style == "full" else _COMPACT_PROMPT
         if not self.checked:
-            return _SYSTEM_PROMPT
-        head, _, hint = _SYSTEM_PROMPT.partition(TOOL_PROTOCOL_HINT)
+            return prompt
+        head, _, hint = prompt.partition(TOOL_PROTOCOL_HINT)
         return head + _CHECKED_HINT + TOOL_PROTOCOL_HINT + hint
 
     def sample_task(
@@ -420,4 +432,5 @@ class CalcChainEnvironment(ToolEnvironment):
             "spare_turns": self.spare_turns,
             "max_turn_budget": self.max_turn_budget(),
             **({"checked": True} if self.checked else {}),
+            **({"prompt_style": self.prompt_style} if self.prompt_style != "full" else {}),
         }
