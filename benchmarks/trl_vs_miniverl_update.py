@@ -23,9 +23,9 @@ Arms, each alone in a fresh interpreter so that peak resident sets do not mix:
   ``F.kl_div(student_log_probs, teacher_log_probs)`` = KL(teacher || student), the forward
   KL, and ``beta=1`` the reverse KL. Runs under ``--trl-python`` (TRL is not a miniverl
   dependency; install it in a venv of its own).
-- ``bucketed``: the trainer's path (``training/trainer.py``): ``LocalTeacherScorer`` with
+- ``bucketed``: the trainer's path (``training/recipe.py``): ``LocalTeacherScorer`` with
   ``loss.mode: bucketed``, ``top_k`` 32 (teacher forward at the selected positions only,
-  ``[N, H]``, top-k + tail targets), then ``GroupGradients.compute``: the student's
+  ``[N, H]``, top-k + tail targets), then the body of ``OPDTrainer.loss_step``: the student's
   ``hidden_states_at_batch`` at the selected positions and ``chunked_selected_position_loss``
   with its two-stage backward. No teacher cache: targets stay where the scorer made them.
 - ``exact``: the same with ``loss.mode: exact_full_vocab`` (``ExactTargetProvider`` rebuilds
@@ -102,7 +102,7 @@ def load_config(args: argparse.Namespace) -> Any:
     overrides = [
         f"models.student.model_id={args.model_dir}",
         f"models.teacher.model_id={args.model_dir}",
-        "models.teacher_fit.enabled=false",
+        "lab.teacher_fit.enabled=false",
         "environment.params.checked=true",
         f"environment.train_tasks={max(8, args.episodes)}",
         "environment.eval_tasks=1",
@@ -350,8 +350,59 @@ def run_trl(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 # ============================================================== the miniverl arms
 
 
+def group_gradient(student: Any, group: list[Any], *, chunk_size: int, batch_rows: int) -> Any:
+    """The body of ``OPDTrainer.loss_step`` with teacher targets and no sampled-token NLL:
+    length-bucketed micro-batches of ``batch_rows`` trajectories, each through
+    ``chunked_selected_position_loss`` (``backward=True``) scaled by rows / G, summed into a
+    ``GroupResult`` (the group mean)."""
+    import torch
+
+    from miniverl.losses import (
+        chunked_selected_position_loss,
+        concat_providers,
+        normalize_trajectory_weights,
+    )
+    from miniverl.models.batching import build_padded_trajectory_batch, length_buckets
+    from miniverl.training.recipe import GroupResult
+
+    for param in student.trainable_parameters():
+        param.grad = None
+    out = GroupResult()
+    for bucket in length_buckets([s.trajectory.length for s in group], batch_rows):
+        rows = [group[i] for i in bucket]
+        batch = build_padded_trajectory_batch(
+            token_ids=[r.trajectory.token_ids for r in rows],
+            selected_positions=[r.alignment.student_prediction_positions for r in rows],
+            pad_token_id=student.tokenizer.pad_token_id,
+            device=student.device,
+        )
+        hidden = student.hidden_states_at_batch(batch, with_grad=True)
+        weights = torch.cat(
+            normalize_trajectory_weights([r.alignment.token_weights for r in rows])
+        ).to(hidden.device)
+        targets = torch.tensor(
+            [t for r in rows for t in r.alignment.target_token_ids], device=hidden.device
+        )
+        out.add(
+            chunked_selected_position_loss(
+                hidden_states=hidden,
+                lm_head=student.project,
+                weights=weights,
+                weight_normalizer=float(len(rows)),
+                provider=concat_providers([r.provider for r in rows]),
+                target_token_ids=targets,
+                ce_weight=0.0,
+                chunk_size=chunk_size,
+                backward=True,
+                loss_scale=len(rows) / len(group),
+                span_types=[t for r in rows for t in r.alignment.span_types],
+            )
+        )
+    return out
+
+
 def run_miniverl(args: argparse.Namespace, workdir: Path, mode: str) -> dict[str, Any]:
-    """Teacher scoring + ``GroupGradients.compute``, as one trainer update runs them."""
+    """Teacher scoring + the body of ``OPDTrainer.loss_step``, as one trainer update runs them."""
     import torch
 
     from miniverl.losses import (
@@ -366,10 +417,8 @@ def run_miniverl(args: argparse.Namespace, workdir: Path, mode: str) -> dict[str
     from miniverl.teachers.local import LocalTeacherScorer
     from miniverl.training.resolve import resolve_chunk_size
     from miniverl.training.sources import TrainingSample
-    from miniverl.training.trainer import GroupGradients
     from miniverl.trajectory.alignment import build_alignment_map
     from miniverl.trajectory.io import read_trajectories
-    from miniverl.utils.logging import EventLog
 
     torch.set_num_threads(args.threads)
     batch = json.loads((workdir / "batch.json").read_text())
@@ -377,7 +426,7 @@ def run_miniverl(args: argparse.Namespace, workdir: Path, mode: str) -> dict[str
     student = build_student(config, workdir / "adapter.safetensors")
     teacher = HFRoleView(student, role="teacher")
     vocab = int(student.capabilities.vocab_size)
-    chunk = resolve_chunk_size(config.loss.chunk_size, vocab, config.memory.min_chunk_size)
+    chunk = resolve_chunk_size(config.loss.chunk_size, vocab)
     spec = DivergenceSpec(**config.loss.divergence_kwargs())  # type: ignore[arg-type]
     top_k = int(config.loss.top_k) if isinstance(config.loss.top_k, int) else 64
     scorer = LocalTeacherScorer(
@@ -396,16 +445,6 @@ def run_miniverl(args: argparse.Namespace, workdir: Path, mode: str) -> dict[str
         samples.append(TrainingSample(trajectory, selection, alignment, 0))
     for sample, row in zip(samples, batch["rows"], strict=True):
         assert list(sample.alignment.student_prediction_positions) == row["positions"]
-    optimizer = torch.optim.AdamW(student.trainable_parameters(), lr=config.train.lr)
-    gradients = GroupGradients(
-        student=student,
-        optimizer=optimizer,
-        pad_token_id=student.tokenizer.pad_token_id,
-        nll_weight=0.0,
-        min_chunk_size=config.memory.min_chunk_size,
-        oom_retries=0,
-        events=EventLog(None),
-    )
     micro = args.micro_batch or len(samples)
 
     def update() -> tuple[Any, dict[str, float]]:
@@ -414,7 +453,7 @@ def run_miniverl(args: argparse.Namespace, workdir: Path, mode: str) -> dict[str
         for sample, result in zip(samples, results, strict=True):
             sample.provider = result.provider
         scored = time.perf_counter()
-        out = gradients.compute(samples, chunk_size=chunk, batch_rows=micro, teacher_targets=True)
+        out = group_gradient(student, samples, chunk_size=chunk, batch_rows=micro)
         done = time.perf_counter()
         return out, {"teacher": scored - start, "student_update": done - scored}
 

@@ -1,4 +1,4 @@
-"""A run with ``models.oracle_teacher``: nothing is fitted, and the OPD targets at the student's
+"""A run with ``lab.oracle_teacher``: nothing is fitted, and the OPD targets at the student's
 own states are the oracle's next action, checked against the environment's turn records."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The oracle teacher's targets are a policy (lab/teachers/oracle.py, ``models.oracle_teacher.off_path``).
+"""The oracle teacher's targets are a policy (lab/teachers/oracle.py, ``lab.oracle_teacher.off_path``).
 
 Property tests over random deviations of oracle traces (a character inserted, deleted or
 replaced inside a call or an answer, a block of the wrong kind, a stray tag, an early answer,

@@ -321,7 +321,7 @@ def test_the_gate_of_weight_files_is_the_gate_of_those_backends(tmp_path: Path) 
 
 
 def test_the_gate_of_a_student_file_against_the_oracle_teacher(tmp_path: Path) -> None:
-    """``models.oracle_teacher`` has no weights file: the gate takes None and is exactly 1."""
+    """``lab.oracle_teacher`` has no weights file: the gate takes None and is exactly 1."""
     from safetensors.torch import save_file
 
     from miniverl.config.models import RunConfig
