@@ -750,3 +750,25 @@ def test_the_lab_rule_sees_a_core_import_of_the_lab() -> None:
         source = "def f():\n    from miniverl.lab.config import LabConfig\n"
         [message] = _layer_violations(_edges_of_source(module, source))
         assert "to lab (lab)" in message
+
+
+MAX_CORE_LINES = 25_000
+"""The core stays readable in a few sittings: ``src/miniverl`` without ``lab/``, in lines."""
+
+
+def _core_files(root: Path) -> list[Path]:
+    return [p for p in sorted(root.rglob("*.py")) if "lab" not in p.relative_to(root).parts[:1]]
+
+
+def test_the_core_without_the_lab_is_at_most_25k_lines() -> None:
+    """``find src/miniverl -path src/miniverl/lab -prune -o -name '*.py' -print | xargs cat | wc -l``."""
+    lines = sum(len(p.read_bytes().splitlines()) for p in _core_files(PACKAGE_ROOT))
+    assert lines <= MAX_CORE_LINES, f"the core has {lines} lines; move study tooling to lab/"
+
+
+def test_the_core_line_count_leaves_the_lab_out(tmp_path: Path) -> None:
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "x.py").write_text("a = 1\n")
+    (tmp_path / "core.py").write_text("b = 2\n")
+    (tmp_path / "slab.py").write_text("c = 3\n")
+    assert [p.name for p in _core_files(tmp_path)] == ["core.py", "slab.py"]
