@@ -76,5 +76,5 @@ def test_a_resume_given_another_teacher_is_refused(tmp_path: Path) -> None:
         teacher=other,
         teacher_record={"weights_sha256": "0" * 64},
     )
-    with pytest.raises(CheckpointError, match="is not the one .* started with"):
+    with pytest.raises(CheckpointError, match=r"is not the one .* started with"):
         resumed.train()
