@@ -93,6 +93,48 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         {"models": {"student": {"model_id": "Qwen/Qwen3-0.6B"}}},
         "models.student.model_id 'Qwen/Qwen3-0.6B' is not a toy preset (toy-student, toy-teacher); add a models.student.toy block",
     ),
+    "sft noise outside sft": (
+        {"train": {"sft_noise_fraction": 0.5}},
+        "train.sft_noise_fraction applies to run.mode: sft only (the SFT warm-up of opd never sees noise)",
+    ),
+    "student checkpoint": (
+        {"models": {"student": {"model_id": "toy-student", "checkpoint": "runs/x"}}},
+        "models.student.checkpoint is not supported: start a student from trained weights with --cold-start (or --resume)",
+    ),
+    "teacher checkpoint and oracle": (
+        {
+            "models": {
+                "teacher": {"model_id": "toy-teacher", "checkpoint": "runs/x"},
+                "oracle_teacher": {},
+            }
+        },
+        "models.teacher.checkpoint and models.oracle_teacher both replace the teacher model: set one",
+    ),
+    "teacher checkpoint and adapter fit": (
+        {
+            "models": {
+                "backend": "hf",
+                "runtime": "shared_backbone",
+                "student": {"model_id": "m", "lora": {"enabled": True}},
+                "teacher": {"model_id": "m", "checkpoint": "runs/x"},
+                "teacher_fit": {"enabled": True},
+            }
+        },
+        "models.teacher.checkpoint loads a trained teacher; models.teacher_fit.enabled would fit another: set it to false",
+    ),
+    "teacher checkpoint and toy dagger": (
+        {
+            "models": {
+                "teacher": {"model_id": "toy-teacher", "checkpoint": "runs/x"},
+                "toy_fit": {"dagger": {"enabled": True}},
+            }
+        },
+        "models.teacher.checkpoint loads a trained teacher; models.toy_fit.dagger.enabled would fit another: set it to false",
+    ),
+    "activation checkpointing on the toy": (
+        {"memory": {"activation_checkpointing": True}},
+        "memory.activation_checkpointing needs models.backend: hf (the toy keeps every activation; its forwards are small)",
+    ),
     "hf with toy block": (
         {"models": {"backend": "hf", "teacher": {"model_id": "t", "toy": {}}}},
         "models.teacher.toy is only valid with models.backend: toy",

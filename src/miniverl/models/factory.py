@@ -72,6 +72,7 @@ def _build(config: RunConfig, role: str, tokenizer: TokenizerLike, device: str) 
         seed=seed,
         train_adapters=trainable or checkpointed,
         adapter_name=TEACHER_ADAPTER if checkpointed else "default",
+        activation_checkpointing=trainable and config.memory.activation_checkpointing,
     )
 
 
