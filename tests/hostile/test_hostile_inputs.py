@@ -105,7 +105,7 @@ RECIPE_TEXT_CASES: list[tuple[str, str, str]] = [
     ),
     ("rollout_temp_huge", "rollout: {temperature: 1.0e+9}\n", BOUND),
     ("rollout_temp_negative", "rollout: {temperature: -1}\n", "greater than or equal to 0"),
-    ("top_p_zero", "rollout: {top_p: 0}\n", "rollout.top_p: Input should be greater than 0"),
+    ("top_p_set", "rollout: {top_p: 0.9}\n", "rollout.top_p: not a setting (it is always 1.0)"),
     (
         "loss_temp_zero",
         "loss: {temperature: 0}\n",

@@ -99,6 +99,10 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         {"run": {"mode": "opd"}, "train": {"sft_noise_fraction": 0.5}},
         "train.sft_noise_fraction applies to run.mode: sft only (the SFT warm-up of opd never sees noise)",
     ),
+    "activation checkpointing on the toy": (
+        {"memory": {"activation_checkpointing": True}},
+        "memory.activation_checkpointing needs models.backend: hf (the toy keeps every activation; its forwards are small)",
+    ),
     "swap quantized": (
         {"models": HF_NF4, "memory": {"strategy": "swap"}},
         "memory.strategy: swap is unavailable with a quantized model (models.student.quantization): bitsandbytes "
@@ -398,7 +402,7 @@ def test_field_errors_have_key_paths() -> None:
         {
             "loss": {"divergence": "kl"},
             "train": {"cycles": -1},
-            "rollout": {"top_p": 0},
+            "rollout": {"max_turns": 0},
             "lab": {"toy_fit": {"max_steps": -1}},
         }
     )
@@ -407,7 +411,7 @@ def test_field_errors_have_key_paths() -> None:
         in problems
     )
     assert "train.cycles: Input should be greater than or equal to 0" in problems
-    assert "rollout.top_p: Input should be greater than 0" in problems
+    assert "rollout.max_turns: Input should be greater than or equal to 1" in problems
     assert "lab.toy_fit.max_steps: Input should be greater than or equal to 0" in problems
 
 

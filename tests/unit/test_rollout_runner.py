@@ -94,7 +94,7 @@ def test_final_answer_episode(task: Task) -> None:
 
 
 def test_generate_receives_the_exact_prefix_and_limits(task: Task) -> None:
-    config = RolloutConfig(max_new_tokens_per_turn=48, temperature=0.7, top_p=0.9)
+    config = RolloutConfig(max_new_tokens_per_turn=48, temperature=0.7)
     runner = make_runner([tool_call_text("6 - 3"), final_text("3")], config=config)
     traj = runner.rollout(task, seed=11)
     calls = runner.backend.calls
@@ -108,7 +108,7 @@ def test_generate_receives_the_exact_prefix_and_limits(task: Task) -> None:
     assert calls[1].prompt_ids == traj.token_ids[: final_span.start]
     assert all(c.stop_sequences == stop_sequences() == ("</tool_call>", "</final>") for c in calls)
     assert [c.max_new_tokens for c in calls] == [48, 48]
-    assert [(c.temperature, c.top_p) for c in calls] == [(0.7, 0.9), (0.7, 0.9)]
+    assert [(c.temperature, c.top_p) for c in calls] == [(0.7, 1.0), (0.7, 1.0)]
     assert calls[0].seed != calls[1].seed
     again = make_runner([tool_call_text("6 - 3"), final_text("3")], config=config)
     assert again.rollout(task, seed=11) == traj

@@ -166,7 +166,6 @@ class RolloutRunner:
                     prompt,
                     max_new_tokens=budget,
                     temperature=episode.temperature,
-                    top_p=self.config.top_p,
                     seed=turn_seed,
                     stop_sequences=stop_sequences(),
                 )
@@ -252,7 +251,6 @@ class RolloutRunner:
                         max_new_tokens=[budget for _, budget, _ in batch],
                         seeds=[seed for _, _, seed in batch],
                         temperature=temp,
-                        top_p=self.config.top_p,
                         stop_sequences=stop_sequences(),
                         **prefix,
                     )

@@ -134,6 +134,7 @@ CONSTANTS: dict[Path, Any] = {
     ("memory", "min_chunk_size"): 16,
     ("memory", "auto_swap_vram_headroom_gb"): 2.0,
     ("logging", "wandb_project"): "miniverl",
+    ("rollout", "top_p"): 1.0,
 }
 """Settings that are constants of the code, at the place a recipe could once set them."""
 
@@ -161,6 +162,8 @@ CONSTANT_HINTS: dict[Path, str] = {
     ("memory", "min_chunk_size"): "the smallest chunk is 16 rows",
     ("memory", "auto_swap_vram_headroom_gb"): "memory.strategy: auto keeps 2 GiB free",
     ("logging", "wandb_project"): "the wandb project is 'miniverl'",
+    ("rollout", "top_p"): "rollouts sample from the student's whole distribution, the one the "
+    "loss trains (a nucleus would make them off-policy); use rollout.temperature",
 }
 
 

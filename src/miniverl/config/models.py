@@ -235,6 +235,8 @@ def _combination_problems(cfg: RunConfig) -> Iterable[str]:
         cfg.models.backend != "hf" or cfg.models.runtime != "dual_model"
     ):
         yield "models.rollout_dtype: bfloat16 needs models.backend: hf and models.runtime: dual_model (the toy decodes in float32; a shared backbone has one set of weights)"
+    if cfg.memory.activation_checkpointing and cfg.models.backend != "hf":
+        yield "memory.activation_checkpointing needs models.backend: hf (the toy keeps every activation; its forwards are small)"
     if cfg.memory.strategy == "swap" and quantized:
         yield (
             f"memory.strategy: swap is unavailable with a quantized model (models.{quantized[0]}.quantization): "

@@ -84,6 +84,7 @@ def _build(
         seed=seed,
         train_adapters=trainable or checkpointed,
         adapter_name=TEACHER_ADAPTER if checkpointed else "default",
+        activation_checkpointing=trainable and config.memory.activation_checkpointing,
     )
 
 

@@ -42,6 +42,11 @@ class HFRoleView:
     optimizer trains. The LM head carries no adapter, so :meth:`project`
     calls it directly (it may run inside the actor's backward). The view owns nothing:
     :meth:`release` drops the view only, and it cannot move to another device alone.
+
+    A forward with gradients whose backward runs later (fitting the view's adapter) must run
+    inside :meth:`held` when the owner recomputes layers in the backward
+    (``memory.activation_checkpointing``): the recompute runs with whichever adapter is
+    active at backward time, and after a per-call switch that is the actor's again.
     """
 
     supports_prefix_cache = True
@@ -56,6 +61,7 @@ class HFRoleView:
         self.role = role
         self.adapter = adapter
         self.tokenizer: TokenizerLike = owner.tokenizer
+        self._held = 0
 
     @property
     def owner(self) -> HFBackend:
@@ -67,7 +73,34 @@ class HFRoleView:
         return self._owner
 
     @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """This view's adapters for the whole block, every forward and backward inside it.
+
+        The calls inside do not switch adapters back and forth; the actor's adapter and
+        the ``requires_grad`` flags come back when the outermost block exits.
+        """
+        with self._adapters_off():
+            self._held += 1
+            try:
+                yield
+            finally:
+                self._held -= 1
+
+    def _check_recompute(self, with_grad: bool) -> None:
+        """Refuse a forward whose recomputed backward would run under the actor's adapter."""
+        if with_grad and self.owner.activation_checkpointing and not self._held:
+            raise BackendError(
+                f"a forward with gradients through the {self.role} view recomputes its layers "
+                "in the backward, after the view has switched back to the actor's adapter",
+                hint=f"run the forward and its backward inside 'with view.held():' (the {self.role} "
+                "adapter fit does), or set memory.activation_checkpointing: false",
+            )
+
+    @contextlib.contextmanager
     def _adapters_off(self) -> Iterator[None]:
+        if self._held:
+            yield
+            return
         model = self.owner.model
         flags = [(p, p.requires_grad) for p in model.parameters()]
         try:
@@ -152,6 +185,7 @@ class HFRoleView:
         self, token_ids: Sequence[int], positions: Sequence[int], *, with_grad: bool = False
     ) -> torch.Tensor:
         """Base-model hidden states ``[len(positions), H]``."""
+        self._check_recompute(with_grad)
         with self._adapters_off():
             return self.owner.hidden_states_at(token_ids, positions, with_grad=with_grad)
 
@@ -159,6 +193,7 @@ class HFRoleView:
         self, batch: PaddedTrajectoryBatch, *, with_grad: bool = False
     ) -> torch.Tensor:
         """Base-model hidden states ``[batch.num_positions, H]``."""
+        self._check_recompute(with_grad)
         with self._adapters_off():
             return self.owner.hidden_states_at_batch(batch, with_grad=with_grad)
 
@@ -228,6 +263,7 @@ def build_shared_backbone(
         seed=derive_seed(config.run.seed, "init", "student"),
         train_adapters=True,
         adapter_name="actor",
+        activation_checkpointing=config.memory.activation_checkpointing,
     )
     if teacher_adapter is None:
         return actor, HFRoleView(actor, role="teacher")

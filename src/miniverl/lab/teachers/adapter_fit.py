@@ -167,17 +167,18 @@ def fit_adapter(
     was_training = owner.model.training
     owner.set_train(True)
     try:
-        history, _ = fit_rows(
-            view,
-            examples,
-            params,
-            steps=steps,
-            lr=lr,
-            batch_size=batch_size,
-            seed=seed,
-            chunk_size=chunk_size,
-            on_step=None if advance is None else lambda _step, _loss: advance(),
-        )
+        with view.held():  # the backward of each step recomputes layers under this adapter
+            history, _ = fit_rows(
+                view,
+                examples,
+                params,
+                steps=steps,
+                lr=lr,
+                batch_size=batch_size,
+                seed=seed,
+                chunk_size=chunk_size,
+                on_step=None if advance is None else lambda _step, _loss: advance(),
+            )
     finally:
         for p in params:
             p.requires_grad_(False)

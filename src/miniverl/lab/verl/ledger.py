@@ -393,7 +393,6 @@ def _rules(cfg: RunConfig, o: dict[str, Any], env_len: dict[str, Any]) -> dict[s
             "rollout.temperature: 0 (greedy) — verl's rollout samples; set a temperature > 0",
             mapped("actor_rollout_ref.rollout.temperature"),
         ),
-        "rollout.top_p": mapped("actor_rollout_ref.rollout.top_p"),
         "rollout.max_parse_errors": dropped(
             "verl's ToolAgentLoop does not stop on unparseable turns; it ends the episode when a turn has no tool call"
         ),
