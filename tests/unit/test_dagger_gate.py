@@ -151,8 +151,9 @@ def test_privileged_prediction_reads_only_the_transcript() -> None:
 
 
 def test_the_oracle_teacher_is_gated_on_the_same_footing(task: Task) -> None:
-    """The smoothed oracle writes the task's final value inside an answer opened too early:
-    the gate counts it as a privileged miss, so the oracle cannot score 1.0 off path."""
+    """Inside an answer opened too early the oracle's continuation is undefined, so it targets
+    nothing there (never the task's final value, which the transcript does not hold): the gate
+    finds no privileged prediction, and the on-path positions agree with the label."""
     config = RunConfig.from_mapping(
         {
             "models": {"backend": "toy", "oracle_teacher": {"smoothing": 0.001}},
@@ -165,9 +166,8 @@ def test_the_oracle_teacher_is_gated_on_the_same_footing(task: Task) -> None:
     traj = _student(task, [_call(task, 0), final_text("1")])
     result = score_state_gate(oracle, env, [task], [traj], CONFIG, recovery=False)
     assert result.on_path_agreement == 1.0
-    assert result.privileged_predictions >= 1
-    assert result.off_path_agreement is not None and result.off_path_agreement < 1.0
-    assert state_gate_failures(result, {"off_path_agreement": 0.99})
+    assert result.privileged_predictions == 0
+    assert result.off_path_positions == 0 and result.unlabelled_positions == 4
 
 
 def test_the_teacher_recovers_from_the_students_state(task: Task) -> None:
