@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from miniverl.cli.main import app
@@ -124,17 +125,23 @@ def test_the_turn_only_runs_differ_from_the_opd_cell_only_in_off_path() -> None:
         assert submitted.run.seed == _cell(seed, "opd")["run_seed"] == seed
 
 
-def test_rerunning_the_pilot_on_a_copy_reuses_every_cell(tmp_path: Path) -> None:
-    copy = tmp_path / "context-pilot"
-    shutil.copytree(ROOT / "context-pilot", copy)
+@pytest.mark.parametrize("run", ["context-pilot", "test-context", "test-context-matched"])
+def test_the_fixed_oracle_does_not_resume_a_withdrawn_context_run(run: str, tmp_path: Path) -> None:
+    """The ``context`` runs were scored by the oracle with the withdrawn stop targets (EOS and
+    closing tags where its continuation was undefined). The fixed oracle is another teacher:
+    rerunning the run's command over a copy of its cells is refused, never a silent reuse of
+    cells the old teacher produced."""
+    copy = tmp_path / run
+    copy.mkdir()
+    shutil.copy2(ROOT / run / "plan.json", copy / "plan.json")
     recipe = ROOT.parents[1] / "recipes" / "toy_calc_chain_oracle.yaml"
-    seeds = ",".join(str(s) for s in SEEDS)
-    args = ["benchmark", str(recipe), "--arms", "offline_kd,opd", "--seeds", seeds]
+    args = ["benchmark", str(recipe), "--arms", "offline_kd,opd", "--seeds", "1"]
     args += ["--output", str(copy), "--quiet", "models.oracle_teacher.off_path=context"]
+    if run != "context-pilot":
+        args += ["eval.split=test", "eval.max_tasks=1200"]
     result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    n = 3 * len(SEEDS)
-    assert f"{n} of {n} cells were stored and reused" in result.output
+    assert result.exit_code == 1
+    assert "already holds a benchmark of another base config" in result.output
 
 
 def test_the_log_names_every_seed() -> None:
@@ -356,20 +363,17 @@ CONTEXT_ARMS = ("offline_kd", "opd", "offline_kd_reverse_kl", "opd_reverse_kl", 
 
 
 def _rerun_context(run: Path, arms: tuple[str, ...], tmp_path: Path, *extra: str) -> dict[str, Any]:
-    """``benchmark.json`` of a rerun of a context-teacher test run over a copy of its stored
-    cells (``extra``: more command-line options); every cell must be reused."""
-    copy = tmp_path / run.name
-    shutil.copytree(run, copy)
-    recipe = ROOT.parents[1] / "recipes" / "toy_calc_chain_oracle.yaml"
-    args = ["benchmark", str(recipe), "--arms", ",".join(arms), *extra]
-    args += ["--seeds", "1,2,3,4,5,6,7,8", "--output", str(copy)]
-    args += ["--protocol", str(copy / "protocol.yaml"), "--quiet"]
-    args += ["models.oracle_teacher.off_path=context", "eval.split=test", "eval.max_tasks=1200"]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    n = 8 * (1 + len(arms))
-    assert f"{n} of {n} cells were stored and reused" in result.output
-    return json.loads((copy / "benchmark.json").read_text(encoding="utf-8"))
+    """The benchmark of a context-teacher test run over its stored cells, as the code that ran it
+    (the withdrawn oracle, commit f33fc3e~1) rewrote it with every cell reused:
+    ``benchmark-as-run.json`` (results/positive_control/LOG.md, 2026-12-06). The fixed code cannot
+    resume these runs (:func:`test_the_fixed_oracle_does_not_resume_a_withdrawn_context_run`);
+    their statistics are recomputed from the stored cells by
+    ``tests/integration/test_stats_reference.py``."""
+    del tmp_path, extra
+    bench = json.loads((run / "benchmark-as-run.json").read_text(encoding="utf-8"))
+    assert {r["arm"] for r in bench["rows"]} == set(arms)
+    assert len(bench["rows"]) == 8 * len(arms)
+    return bench
 
 
 def _context_bench(tmp_path: Path) -> dict[str, Any]:

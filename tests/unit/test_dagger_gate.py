@@ -22,7 +22,6 @@ from miniverl.lab.teachers.gate import (
     evaluate_state_gate,
     privileged_prediction,
     score_state_gate,
-    state_gate_failures,
 )
 from miniverl.lab.teachers.oracle import build_oracle_teacher
 from miniverl.schemas.trajectory import Trajectory
