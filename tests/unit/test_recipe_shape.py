@@ -145,8 +145,9 @@ def test_the_frame_count_sees_a_helper_in_between(
     del torch
 
 
-TRAINER_OWNERS = {"cli/main.py", "lab/benchmark/cell_runner.py"}
-"""The modules that build and run an ``OPDTrainer``; every other function gets explicit state."""
+TRAINER_OWNERS = {"cli/main.py", "lab/benchmark/cell_runner.py", "lab/cycles.py"}
+"""The modules that build and run an ``OPDTrainer`` (``lab/cycles.py`` runs a set-up trainer's
+cycles one at a time); every other function gets explicit state."""
 
 
 def _functions_taking_the_trainer(path: Path) -> list[str]:
