@@ -695,12 +695,7 @@ _REGION = re.compile(
     re.S,
 )
 RESULT_SECTIONS = {
-    README: [
-        (
-            "## Results: calc_chain with the oracle teacher",
-            "## Results: SmolLM2-135M-Instruct on calc_chain",
-        )
-    ],
+    README: [],
     BENCHMARK_DOC: [
         ("## Power procedure", "## The teacher gate, and the refusal"),
         ("## Result with the oracle teacher", "### Where the forward-KL collapse comes from"),
@@ -709,7 +704,6 @@ RESULT_SECTIONS = {
 }
 FREE_FIGURES = {"0.001", "0.0003", "0.003", "0.05"}
 """Decimals the results prose may name outside a region: ε, the grid's learning rates, α."""
-PRIMARY_ARMS = ("offline_kd", "opd", "offline_kd_reverse_kl", "opd_reverse_kl")
 
 
 def _num(value: float) -> str:
@@ -751,7 +745,6 @@ def render_regions(recomputed: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Region name -> its Markdown, from the recomputed results and the stored grid."""
     full = recomputed["full-arm-set"]
     contrasts = full["contrasts"]
-    by_key = {(c["arm"], c["reference"], c["endpoint"]): c for c in contrasts}
     family = sum(1 for c in contrasts if c["p_holm"] is not None)
     head = (
         "| contrast | endpoint | mean | 95% t-interval, 5 seed means | p | "
@@ -778,30 +771,6 @@ def render_regions(recomputed: dict[str, dict[str, Any]]) -> dict[str, str]:
             + " |"
         )
     regions["arms"] = "\n".join(lines) + "\n"
-    lines = [
-        "| arm (selected `train.lr`) | final success, all k (mean ± SD over 5 seeds) | success at k = 3 (mean over 10 cells) |",
-        "|---|---|---|",
-    ]
-    for arm in PRIMARY_ARMS:
-        lines.append(
-            f"| `{arm}` ({lr_text(rates[arm])}) | {_final(full, arm)} | "
-            f"{_by_k(full['rows'], arm, '3'):.3f} |"
-        )
-    regions["readme-arms"] = "\n".join(lines) + "\n"
-    lines = [
-        "| primary contrast, greedy test success | k = 3 mean | 95% t-interval over the 5 seed means, p | "
-        f"Holm-adjusted p ({family} primary tests) | 95% two-level bootstrap | all k, mean [t-interval] |",
-        "|---|---|---|---|---|---|",
-    ]
-    for arm, reference in PRIMARY_CONTRASTS:
-        k3, every = by_key[(arm, reference, "k=3")], by_key[(arm, reference, "all")]
-        lines.append(
-            f"| `{arm}` − `{reference}` | {_num(k3['mean_difference'])} pp | "
-            f"{_interval(k3['interval'])}, p = {_p(k3['p_value'])} | {_p(k3['p_holm'])} | "
-            f"{_interval(k3['bootstrap_interval'])} | "
-            f"{_num(every['mean_difference'])} pp {_interval(every['interval'])} |"
-        )
-    regions["readme-primary"] = "\n".join(lines) + "\n"
     grid = read_json(GRID / "lr_grid.json")
     lines = [
         "| arm | " + " | ".join(f"lr {lr_text(r)}" for r in grid["grid"]) + " | selected |",

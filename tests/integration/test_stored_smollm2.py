@@ -240,7 +240,6 @@ def render_regions(rerun: dict[str, dict[str, Any]]) -> dict[str, str]:
         "selected-arms": _arms_table(
             selected, "test-selected-rates", RUNS["test-selected-rates"], cold_start=True
         ),
-        "selected-opd": _arms_table(selected, "test-selected-rates", ["opd"], cold_start=False),
         "selected-primary": _contrasts(selected, True),
         "selected-gate": _gate_table(selected, "test-selected-rates"),
         "selected-power": _power_table(selected),
@@ -344,8 +343,8 @@ def test_the_selected_rates_run_is_every_arm_at_its_grids_rate(
         assert records[0]["student_sha256"] == cold["student_sha256"], seed
         assert cold["student_sha256"] != before["student_sha256"], seed
         assert cold["start_endpoints"] == before["start_endpoints"], seed
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    assert "solved exactly the same test tasks in all 12 cells" in readme
+    docs = " ".join((ROOT / "docs" / "benchmark.md").read_text(encoding="utf-8").split())
+    assert "solved exactly the same test tasks in all 12 cells" in docs
 
 
 def test_the_privileged_arm_is_opd_with_the_privileged_teacher(
@@ -387,9 +386,9 @@ def test_the_quoted_first_errors_and_lost_k1_cells_are_the_cells_own() -> None:
             lost += endpoints["success_by_k"]["1"] < 0.5
             operand += endpoints["first_error_kinds"]["operand_copy"]
             errors += sum(endpoints["first_error_kinds"].values())
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert f"in {lost} of the {cells} arm cells the student no longer" in readme
-    assert f"({operand} of\n{errors:,} over the {cells} cells)" in readme
+    docs = " ".join((ROOT / "docs" / "benchmark.md").read_text(encoding="utf-8").split())
+    assert f"in {lost} of the {cells} arm cells the student no longer" in docs
+    assert f"({operand} of {errors:,} over the {cells} cells)" in docs
 
 
 def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> None:
@@ -407,8 +406,8 @@ def test_the_stored_grid_is_recomputed_from_its_own_cells(tmp_path: Path) -> Non
     assert stored["training_digest"] == training_digest(test_base.to_dict())
     changed = sorted(a for a, lr in stored["selected"].items() if lr != test_base.train.lr)
     assert changed == ["opd"]
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    assert "the grid selected 0.0005 for every arm but `opd`, which it gave 0.00015" in readme
+    docs = " ".join((ROOT / "docs" / "benchmark.md").read_text(encoding="utf-8").split())
+    assert "the grid selected 0.0005 for every arm but `opd`, which it gave 0.00015" in docs
 
 
 def test_the_power_run_was_frozen_from_the_pilot(rerun: dict[str, dict[str, Any]]) -> None:

@@ -18,9 +18,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from miniverl.models.fitting import cross_entropy_fit_step  # noqa: E402
+from miniverl.lab.teachers.fitting import cross_entropy_fit_step  # noqa: E402
 
 from miniverl.config.models import RunConfig  # noqa: E402
+from miniverl.config.sections import LoraConfig  # noqa: E402
 from miniverl.errors import BackendError  # noqa: E402
 from miniverl.losses.chunked import chunked_selected_position_loss  # noqa: E402
 from miniverl.models.batching import build_padded_trajectory_batch  # noqa: E402
@@ -132,21 +133,21 @@ def test_the_recipe_key_reaches_the_shared_backbone(llama_dir: Path) -> None:
 def _shared(llama_dir: Path, checkpointing: bool) -> tuple[HFBackend, Any]:
     """Actor and teacher adapters of the same rank: a backward recomputed under the wrong one
     would not even change a shape."""
-    spec = {"model_id": str(llama_dir), "lora": LORA}
     config = RunConfig.from_mapping(
         {
             "models": {
                 "backend": "hf",
                 "runtime": "shared_backbone",
-                "student": spec,
-                "teacher": spec,
-                "teacher_fit": {"enabled": True},
+                "student": {"model_id": str(llama_dir), "lora": LORA},
+                "teacher": {"model_id": str(llama_dir)},
             },
             "memory": {"activation_checkpointing": checkpointing},
         }
     )
     tokenizer = HFBackend(llama_dir).tokenizer
-    actor, teacher = build_shared_backbone(config, tokenizer, "cpu")
+    actor, teacher = build_shared_backbone(
+        config, tokenizer, "cpu", teacher_adapter=LoraConfig(**LORA)
+    )
     with torch.no_grad():
         generator = torch.Generator().manual_seed(13)
         for name, param in actor.model.named_parameters():
