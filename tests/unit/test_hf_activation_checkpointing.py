@@ -18,11 +18,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from miniverl.lab.teachers.fitting import cross_entropy_fit_step  # noqa: E402
-
 from miniverl.config.models import RunConfig  # noqa: E402
 from miniverl.config.sections import LoraConfig  # noqa: E402
 from miniverl.errors import BackendError  # noqa: E402
+from miniverl.lab.teachers.fitting import cross_entropy_fit_step  # noqa: E402
 from miniverl.losses.chunked import chunked_selected_position_loss  # noqa: E402
 from miniverl.models.batching import build_padded_trajectory_batch  # noqa: E402
 from miniverl.models.hf import HFBackend  # noqa: E402
