@@ -118,6 +118,14 @@ def test_second_demo_needs_overwrite_and_fast_says_smoke_test(
     assert code == 0, out
     assert not (run / "sentinel").exists() and RunPaths(run).final_checkpoint.is_dir()
     assert "SMOKE TEST (demo --fast)" in out and "meaningless" in out
+    fitted = next(
+        json.loads(line)
+        for line in RunPaths(run).events.read_text().splitlines()
+        if json.loads(line)["event"] in ("toy_teacher_fitted", "toy_teacher_reused")
+    )
+    rate = fitted["heldout_success"]
+    assert "teacher (the ceiling)" in out and f"{100 * rate:.1f}%" in out
+    assert "OPD " not in out  # the smoke test states no outcome
 
     stranger = tmp_path / "not-a-run"
     stranger.mkdir()

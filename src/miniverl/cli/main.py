@@ -545,7 +545,48 @@ def _write_report(run_dir: Path) -> None:
     console.print(f"report: {html}  summary: {md}")
 
 
-def _print_outcome(summary: dict[str, Any], run_dir: Path, *, smoke_test: bool = False) -> None:
+def _teacher_heldout(run_dir: Path) -> float | None:
+    """The fitted toy teacher's greedy success on the run's held-out tasks (the same tasks the
+    student is evaluated on), from its ``toy_teacher_fitted`` / ``toy_teacher_reused`` event."""
+    from miniverl.utils.runs import RunPaths
+
+    events = RunPaths(run_dir).events
+    if not events.exists():
+        return None
+    rate = None
+    for line in events.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if record.get("event") in ("toy_teacher_fitted", "toy_teacher_reused"):
+            rate = record.get("heldout_success")
+    return rate
+
+
+def _demo_sentence(summary: dict[str, Any], teacher: float | None) -> str | None:
+    """What the demo's run did, in one plain sentence (no claim beyond these counts)."""
+    warm, final = summary.get("after_warmup"), summary.get("final")
+    if not warm or not final:
+        return None
+    moved = (
+        "did not change"
+        if final["solved"] == warm["solved"]
+        else ("raised" if final["solved"] > warm["solved"] else "lowered")
+    )
+    text = (
+        f"OPD {moved} the student's held-out success ({warm['solved']}/{warm['tasks']} after "
+        f"the SFT warm-up, {final['solved']}/{final['tasks']} after OPD)"
+    )
+    if teacher is not None:
+        text += f"; the teacher it distils from solves {100 * teacher:.0f}% of the same tasks"
+    return text + "."
+
+
+def _print_outcome(
+    summary: dict[str, Any],
+    run_dir: Path,
+    *,
+    smoke_test: bool = False,
+    teacher_success: float | None = None,
+) -> None:
     title = f"held-out success ({run_dir})"
     if smoke_test:
         title += "\nSMOKE TEST (demo --fast): tiny budgets, not a result"
@@ -553,14 +594,22 @@ def _print_outcome(summary: dict[str, Any], run_dir: Path, *, smoke_test: bool =
     table.add_column("stage")
     table.add_column("solved", justify="right")
     table.add_column("success", justify="right")
+    tasks = None
     for stage in ("baseline", "after_warmup", "final"):
         result = summary.get(stage)
         if result:
+            tasks = result["tasks"]
             table.add_row(
                 stage,
                 f"{result['solved']}/{result['tasks']}",
                 f"{100 * result['success_rate']:.1f}%",
             )
+    if teacher_success is not None and tasks:
+        table.add_row(
+            "teacher (the ceiling)",
+            f"{round(teacher_success * tasks)}/{tasks}",
+            f"{100 * teacher_success:.1f}%",
+        )
     console.print(table)
     if smoke_test:
         console.print(
@@ -568,6 +617,8 @@ def _print_outcome(summary: dict[str, Any], run_dir: Path, *, smoke_test: bool =
             "are meaningless. Run 'miniverl demo' for the real demo result.",
             markup=False,
         )
+    elif teacher_success is not None and (sentence := _demo_sentence(summary, teacher_success)):
+        console.print(sentence, markup=False, soft_wrap=True)
 
 
 MODE_LIST = ", ".join(list(MODES)[:-1]) + f" or {list(MODES)[-1]}"
@@ -705,7 +756,12 @@ def demo(
             verbose=verbose,
         )
         summary = _run_trainer(trainer, no_report=no_report)
-    _print_outcome(summary, trainer.paths.root, smoke_test=fast)
+    _print_outcome(
+        summary,
+        trainer.paths.root,
+        smoke_test=fast,
+        teacher_success=_teacher_heldout(trainer.paths.root),
+    )
 
 
 @app.command(
