@@ -87,7 +87,7 @@ def test_the_docs_table_is_rendered_from_the_stored_gate() -> None:
     labels = {
         "old": "noise-injected toy teacher",
         "dagger": "DAgger toy teacher",
-        "oracle": "smoothed oracle, `off_path: privileged`",
+        "oracle": "smoothed oracle (`off_path: context`, no target where its continuation is undefined)",
     }
     full = json.loads((ROOT / "results" / "teacher_gate" / "full-fit" / "gate.json").read_text())
     rows = [(stored[name]["gate"], label) for name, label in labels.items()]
