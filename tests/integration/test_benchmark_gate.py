@@ -28,6 +28,7 @@ def test_a_failing_gate_refuses_the_arms_and_writes_no_benchmark(tmp_path: Path)
     with pytest.raises(TeacherGateError, match="teacher gate failed for seed 1") as info:
         run_benchmark(base, arms=["offline_kd", "opd"], seeds=[1], output_dir=out)
     assert "no benchmark arm was started" in str(info.value)
+    assert "the teacher reproduces the correct next action at" in str(info.value)
     assert not RunPaths(out).benchmark_json.exists()
     assert not (out / "seed-1" / "opd").exists() and not (out / "seed-1" / "offline_kd").exists()
     gate = json.loads((out / "seed-1" / "cold-start-run" / "teacher-gate.json").read_text())

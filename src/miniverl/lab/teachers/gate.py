@@ -895,16 +895,23 @@ def refuse_failed_gates(cold_starts: Sequence[dict[str, Any]]) -> None:
     for cold in cold_starts:
         gate = cold.get("teacher_gate") or {}
         if gate.get("passed") is False and gate.get("required", True):
+            states = (gate.get("states") or {}).get("failures") or []
+            if states:
+                what = "the held-out state gate failed (" + "; ".join(states) + ")"
+            else:
+                what = (
+                    f"the teacher reproduces the correct next action at {gate.get('value', 0.0):.3f} "
+                    f"of {gate.get('actions')} student-visited states, under "
+                    f"lab.teacher_gate.threshold {gate.get('threshold'):.3f}"
+                )
             raise TeacherGateError(
-                f"teacher gate failed for seed {cold.get('seed')}: the teacher reproduces the correct "
-                f"next action at {gate.get('value', 0.0):.3f} of {gate.get('actions')} student-visited "
-                f"states, under lab.teacher_gate.threshold {gate.get('threshold'):.3f}; "
+                f"teacher gate failed for seed {cold.get('seed')}: {what}; "
                 "no benchmark arm was started and no benchmark.json was written",
-                hint="fit the toy teacher longer (lab.toy_fit.max_steps, lab.toy_fit.target_success) "
-                "or on more noise-injected traces (lab.toy_fit.noise_fraction), or use the "
-                "smoothed oracle as the teacher (lab.oracle_teacher, "
-                "recipes/toy_calc_chain_oracle.yaml); lower lab.teacher_gate.threshold only "
-                "knowingly (the cold start is stored and reused only under the same base config)",
+                hint="train the teacher longer or on more corrective traces (a teacher checkpoint: "
+                "its own recipe, e.g. train.sft_noise_fraction; the lab's toy fit: "
+                "lab.toy_fit.max_steps, lab.toy_fit.noise_fraction); lower the thresholds "
+                "(lab.teacher_gate.*) only knowingly, before any arm runs (the cold start is "
+                "stored and reused only under the same base config)",
             )
 
 
