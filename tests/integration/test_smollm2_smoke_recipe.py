@@ -73,5 +73,6 @@ def test_the_smoke_recipe_runs_its_cycle_on_a_tiny_checkpoint(tmp_path: Path) ->
     ):
         assert line in result.output
     assert "held-out success" in result.output and "final" in result.output
+    assert "no held-out probe (lab.teacher_fit.probe_tasks: 0)" in " ".join(result.output.split())
     resolved = RunConfig.from_yaml(out / "config.validated.yaml")
     assert resolved.memory.activation_checkpointing

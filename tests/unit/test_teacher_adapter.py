@@ -381,9 +381,7 @@ def test_an_hf_teacher_adapter_is_gated_on_held_out_student_states(
     with pytest.raises(TeacherGateError, match="teacher gate failed for seed 1") as info:
         refuse_failed_gates([{"seed": 1, "teacher_gate": gates[True]}])
     failures = gates[True]["states"]["failures"]
-    assert failures and f"the held-out state gate failed ({'; '.join(failures)})" in str(
-        info.value
-    )
+    assert failures and f"the held-out state gate failed ({'; '.join(failures)})" in str(info.value)
 
 
 def test_a_dagger_adapter_fits_the_students_labelled_states_and_is_named_by_them(

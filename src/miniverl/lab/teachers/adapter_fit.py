@@ -373,7 +373,11 @@ def prepare_teacher_adapter(
     events.emit(
         "teacher_adapter_fitted",
         echo=f"{len(history)} steps, loss {report['first_loss']:.3f} -> {report['final_loss']:.3f}, "
-        f"held-out greedy success {heldout:.2f} ({len(probe)} tasks)",
+        + (
+            f"held-out greedy success {heldout:.2f} ({len(probe)} tasks)"
+            if probe
+            else "no held-out probe (lab.teacher_fit.probe_tasks: 0)"
+        ),
         **report,
     )
     return report

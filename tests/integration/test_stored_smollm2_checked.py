@@ -1,0 +1,53 @@
+"""The SmolLM2 positive control's stored gate figures are the ones its LOG and the docs quote.
+
+``results/smollm2_checked/pilot-*/`` hold what each pilot's benchmark wrote (cells, the plan,
+the cold start's records, the held-out state gate); no weights are stored, their SHA-256 is in
+the cells. Every figure the LOG quotes is read back from these files here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2] / "results" / "smollm2_checked"
+LOG = " ".join((ROOT / "LOG.md").read_text(encoding="utf-8").split())
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _state_gate_line(gate: dict[str, Any]) -> list[str]:
+    """The LOG's phrasing of a held-out state gate's three figures."""
+    on, off = gate["on_path_correct"], gate["off_path_correct"]
+    return [
+        f"**{gate['on_path_agreement']:.3f}** ({on:,} of {gate['on_path_positions']:,} positions",
+        f"**{gate['off_path_agreement']:.3f}** ({off} of {gate['off_path_positions']}, "
+        f"{gate['privileged_predictions']} of them predictions of a number the transcript does "
+        "not hold",
+        f"**{gate['recovery_rate']:.3f}** (the teacher's own greedy continuation solves "
+        f"{gate['recovered']} of the {gate['recovery_states']} deviated episodes",
+    ]
+
+
+def test_pilot_1_gate_figures_are_the_stored_ones() -> None:
+    pilot = ROOT / "pilot-1"
+    gate = _json(pilot / "seed-1" / "teacher-state-gate.json")
+    for phrase in _state_gate_line(gate):
+        assert phrase in LOG, phrase
+    assert gate["failures"] == ["off_path_agreement 0.848 < 0.900"] and not gate["passed"]
+    assert gate["tasks"] == 30 and gate["temperature"] == 1.0
+    cell = _json(pilot / "cells" / "s1-a0-cold-start.json")["payload"]
+    recorded = cell["teacher_gate"]
+    assert recorded["passed"] is False and recorded["states"]["failures"] == gate["failures"]
+    assert recorded["states"]["recovery_rate"] == gate["recovery_rate"]
+    turn_starts = _json(pilot / "seed-1" / "cold-start" / "teacher-gate.json")
+    assert turn_starts["passed"] is True and (turn_starts["correct"], turn_starts["actions"]) == (
+        65,
+        66,
+    )
+    assert "0.985 (65 of 66 student-visited turn starts)" in LOG
+    assert f"greedy validation success {round(cell['after_warmup_success'] * 30)}/30" in LOG
+    assert not (pilot / "cells" / "s1-a0-opd.json").exists()  # refused before any arm
