@@ -112,3 +112,20 @@ def test_no_set_option_is_cited() -> None:
         if re.search(r"--set\b", p.read_text(encoding="utf-8"))
     ]
     assert offenders == []
+
+
+def test_the_readme_is_a_first_screen_and_draws_nothing_from_the_withdrawn_teacher() -> None:
+    """At most 200 lines, newcomer first; statistics and history live in docs/benchmark.md and
+    results/*/LOG.md. No conclusion drawn from the oracle with the withdrawn stop targets."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    flat = " ".join(readme.split())
+    for withdrawn in ("with realisable targets", "loses to off-policy KD", "collapses;"):
+        assert withdrawn not in flat, withdrawn
+    assert "withdrawn" in flat and "teacher-audit" in flat
+    headings = re.findall(r"^## (.+)$", readme, re.M)
+    assert headings[:3] == [
+        "What OPD has done in this lab so far",
+        "Quick start (a fresh Linux laptop, CPU only)",
+        "The demo",
+    ]
