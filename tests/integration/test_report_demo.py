@@ -81,7 +81,8 @@ def test_numbers_equal_the_artifacts(report: tuple[Path, str, str]) -> None:
     assert f"| optimizer steps | {summary['global_optimizer_step']} |" in md
     assert summary["global_optimizer_step"] == len([s for s in steps if s["committed"]])
     assert f"{len(steps)} optimizer steps recorded" in md
-    assert "not_run_no_cuda" in html and "compute saved" not in html.lower()
+    assert "not_run_no_cuda" not in html and "compute saved" not in html.lower()
+    assert "not measured (no GPU)" in html and "not measured (no GPU)" in md
     rows = [json.loads(x) for x in RunPaths(run).token_analysis.read_text().splitlines()]
     assert f"{rows[0]['divergence']:.3f}" in html or any(
         f"{r['divergence']:.3f}" in html for r in rows

@@ -91,20 +91,31 @@ def selection_section(data: RunData) -> Section:
     return section
 
 
+STATUS_WORDS = {"not_run_no_cuda": "not measured (no GPU)", "measured": "measured"}
+"""How the report words a recorded GPU-memory status (the records keep the machine's token)."""
+
+
+def _words(status: str) -> str:
+    return STATUS_WORDS.get(status, status)
+
+
 def memory_section(data: RunData) -> Section:
     section = Section("memory")
     m = data.manifest or {}
-    statuses = Counter(str((s.get("gpu") or {}).get("status", NOT_RECORDED)) for s in data.steps)
+    statuses = Counter(
+        _words(str((s.get("gpu") or {}).get("status", NOT_RECORDED))) for s in data.steps
+    )
     measured = [s["gpu"] for s in data.steps if (s.get("gpu") or {}).get("status") == "measured"]
     gpu = m.get("gpu") or {}
     devices = ", ".join(
         f"{d.get('name')} ({d.get('total_memory_gib')} GiB)" for d in gpu.get("devices") or []
-    ) or str(gpu.get("status", NOT_RECORDED))
+    ) or _words(str(gpu.get("status", NOT_RECORDED)))
+    recorded = (m.get("measurement_status") or {}).get("gpu_memory")
     rows = [
         ["GPU", devices],
         [
             "GPU memory measurement",
-            str((m.get("measurement_status") or {}).get("gpu_memory") or fmt_counts(statuses)),
+            _words(str(recorded)) if recorded else fmt_counts(statuses),
         ],
         ["memory strategy", str((m.get("memory_plan") or {}).get("strategy", NOT_RECORDED))],
         [
@@ -137,9 +148,7 @@ def memory_section(data: RunData) -> Section:
             )
     elif data.steps:
         status = next(iter(statuses)) if len(statuses) == 1 else fmt_counts(statuses)
-        rows.append(
-            ["peak allocated / reserved", f"{status} (nothing was measured; this is not a zero)"]
-        )
+        rows.append(["peak allocated / reserved", f"{status}: nothing was measured, not a zero"])
     section.tables.append(Table(["memory", "value"], rows))
     if data.steps:
         by_phase: dict[str, list[dict[str, Any]]] = defaultdict(list)
