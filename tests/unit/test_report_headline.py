@@ -137,3 +137,22 @@ def test_baseline_and_warm_up_labels_never_overlap(labelled: tuple[float, float]
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             assert not boxes[a].overlaps(boxes[b]), (a, b, boxes[a], boxes[b])
+
+
+def test_the_legend_of_the_success_curve_sits_off_the_data() -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from miniverl.lab.report import plots
+
+    fig = plots.success_per_cycle_figure(
+        [(c, 0.5 + 0.4 * (c % 2)) for c in range(50)],
+        [(-1.0, 0.1, "baseline"), (49.0, 0.9, "final")],
+    )
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    assert legend is not None
+    assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))

@@ -39,6 +39,8 @@ PHASE_COLORS: dict[str, str] = {m.name: m.color for m in MODES.values() if m.col
 """A step record's phase (its mode's name) -> its colour (``config/modes.py``)."""
 _DEFAULT_COLOR = "#264653"
 MAX_MARKED_POINTS = 120
+OUTSIDE = {"fontsize": 7, "frameon": False, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
+"""Legends sit right of the axes, never on the data (the saved figure's tight box keeps them)."""
 """Series longer than this are drawn as plain lines: thousands of markers bloat the SVG."""
 
 _RC = {
@@ -142,7 +144,7 @@ def learning_curves(
                 )
         handles, labels = axes[0].get_legend_handles_labels()
         if len(labels) > 1:
-            axes[0].legend(handles, labels, fontsize=7, frameon=False)
+            axes[0].legend(handles, labels, **OUTSIDE)
     return inline_svg(fig)
 
 
@@ -209,7 +211,7 @@ def success_per_cycle_figure(
         if not ax.lines:
             ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
         else:
-            ax.legend(fontsize=7, frameon=False, loc="lower right")
+            ax.legend(**OUTSIDE)
     return fig
 
 
@@ -275,7 +277,7 @@ def counts_bars(
         ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
         ax.grid(axis="x", alpha=0.3)
         if len(sources) > 1:
-            ax.legend(fontsize=7, frameon=False)
+            ax.legend(**OUTSIDE)
     return inline_svg(fig)
 
 
@@ -308,7 +310,7 @@ def entropy_figure(
                 color="#e76f51",
                 label=f"threshold {threshold:g}",
             )
-            left.legend(fontsize=7, frameon=False)
+            left.legend(**OUTSIDE)
         left.set_title("mean teacher entropy per step (nats)")
         left.set_xlabel("optimizer step")
         left.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))
@@ -322,7 +324,7 @@ def entropy_figure(
                 label=list(series),
                 color=[SPAN_COLORS.get(k, _DEFAULT_COLOR) for k in series],
             )
-            right.legend(fontsize=7, frameon=False)
+            right.legend(**OUTSIDE)
         else:
             right.text(
                 0.5,
