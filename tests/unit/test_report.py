@@ -267,7 +267,7 @@ def test_numbers_match_the_artifacts(opd_report: tuple[Path, str, str]) -> None:
         assert "1.2346" in text and "0.9877" in text and "2.3457" in text
         assert "3.000e-03" in text
         assert "teacher_queried_position_ratio" in text and "0.7500" in text
-        assert "not_run_no_cuda" in text
+        assert "not measured (no GPU)" in text and "not_run_no_cuda" not in text
         assert "auto -&gt; resident" in text or "auto -> resident" in text
     assert re.search(r"<td>optimizer steps</td><td class=\"num\">3</td>", html)
     assert "| optimizer steps | 3 |" in md
