@@ -25,8 +25,9 @@ def _state_gate_line(gate: dict[str, Any]) -> list[str]:
     return [
         f"**{gate['on_path_agreement']:.3f}** ({on:,} of {gate['on_path_positions']:,} positions",
         f"**{gate['off_path_agreement']:.3f}** ({off} of {gate['off_path_positions']}, "
-        f"{gate['privileged_predictions']} of them predictions of a number the transcript does "
-        "not hold",
+        f"{gate['privileged_predictions']} of them "
+        + ("a prediction" if gate["privileged_predictions"] == 1 else "predictions")
+        + " of a number the transcript does not hold",
         f"**{gate['recovery_rate']:.3f}** (the teacher's own greedy continuation solves "
         f"{gate['recovered']} of the {gate['recovery_states']} deviated episodes",
     ]
@@ -51,3 +52,24 @@ def test_pilot_1_gate_figures_are_the_stored_ones() -> None:
     assert "0.985 (65 of 66 student-visited turn starts)" in LOG
     assert f"greedy validation success {round(cell['after_warmup_success'] * 30)}/30" in LOG
     assert not (pilot / "cells" / "s1-a0-opd.json").exists()  # refused before any arm
+
+
+def test_pilot_2_gate_figures_are_the_stored_ones_and_its_cold_start_is_pilot_1s() -> None:
+    first, second = ROOT / "pilot-1", ROOT / "pilot-2"
+    gate = _json(second / "seed-1" / "teacher-state-gate.json")
+    for phrase in _state_gate_line(gate):
+        assert phrase in LOG, phrase
+    assert gate["failures"] == ["off_path_agreement 0.897 < 0.900", "recovery_rate 0.571 < 0.800"]
+    turn_starts = _json(second / "seed-1" / "cold-start" / "teacher-gate.json")
+    assert (turn_starts["correct"], turn_starts["actions"]) == (63, 66)
+    assert "Turn-start gate 0.955 (63 of 66)" in LOG
+    cells = [_json(p / "cells" / "s1-a0-cold-start.json")["payload"] for p in (first, second)]
+    assert cells[0]["student_sha256"] == cells[1]["student_sha256"]  # "byte-identical"
+    assert not (second / "cells" / "s1-a0-opd.json").exists()
+    teachers = [
+        _json(p / "seed-1" / "teacher-checkpoint.json")["teacher_checkpoint"]
+        for p in (first, second)
+    ]
+    assert teachers[0]["path"].endswith("cycle-0059") and teachers[1]["path"] == "runs/smol-teacher"
+    for teacher in teachers:
+        assert f"`{teacher['sha256'][:8]}…`" in LOG
