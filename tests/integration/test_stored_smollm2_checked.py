@@ -73,3 +73,19 @@ def test_pilot_2_gate_figures_are_the_stored_ones_and_its_cold_start_is_pilot_1s
     assert teachers[0]["path"].endswith("cycle-0059") and teachers[1]["path"] == "runs/smol-teacher"
     for teacher in teachers:
         assert f"`{teacher['sha256'][:8]}…`" in LOG
+
+
+def test_the_recovery_probe_reproduces_pilot_2s_gate_and_names_the_failures() -> None:
+    """``pilot-2/recovery-probe.txt`` is benchmarks/teacher_recovery_probe.py's output."""
+    text = (ROOT / "pilot-2" / "recovery-probe.txt").read_text(encoding="utf-8")
+    figures = json.loads(text.splitlines()[0])
+    gate = _json(ROOT / "pilot-2" / "seed-1" / "teacher-state-gate.json")
+    for key in ("on_path_agreement", "off_path_agreement", "recovered", "recovery_states"):
+        assert figures[key] == gate[key], key
+    episodes = text.split("===== ")[1:]
+    failed = [e for e in episodes if e.split("\n", 1)[0].endswith("solved=False")]
+    assert len(episodes) == gate["recovery_states"] and len(failed) == 3
+    assert "Recovered (4)" in LOG and "Not recovered (3)" in LOG
+    flags = [e.split("--- teacher's continuation:")[1] for e in failed]
+    assert sum('tool call needs a string \\"name\\"' in f for f in flags) == 1
+    assert sum("every step is done: give the final answer" in f for f in flags) == 2
