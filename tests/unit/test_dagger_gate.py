@@ -230,3 +230,30 @@ def test_the_fit_digests_include_the_fitting_code(
         other_rows["examples_sha256"]
         != adapter_fit.fit_payload(cfg, fit, "fp", [([1, 2, 3], [2])])["examples_sha256"]
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "states", "says"),
+    [
+        (0.985, ["off_path_agreement 0.848 < 0.900"], ["state gate failed (off_path_agreement"]),
+        (0.5, ["recovery_rate 0.571 < 0.800"], ["at 0.500 of 66", "state gate failed (recovery"]),
+        (
+            0.5,
+            [],
+            ["at 0.500 of 66 student-visited states, under lab.teacher_gate.threshold 0.950"],
+        ),
+    ],
+)
+def test_the_refusal_names_the_gate_that_failed(
+    value: float, states: list[str], says: list[str]
+) -> None:
+    from miniverl.errors import TeacherGateError
+    from miniverl.lab.teachers.gate import refuse_failed_gates
+
+    gate = {"passed": False, "value": value, "threshold": 0.95, "actions": 66}
+    gate["states"] = {"failures": states}
+    with pytest.raises(TeacherGateError) as info:
+        refuse_failed_gates([{"seed": 1, "teacher_gate": gate}])
+    message = str(info.value)
+    assert all(part in message for part in says), message
+    assert ("reproduces the correct next action" in message) == (value < 0.95)

@@ -896,14 +896,19 @@ def refuse_failed_gates(cold_starts: Sequence[dict[str, Any]]) -> None:
         gate = cold.get("teacher_gate") or {}
         if gate.get("passed") is False and gate.get("required", True):
             states = (gate.get("states") or {}).get("failures") or []
+            value, threshold = gate.get("value", 0.0), gate.get("threshold", 0.0)
+            parts = (
+                [
+                    f"the teacher reproduces the correct next action at {value:.3f} of "
+                    f"{gate.get('actions')} student-visited states, under lab.teacher_gate.threshold "
+                    f"{threshold:.3f}"
+                ]
+                if value < threshold or not states
+                else []
+            )
             if states:
-                what = "the held-out state gate failed (" + "; ".join(states) + ")"
-            else:
-                what = (
-                    f"the teacher reproduces the correct next action at {gate.get('value', 0.0):.3f} "
-                    f"of {gate.get('actions')} student-visited states, under "
-                    f"lab.teacher_gate.threshold {gate.get('threshold'):.3f}"
-                )
+                parts.append("the held-out state gate failed (" + "; ".join(states) + ")")
+            what = "; ".join(parts)
             raise TeacherGateError(
                 f"teacher gate failed for seed {cold.get('seed')}: {what}; "
                 "no benchmark arm was started and no benchmark.json was written",
