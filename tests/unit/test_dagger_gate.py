@@ -242,10 +242,11 @@ def test_the_fit_digests_include_the_fitting_code(
             [],
             ["at 0.500 of 66 student-visited states, under lab.teacher_gate.threshold 0.950"],
         ),
+        (None, [], ["at 0.000 of 66 student-visited states"]),
     ],
 )
 def test_the_refusal_names_the_gate_that_failed(
-    value: float, states: list[str], says: list[str]
+    value: float | None, states: list[str], says: list[str]
 ) -> None:
     from miniverl.errors import TeacherGateError
     from miniverl.lab.teachers.gate import refuse_failed_gates
@@ -256,4 +257,4 @@ def test_the_refusal_names_the_gate_that_failed(
         refuse_failed_gates([{"seed": 1, "teacher_gate": gate}])
     message = str(info.value)
     assert all(part in message for part in says), message
-    assert ("reproduces the correct next action" in message) == (value < 0.95)
+    assert ("reproduces the correct next action" in message) == ((value or 0.0) < 0.95)

@@ -896,7 +896,7 @@ def refuse_failed_gates(cold_starts: Sequence[dict[str, Any]]) -> None:
         gate = cold.get("teacher_gate") or {}
         if gate.get("passed") is False and gate.get("required", True):
             states = (gate.get("states") or {}).get("failures") or []
-            value, threshold = gate.get("value", 0.0), gate.get("threshold", 0.0)
+            value, threshold = gate.get("value") or 0.0, gate.get("threshold") or 0.0
             parts = (
                 [
                     f"the teacher reproduces the correct next action at {value:.3f} of "
