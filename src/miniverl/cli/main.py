@@ -548,17 +548,15 @@ def _write_report(run_dir: Path) -> None:
 def _teacher_heldout(run_dir: Path) -> float | None:
     """The fitted toy teacher's greedy success on the run's held-out tasks (the same tasks the
     student is evaluated on), from its ``toy_teacher_fitted`` / ``toy_teacher_reused`` event."""
+    from miniverl.inspection.run_dir import read_events
     from miniverl.utils.runs import RunPaths
 
-    events = RunPaths(run_dir).events
-    if not events.exists():
-        return None
-    rate = None
-    for line in events.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        if record.get("event") in ("toy_teacher_fitted", "toy_teacher_reused"):
-            rate = record.get("heldout_success")
-    return rate
+    rates = [
+        getattr(record, "heldout_success", None)
+        for record in read_events(RunPaths(run_dir).events)
+        if record.event in ("toy_teacher_fitted", "toy_teacher_reused")
+    ]
+    return rates[-1] if rates else None
 
 
 def _demo_sentence(summary: dict[str, Any], teacher: float | None) -> str | None:
