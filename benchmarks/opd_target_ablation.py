@@ -38,11 +38,10 @@ from typing import Any
 
 from miniverl.config.models import RunConfig
 from miniverl.lab.config import load_recipe
+from miniverl.lab.cycles import step
 from miniverl.lab.run import start_run
 from miniverl.schemas.text import FINAL_OPEN, TOOL_CALL_OPEN
-from miniverl.training.cold_start import load_cold_start
-from miniverl.training.optim import scheduled_lr
-from miniverl.training.recipe import OPDTrainer, apply_update
+from miniverl.training.recipe import OPDTrainer
 
 SUBSETS = ("all", "on_path", "same_turn", "early_answer", "later", "after_first")
 AFTER_FIRST = frozenset({"same_turn", "early_answer", "later"})
@@ -82,30 +81,16 @@ def keeps(subset: str, kind: str | None) -> bool:
 
 def fit_batch(trainer: OPDTrainer, samples: list[Any], passes: int) -> list[float]:
     """``passes`` passes of the recipe's optimizer groups over the fixed ``samples``
-    (``loss_step`` and ``apply_update``, the OPD learning rate); each group's loss."""
-    cfg, state = trainer.config, trainer.state
-    size = cfg.train.group_size()
+    (:func:`miniverl.lab.cycles.step`: ``loss_step`` and ``apply_update`` at the OPD learning
+    rate); each group's loss."""
+    size = trainer.config.train.group_size()
     losses: list[float] = []
     trainer.student.set_train(True)
     for _ in range(passes):
         for start in range(0, len(samples), size):
-            result = trainer.loss_step(samples[start : start + size], teacher_targets=True)
-            lr = scheduled_lr(
-                trainer.schedule,
-                cfg.train,
-                global_step=state.global_step,
-                main_start_step=state.main_start_step,
-                in_warmup=False,
-            )
-            update = apply_update(
-                trainer.optimizer,
-                trainer.student.trainable_parameters(),
-                lr=lr,
-                max_grad_norm=cfg.train.max_grad_norm,
-                events=trainer.events,
-                global_step=state.global_step,
-            )
-            state.global_step += int(update.committed)
+            group = samples[start : start + size]
+            result, update = step(trainer, group, warmup=False, teacher_targets=True)
+            trainer.state.global_step += int(update.committed)
             losses.append(result.loss)
     trainer.student.set_train(False)
     return losses
@@ -115,7 +100,7 @@ def fit_subset(
     config: RunConfig, cold_start: Path, subset: str, steps: int, workdir: Path
 ) -> dict[str, Any]:
     trainer = start_run(config, cold_start=cold_start, output_dir=workdir / subset)
-    load_cold_start(cold_start, student=trainer.student, events=trainer.events)
+    trainer.load_initial_weights()
     before = trainer.evaluate("ablation_before", temperature=0.0)
     source = trainer.source
     batch = source.samples(0, trainer.next_tasks(source.tasks_per_cycle))

@@ -24,7 +24,6 @@ from miniverl.environments.registry import make_environment
 from miniverl.environments.tasks_file import build_splits
 from miniverl.lab.config import load_recipe
 from miniverl.lab.run import start_run
-from miniverl.training.cold_start import load_cold_start
 
 
 def _text(tokenizer: Any, trajectory: Any) -> str:
@@ -41,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = load_recipe(args.recipe, args.overrides)
     trainer = start_run(cfg, cold_start=args.cold_start, output_dir=args.out)
-    load_cold_start(args.cold_start, student=trainer.student)
+    trainer.load_initial_weights()
     continuations: list[Any] = []
     students: list[Any] = []
 

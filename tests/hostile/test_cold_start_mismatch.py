@@ -101,3 +101,26 @@ def test_a_directory_that_is_not_a_cold_start_is_refused(
     result = _train(tiny_recipe, out, "--cold-start", str(cold), "--resume")
     assert result.exit_code == 1 and "pass one of them" in result.output
     assert not out.exists()
+
+
+def test_load_initial_weights_loads_the_cold_start_and_takes_its_fingerprint(
+    cold: Path, tiny_recipe: Path, tmp_path: Path
+) -> None:
+    """A study that drives the recipe's pieces itself (no ``train()``) loads the cold start
+    with the weights' own policy fingerprint, so the strict on-policy check sees them."""
+    from safetensors.torch import load_file
+
+    config = RunConfig.from_yaml(tiny_recipe)
+    trainer = OPDTrainer(config, output_dir=tmp_path / "run", quiet=True, initial_weights=cold)
+    trainer.setup()
+    before = trainer.state.policy_fingerprint
+    trainer.load_initial_weights()
+    weights = load_file(str(cold / "student.safetensors"))
+    loaded = trainer.student.full_state_dict()
+    assert all(bool((loaded[k] == v).all()) for k, v in weights.items())
+    after = trainer.state.policy_fingerprint
+    assert after != before
+    trainer.state.refresh_fingerprint(trainer.student)
+    assert trainer.state.policy_fingerprint == after  # the fingerprint of the loaded weights
+    with pytest.raises(CheckpointError, match="given no cold start"):
+        OPDTrainer(config, output_dir=tmp_path / "other", quiet=True).load_initial_weights()

@@ -16,10 +16,41 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from miniverl.training.optim import scheduled_lr
-from miniverl.training.recipe import OPDTrainer, apply_update
+from miniverl.training.recipe import GroupResult, OPDTrainer, UpdateOutcome, apply_update
 from miniverl.training.sources import TrainingSample, check_on_policy
 
 OnGroups = Callable[[Sequence[TrainingSample]], None]
+
+
+def step(
+    trainer: OPDTrainer,
+    group: Sequence[TrainingSample],
+    *,
+    warmup: bool,
+    teacher_targets: bool,
+) -> tuple[GroupResult, UpdateOutcome]:
+    """One optimizer group of a set-up ``trainer``: ``loss_step`` (loss and backward), then
+    :func:`~miniverl.training.recipe.apply_update` (clip, ``optimizer.step()``) at the
+    learning rate of the current step (the warm-up's with ``warmup``). The caller keeps the
+    counters: what a committed update means for its run is its own bookkeeping."""
+    state, cfg = trainer.state, trainer.config
+    result = trainer.loss_step(group, teacher_targets=teacher_targets)
+    lr = scheduled_lr(
+        trainer.schedule,
+        cfg.train,
+        global_step=state.global_step,
+        main_start_step=state.main_start_step,
+        in_warmup=warmup,
+    )
+    update = apply_update(
+        trainer.optimizer,
+        trainer.student.trainable_parameters(),
+        lr=lr,
+        max_grad_norm=cfg.train.max_grad_norm,
+        events=trainer.events,
+        global_step=state.global_step,
+    )
+    return result, update
 
 
 def run_cycle(
@@ -51,21 +82,8 @@ def run_cycle(
             if supervision.strict_on_policy:
                 state.refresh_fingerprint(trainer.student)
                 check_on_policy(group, state.policy_fingerprint)
-            trainer.loss_step(group, teacher_targets=supervision.teacher_targets)
-            lr = scheduled_lr(
-                trainer.schedule,
-                cfg.train,
-                global_step=state.global_step,
-                main_start_step=state.main_start_step,
-                in_warmup=warmup,
-            )
-            update = apply_update(
-                trainer.optimizer,
-                trainer.student.trainable_parameters(),
-                lr=lr,
-                max_grad_norm=cfg.train.max_grad_norm,
-                events=trainer.events,
-                global_step=state.global_step,
+            _, update = step(
+                trainer, group, warmup=warmup, teacher_targets=supervision.teacher_targets
             )
             if update.committed:
                 state.global_step += 1
@@ -91,4 +109,4 @@ def warm_up(trainer: OPDTrainer, cycles: int) -> None:
     trainer.state.main_start_step = trainer.state.global_step
 
 
-__all__ = ["run_cycle", "warm_up"]
+__all__ = ["run_cycle", "step", "warm_up"]

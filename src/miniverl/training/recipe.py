@@ -474,10 +474,22 @@ class OPDTrainer:
             self.load_from_checkpoint()
             return
         if self.initial_weights is not None:
-            load_cold_start(self.initial_weights, student=self.student, events=self.events)
-            self.state.refresh_fingerprint(self.student)
+            self.load_initial_weights()
         if cfg.eval.baseline:
             self.evaluate("baseline")
+
+    def load_initial_weights(self) -> None:
+        """Load the cold start given as ``initial_weights`` into the student and take the
+        student's policy fingerprint from those weights. ``train()`` does this before its first
+        cycle; a study that drives the recipe's pieces itself (one batch, one gate) calls it
+        instead, so the on-policy check sees the weights that sample."""
+        if self.initial_weights is None:
+            raise CheckpointError(
+                "this trainer was given no cold start to load",
+                hint="pass initial_weights (the lab's start_run: cold_start=DIR)",
+            )
+        load_cold_start(self.initial_weights, student=self.student, events=self.events)
+        self.state.refresh_fingerprint(self.student)
 
     def _warms_up(self) -> bool:
         """A fresh run of a mode with a teacher warms up on oracle traces first (a resumed run
