@@ -15,8 +15,8 @@ from the teacher's top-1 target:
   oracle's path, where the targets are the oracle's own tokens;
 - ``same_turn``: after it, inside the turn that deviated;
 - ``early_answer``: in a later turn where the student opened a final answer while a call was
-  due; the teacher then writes the oracle's final value inside the block (lab/teachers/oracle.py,
-  point 3), a number no tool result in the context shows;
+  due; the withdrawn oracle wrote the oracle's final value inside the block there, and the fixed
+  one targets nothing inside a block of the other kind (lab/teachers/oracle.py, point 4);
 - ``later``: every other position in later turns: corrective re-calls from the last correct
   value, repeats, and blocks that follow the student's malformed text;
 - ``after_first``: ``same_turn`` + ``early_answer`` + ``later``; ``all``: every position.
