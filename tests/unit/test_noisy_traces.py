@@ -10,6 +10,7 @@ import pytest
 from helpers import make_runner, toy_tokenizer
 from miniverl.agent.corrective import (
     CORRUPTION_KINDS,
+    WRONG_KEYS,
     CorrectiveTrace,
     corrupt_call_text,
     noisy_oracle_trace,
@@ -78,11 +79,15 @@ def _observations(traj: Trajectory) -> list[dict]:
     ]
 
 
+CALL_KINDS = [k for k in CORRUPTION_KINDS if k != "extra_call"]
+"""The kinds that corrupt one of the oracle's calls (``extra_call`` adds one after them)."""
+
+
 def _all_noisy(tasks: list[Task]) -> list[tuple[Task, CorrectiveTrace]]:
     runner = _runner()
     out = []
     for i, task in enumerate(tasks):
-        for kind in CORRUPTION_KINDS:
+        for kind in CALL_KINDS:
             for step in range(task.data["k"]):
                 trace = noisy_oracle_trace(runner, task, random.Random(i), kind=kind, step=step)
                 out.append((task, trace))
@@ -380,3 +385,89 @@ def test_the_fit_config_reaches_the_traces(tasks: list[Task]) -> None:
         kinds={"operand_digit": 0.5, "malformed_json": 0.25, "bad_expression": 0.25},
     )
     assert [t.example for t in default] == [t.example for t in old]
+
+
+def test_an_extra_call_is_made_after_the_chain_flagged_and_corrected_by_the_answer(
+    tasks: list[Task],
+) -> None:
+    """``extra_call``: the last call again once every step is done (what a student that does
+    not stop does); the checked tool flags it, the correction is the final answer."""
+    runner, tok = _runner(checked=True, spare_turns=1), toy_tokenizer()
+    for i, task in enumerate(tasks[:12]):
+        k = task.data["k"]
+        trace = noisy_oracle_trace(runner, task, random.Random(i), kind="extra_call", step=0)
+        traj, (ids, targets) = trace.trajectory, trace.example
+        texts = _assistant_texts(traj)
+        last = make_environment("calc_chain").oracle_solution(task).tool_calls[-1]
+        assert trace.kind == "extra_call" and trace.corrupted_turn == k
+        assert texts[:k] == [
+            format_tool_call(c)
+            for c in make_environment("calc_chain").oracle_solution(task).tool_calls
+        ]
+        assert texts[k] == trace.corrupted_text == format_tool_call(last)
+        assert _observations(traj)[k] == {
+            "ok": False,
+            "error": "every step is done: give the final answer",
+        }
+        assert texts[k + 1] == format_final(task.answer) and traj.solved
+        extra = [j for r in _model_spans(traj, k) for j in r]
+        answer = [j for r in _model_spans(traj, k + 1) for j in r]
+        assert extra and not set(extra) & set(targets)
+        assert answer and set(answer) <= set(targets)
+        assert tok.decode([ids[j] for j in answer]) == format_final(task.answer)
+
+
+def test_wrong_key_misnames_the_name_key_or_the_argument_key(tasks: list[Task]) -> None:
+    env = make_environment("calc_chain")
+    call = env.oracle_solution(tasks[0]).tool_calls[0]
+    seen = set()
+    for seed in range(40):
+        text, kind = corrupt_call_text(call, "wrong_key", random.Random(seed))
+        payload = json.loads(text.split("\n")[1])
+        assert kind == "wrong_key" and text != format_tool_call(call)
+        if "name" not in payload:
+            (key,) = set(payload) - {"arguments"}
+            assert key in WRONG_KEYS["name"] and payload[key] == "calculator"
+            assert payload["arguments"] == call.arguments
+            seen.add("name")
+        else:
+            (key,) = payload["arguments"]
+            assert key in WRONG_KEYS["argument"] and payload["name"] == "calculator"
+            assert payload["arguments"][key] == call.arguments["expression"]
+            seen.add("argument")
+    assert seen == {"name", "argument"}
+
+
+@pytest.mark.parametrize("kind", sorted(k for k, w in CORRUPTION_KINDS.items() if w > 0))
+def test_the_checked_tool_flags_every_default_kind_and_names_the_correction(
+    tasks: list[Task], kind: str
+) -> None:
+    """Every kind a corrective trace draws by default is an error the checked calc_chain
+    flags, and the flag's message says exactly what the corrective turn then does."""
+    runner = _runner(checked=True, spare_turns=1)
+    for i, task in enumerate(tasks[:12]):
+        trace = noisy_oracle_trace(runner, task, random.Random(i), kind=kind)
+        traj, bad = trace.trajectory, trace.corrupted_turn
+        texts, observed = _assistant_texts(traj), _observations(traj)[bad]
+        assert trace.kind == kind and observed["ok"] is False, (kind, observed)
+        if bad < task.data["k"]:
+            step = task.data["expressions"][bad]
+            assert observed["error"].endswith(f"; the next step is {step}")
+            assert _expression(texts[bad + 1]) == step
+        else:
+            assert observed["error"] == "every step is done: give the final answer"
+            assert texts[bad + 1] == format_final(task.answer)
+
+
+def test_the_default_kinds_draw_every_flagged_kind(tasks: list[Task]) -> None:
+    """``train.sft_noise_fraction`` draws from :data:`CORRUPTION_KINDS`: a recovery from
+    each of the checked tool's flags (a wrong step, an unparseable call, a malformed
+    expression, a misnamed key, a call after the last step) turns up, and a kind with weight 0
+    never does."""
+    flagged = {"operand_digit", "malformed_json", "bad_expression", "wrong_key", "extra_call"}
+    assert {k for k, w in CORRUPTION_KINDS.items() if w > 0} == flagged
+    runner = _runner(checked=True, spare_turns=1)
+    drawn = {
+        noisy_oracle_trace(runner, tasks[i % len(tasks)], random.Random(i)).kind for i in range(120)
+    }
+    assert drawn == flagged

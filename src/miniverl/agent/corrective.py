@@ -10,7 +10,11 @@ environment's answer to it is context, as every tool result is.
 
 The corruption kinds (:data:`CORRUPTION_KINDS`): ``operand_digit`` (one digit of one number
 changed), ``random_operands`` (every number replaced by an unrelated one), ``malformed_json``
-(the call's JSON cut), ``bad_expression`` (the last operand dropped).
+(the call's JSON cut), ``bad_expression`` (the last operand dropped), ``wrong_key`` (the
+call's ``"name"`` key or its argument's key misnamed), ``extra_call`` (the last call made again
+after the chain is done, where the answer is due; its correction is the final answer). Each is
+one of the errors the checked ``calc_chain`` flags, so a teacher fitted on these traces has
+seen a recovery from every flag it can meet at a student's state.
 """
 
 from __future__ import annotations
@@ -32,13 +36,20 @@ from miniverl.schemas.trajectory import Trajectory
 from miniverl.trajectory.masks import model_target_positions
 
 CORRUPTION_KINDS: dict[str, float] = {
-    "operand_digit": 0.5,
-    "malformed_json": 0.25,
-    "bad_expression": 0.25,
+    "operand_digit": 0.35,
+    "malformed_json": 0.15,
+    "bad_expression": 0.15,
     "random_operands": 0.0,
+    "wrong_key": 0.15,
+    "extra_call": 0.2,
 }
-"""Every corruption kind -> its default relative weight (corrective traces of
-``train.sft_noise_fraction``, and the lab's ``lab.toy_fit.noise_kinds``)."""
+"""Every corruption kind -> its default relative weight in the corrective traces of
+``train.sft_noise_fraction`` (the lab's ``lab.toy_fit.noise_kinds`` has its own default)."""
+WRONG_KEYS: dict[str, tuple[str, ...]] = {
+    "name": ("family", "tool", "function"),
+    "argument": ("expr", "input", "formula"),
+}
+"""``wrong_key``: the misnamings drawn for the call's ``"name"`` key and for its argument's key."""
 _NUMBER = re.compile(r"\d+")
 _SIGNED = re.compile(r"-?\d+")
 
@@ -105,12 +116,18 @@ def corrupt_call(call: ToolCall, kind: str, rng: random.Random) -> tuple[str, st
     ``malformed_json``).
 
     The text is what a policy turn would contain (a whole ``<tool_call>`` block). A kind that
-    needs a number falls back to ``malformed_json`` for a call without one.
+    needs a number falls back to ``malformed_json`` for a call without one. ``extra_call``
+    leaves ``call`` as it is: the error is where it is made (:func:`noisy_oracle_trace` places
+    it after the chain's last call).
     """
     if kind not in CORRUPTION_KINDS:
         raise ConfigError(
             f"unknown corruption kind {kind!r}; expected one of {sorted(CORRUPTION_KINDS)}"
         )
+    if kind == "extra_call":
+        return format_tool_call(call), kind, call
+    if kind == "wrong_key":
+        return _misnamed_key(call, rng)
     numeric = _numeric_arguments(call)
     if kind != "malformed_json" and not numeric:
         kind = "malformed_json"
@@ -130,6 +147,22 @@ def corrupt_call(call: ToolCall, kind: str, rng: random.Random) -> tuple[str, st
         changed = value[: numbers[-1].start()].rstrip()
     bad = ToolCall(call.name, {**call.arguments, key: changed})
     return format_tool_call(bad), kind, bad
+
+
+def _misnamed_key(call: ToolCall, rng: random.Random) -> tuple[str, str, ToolCall | None]:
+    """``call`` rendered with its ``"name"`` key misnamed (unparseable: ``None``) or, for a
+    call with arguments, half the time its first argument's key misnamed (a call the tool
+    refuses)."""
+    if call.arguments and rng.random() < 0.5:
+        key = sorted(call.arguments)[0]
+        wrong = rng.choice([k for k in WRONG_KEYS["argument"] if k not in call.arguments])
+        arguments = {wrong if k == key else k: v for k, v in call.arguments.items()}
+        bad = ToolCall(call.name, arguments)
+        return format_tool_call(bad), "wrong_key", bad
+    good = format_tool_call(call)
+    cut = good.rindex('"name":')
+    wrong = rng.choice(WRONG_KEYS["name"])
+    return good[:cut] + f'"{wrong}":' + good[cut + len('"name":') :], "wrong_key", None
 
 
 def corrupt_call_text(call: ToolCall, kind: str, rng: random.Random) -> tuple[str, str]:
@@ -234,7 +267,9 @@ def noisy_oracle_trace(
     """The oracle's episode with tool call ``step`` corrupted (``kind``), then its correction.
 
     ``kind`` and ``step`` default to draws from ``rng`` (``kinds`` weights, default
-    :data:`CORRUPTION_KINDS`; a uniform tool-call step). ``follow`` follow-on calls (default:
+    :data:`CORRUPTION_KINDS`; a uniform tool-call step). An ``extra_call`` is made at
+    ``step = len(calls)``, after the last call (a drawn or given step is replaced), and
+    corrected by the oracle's final answer. ``follow`` follow-on calls (default:
     a uniform draw from ``0..max_follow``, capped by the turn budget) carry on the wrong chain
     before the correction (:func:`follow_calls`). Raises :class:`ConfigError` when the rollout
     limits leave no room for the extra turn, :class:`TrajectoryError` if a corrupted or
@@ -246,7 +281,12 @@ def noisy_oracle_trace(
     if not calls:
         raise TrajectoryError(f"task {task.task_id}: the oracle makes no tool call to corrupt")
     step = rng.randrange(len(calls)) if step is None else step
-    text, applied, bad = corrupt_call(calls[step], kind or draw_kind(rng, kinds), rng)
+    kind = kind or draw_kind(rng, kinds)
+    if kind == "extra_call":
+        step = len(calls)
+    text, applied, bad = corrupt_call(calls[min(step, len(calls) - 1)], kind, rng)
+    if applied == "extra_call":
+        bad, follow = None, 0
     if follow is None:
         follow = rng.randint(0, max_follow) if max_follow > 0 else 0
     follow = min(follow, _room_for_follow(runner, task, len(calls)))
@@ -301,6 +341,7 @@ def noisy_oracle_trace(
 
 __all__ = [
     "CORRUPTION_KINDS",
+    "WRONG_KEYS",
     "CorrectiveTrace",
     "corrupt_call",
     "corrupt_call_text",

@@ -444,7 +444,7 @@ class TrainConfig(Section):
         0.0,
         ge=0,
         le=1,
-        description=f"run.mode: {WARMUP_MODE.name} only: the fraction of each cycle's oracle traces replaced by corrective traces (DART-style noise injection): one tool call corrupted (a changed digit, a malformed call or expression), the environment's answer to it, then the oracle's corrective re-call and the rest of its episode; the corrupted call is not trained on. The SFT warm-up of other modes never sees noise.",
+        description=f"run.mode: {WARMUP_MODE.name} only: the fraction of each cycle's oracle traces replaced by corrective traces (DART-style noise injection): one tool call corrupted (a changed digit, a malformed call or expression, a misnamed key) or one call made after the last step, the environment's answer to it, then the oracle's correction (its re-call, or its answer) and the rest of its episode; the bad call is not trained on (kinds and weights: agent/corrective.py CORRUPTION_KINDS). The SFT warm-up of other modes never sees noise.",
     )
 
     @field_validator("gradient_accumulation_steps", "trajectory_batch_size")

@@ -23,14 +23,27 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from miniverl.agent.corrective import CORRUPTION_KINDS
 from miniverl.config.limits import MAX_LR, MAX_STEPS, MAX_TASKS, MAX_TEMPERATURE
 from miniverl.config.models import RunConfig
 from miniverl.config.sections import LoraConfig, Section
 
-NoiseKind = Literal["operand_digit", "random_operands", "malformed_json", "bad_expression"]
-DEFAULT_NOISE_KINDS: dict[str, float] = dict(CORRUPTION_KINDS)
-"""Default ``lab.toy_fit.noise_kinds``: corruption kind -> relative weight."""
+NoiseKind = Literal[
+    "operand_digit",
+    "random_operands",
+    "malformed_json",
+    "bad_expression",
+    "wrong_key",
+    "extra_call",
+]
+DEFAULT_NOISE_KINDS: dict[str, float] = {
+    "operand_digit": 0.5,
+    "malformed_json": 0.25,
+    "bad_expression": 0.25,
+    "random_operands": 0.0,
+}
+"""Default ``lab.toy_fit.noise_kinds``: corruption kind -> relative weight (the toy teachers'
+fits and their cached digests rest on these four; ``agent.corrective.CORRUPTION_KINDS`` lists
+every kind)."""
 
 
 class DaggerConfig(Section):
@@ -111,11 +124,11 @@ class ToyFitConfig(Section):
         0.0,
         ge=0,
         le=1,
-        description="Fraction of the fitting traces that get one tool call corrupted (a changed digit or a malformed call), the tool's real response, then the oracle's corrective re-call; the corrupted step is not supervised (lab/teachers/toy_fit.py).",
+        description="Fraction of the fitting traces that get one tool call corrupted (noise_kinds), the tool's real response, then the oracle's correction; the corrupted step is not supervised (lab/teachers/toy_fit.py).",
     )
     noise_kinds: dict[NoiseKind, float] = Field(
         default_factory=lambda: dict(DEFAULT_NOISE_KINDS),
-        description="Relative weights of the corruption kinds drawn for a noisy trace: operand_digit (one digit of one number changed), random_operands (every number of the call replaced by an unrelated one), malformed_json, bad_expression (lab/teachers/toy_fit.py).",
+        description="Relative weights of the corruption kinds drawn for a noisy trace: operand_digit (one digit of one number changed), random_operands (every number of the call replaced by an unrelated one), malformed_json, bad_expression, wrong_key (the call's name key or argument key misnamed), extra_call (the last call again after the chain is done; corrected by the answer) (agent/corrective.py).",
     )
     noise_max_follow: int = Field(
         0,
