@@ -20,6 +20,23 @@ PER_CYCLE = ("rollouts_collected", "cycle_end")
 
 
 @pytest.mark.parametrize("verbose", [False, True])
+def test_offline_kd_reuse_is_a_per_cycle_line(
+    tmp_path: Path, tiny_recipe: Path, verbose: bool
+) -> None:
+    """``offline_kd`` reuses its frozen pool every cycle after the first: one event a cycle,
+    echoed only with ``--verbose`` (the demo's comparison arm printed 399 such lines)."""
+    out = tmp_path / "run"
+    args = ["train", str(tiny_recipe), "--output", str(out), "--no-report"]
+    args += ["run.mode=offline_kd", "train.cycles=3"]
+    result = CliRunner().invoke(app, [*args, *(["--verbose"] if verbose else [])])
+    assert result.exit_code == 0, result.output
+    echoed = [line for line in result.output.splitlines() if line.startswith("offline_kd_reuse")]
+    assert len(echoed) == (2 if verbose else 0), result.output
+    events = [json.loads(line)["event"] for line in (out / "events.jsonl").read_text().splitlines()]
+    assert events.count("offline_kd_reuse") == 2
+
+
+@pytest.mark.parametrize("verbose", [False, True])
 def test_per_cycle_lines_only_with_verbose(
     tmp_path: Path, tiny_recipe: Path, verbose: bool
 ) -> None:

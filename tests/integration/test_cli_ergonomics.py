@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from helpers import interrupt_cycle, tiny_config
 from miniverl.cli.main import app
+from miniverl.lab.demo import check_shared_start, comparison_run_dir
 from miniverl.trajectory.io import read_trajectories, write_trajectories
 from miniverl.utils.runs import RunPaths
 
@@ -126,6 +127,17 @@ def test_second_demo_needs_overwrite_and_fast_says_smoke_test(
     rate = fitted["heldout_success"]
     assert "teacher (the ceiling)" in out and f"{100 * rate:.1f}%" in out
     assert "OPD " not in out  # the smoke test states no outcome
+    # both arms ran, from the same warm-up weights, and are printed side by side
+    arm = comparison_run_dir(run)
+    assert RunPaths(arm).final_checkpoint.is_dir()
+    assert check_shared_start({"opd": run, "offline_kd": arm}) is not None
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert [r for r in rows if r] == [
+        "SFT warm-up (shared start)",
+        "opd",
+        "offline_kd",
+        "teacher (the ceiling)",
+    ], out
 
     stranger = tmp_path / "not-a-run"
     stranger.mkdir()

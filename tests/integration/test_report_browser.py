@@ -125,6 +125,9 @@ document.body.setAttribute("data-probe", JSON.stringify({
   table: box("#headline table"),
   chart: box("#headline svg"),
   first_section: document.querySelector("main section").id,
+  first_rows: Array.from(document.querySelectorAll("#headline table")[0]?.querySelectorAll("tbody tr") || [])
+    .map((tr) => tr.querySelector("td")?.textContent.trim()),
+  chart_text: document.querySelector("#headline svg")?.textContent || "",
 }));
 </script>
 """
@@ -133,8 +136,9 @@ a copy of it; both are laid out at the same viewport."""
 
 
 def test_the_headline_is_in_the_first_viewport(demo_fast_run: Path, tmp_path: Path) -> None:
-    """At 1280x800 the first screen shows the smoke-test banner, the headline heading, its
-    success table and its chart; the screenshot of that screen is kept in tmp_path."""
+    """At 1280x800 the first screen shows the smoke-test banner, the headline heading, the
+    demo's arms side by side (the shared start, opd, offline_kd, the teacher) and the chart
+    of their held-out curves; the screenshot of that screen is kept in tmp_path."""
     import html as html_lib
     import json
 
@@ -169,6 +173,15 @@ def test_the_headline_is_in_the_first_viewport(demo_fast_run: Path, tmp_path: Pa
         assert 0 <= probe[part]["top"] < height, (part, probe)
     assert probe["banner"]["top"] < probe["headline"]["top"] + 60, probe  # the banner leads
     assert probe["chart"] is not None and probe["chart"]["top"] < height, probe
+    assert probe["first_rows"] == [
+        "SFT warm-up (shared start)",
+        "opd (the student's own episodes)",
+        "offline_kd (the teacher's episodes)",
+        "teacher (the ceiling)",
+    ], probe
+    # the first chart is the arms' curves against the teacher's line, legend named
+    for label in ("updates after the shared SFT warm-up", "opd", "offline_kd", "teacher"):
+        assert label in probe["chart_text"], (label, probe["chart_text"][:500])
 
 
 def test_the_console_check_catches_a_script_error(tmp_path: Path) -> None:

@@ -45,8 +45,10 @@ def test_the_headline_is_the_first_section_of_both_renderings(tmp_path: Path) ->
     assert 'id="smoke-test"' not in html and "SMOKE TEST" not in md
 
 
-def test_a_demo_fast_run_opens_on_a_smoke_test_banner(tmp_path: Path) -> None:
-    html, md = _report(build_run(tmp_path / "demo-fast"))  # run.name of demo --fast
+@pytest.mark.parametrize("name", ["demo-fast", "demo-fast-offline_kd"])
+def test_a_demo_fast_run_opens_on_a_smoke_test_banner(tmp_path: Path, name: str) -> None:
+    """Both runs of demo --fast (its opd run and the offline_kd run beside it)."""
+    html, md = _report(build_run(tmp_path / name))
     head = _headline_html(html)
     assert head.index('id="smoke-test"') < head.index("<h2>Headline</h2>")
     assert "SMOKE TEST (miniverl demo --fast)" in head and "not a result" in head
@@ -156,3 +158,55 @@ def test_the_legend_of_the_success_curve_sits_off_the_data() -> None:
     legend = ax.get_legend()
     assert legend is not None
     assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+
+
+def _comparison(run: Path) -> dict[str, Any]:
+    def arm(name: str, trains_on: str, final: int, curve: list[list[float]]) -> dict[str, Any]:
+        return {
+            "name": name,
+            "run_dir": str(run) if name == "opd" else f"{run}-{name}",
+            "trains_on": trains_on,
+            "after_warmup": {"solved": 2, "tasks": 24, "success_rate": 2 / 24},
+            "final": {"solved": final, "tasks": 24, "success_rate": final / 24},
+            "curve": curve,
+            "refused_after_warmup": [3, 1],
+            "refused_final": [0, 0],
+        }
+
+    return {
+        "arms": [
+            arm(
+                "opd", "the student's own episodes", 13, [[0, 2 / 24], [100, 0.25], [400, 13 / 24]]
+            ),
+            arm("offline_kd", "the teacher's episodes", 24, [[0, 2 / 24], [400, 1.0]]),
+        ],
+        "warmup_weights_sha256": "ab" * 32,
+        "teacher_success": 23 / 24,
+        "sentence": "From the same SFT warm-up (2/24 held-out tasks solved), OPD ended behind.",
+        "smoke_test": False,
+    }
+
+
+def test_a_demo_run_leads_with_its_arms_side_by_side(tmp_path: Path) -> None:
+    """With ``comparison.json`` the headline opens on the plain sentence, then the arms'
+    table (shared start, each arm, the teacher) and their curves; the objective's jargon is
+    left to the objective section."""
+    run = build_run(tmp_path / "opd-run")
+    (run / "comparison.json").write_text(json.dumps(_comparison(run)), encoding="utf-8")
+    html, md = _report(run)
+    head, head_md = _headline_html(html), _headline_md(md)
+    assert head_md.lstrip().startswith("From the same SFT warm-up (2/24 held-out tasks solved)")
+    rows = re.findall(r"^\| (.+?) \| (\S+) \| (\S+) \| (\S+) \| (\S+) \|$", head_md, flags=re.M)
+    assert rows[:4] == [
+        ("SFT warm-up (shared start)", "2/24", "8.3%", "3", "1/3"),
+        ("opd (the student's own episodes)", "13/24", "54.2%", "0", "—"),
+        ("offline_kd (the teacher's episodes)", "24/24", "100.0%", "0", "—"),
+        ("teacher (the ceiling)", "23/24", "95.8%", "—", "—"),
+    ]
+    assert "SHA-256 abababababababab…" in head_md
+    assert "Objective:" not in head and "Objective:" not in head_md
+    assert "on_policy_distillation" in md.split("## Headline", 1)[1].split("\n## ", 1)[1]
+    first_svg = head[head.index("<svg") : head.index("</svg>")]
+    for label in ("updates after the shared SFT warm-up", "opd", "offline_kd", "teacher"):
+        assert label in first_svg, label
+    assert head.count("<svg") == 1  # the stage bars are left out: the curves carry the stages

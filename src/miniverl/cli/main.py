@@ -545,78 +545,21 @@ def _write_report(run_dir: Path) -> None:
     console.print(f"report: {html}  summary: {md}")
 
 
-def _teacher_heldout(run_dir: Path) -> float | None:
-    """The fitted toy teacher's greedy success on the run's held-out tasks (the same tasks the
-    student is evaluated on), from its ``toy_teacher_fitted`` / ``toy_teacher_reused`` event."""
-    from miniverl.inspection.run_dir import read_events
-    from miniverl.utils.runs import RunPaths
-
-    rates = [
-        getattr(record, "heldout_success", None)
-        for record in read_events(RunPaths(run_dir).events)
-        if record.event in ("toy_teacher_fitted", "toy_teacher_reused")
-    ]
-    return rates[-1] if rates else None
+def _count(result: dict[str, Any] | None) -> str:
+    return f"{result['solved']}/{result['tasks']}" if result else "-"
 
 
-def _demo_sentence(summary: dict[str, Any], teacher: float | None) -> str | None:
-    """What the demo's run did, in one plain sentence (no claim beyond these counts)."""
-    warm, final = summary.get("after_warmup"), summary.get("final")
-    if not warm or not final:
-        return None
-    moved = (
-        "did not change"
-        if final["solved"] == warm["solved"]
-        else ("raised" if final["solved"] > warm["solved"] else "lowered")
-    )
-    text = (
-        f"OPD {moved} the student's held-out success ({warm['solved']}/{warm['tasks']} after "
-        f"the SFT warm-up, {final['solved']}/{final['tasks']} after OPD)"
-    )
-    if teacher is not None:
-        text += f"; the teacher it distils from solves {100 * teacher:.0f}% of the same tasks"
-    return text + "."
-
-
-def _print_outcome(
-    summary: dict[str, Any],
-    run_dir: Path,
-    *,
-    smoke_test: bool = False,
-    teacher_success: float | None = None,
-) -> None:
-    title = f"held-out success ({run_dir})"
-    if smoke_test:
-        title += "\nSMOKE TEST (demo --fast): tiny budgets, not a result"
-    table = Table(title=title)
+def _print_outcome(summary: dict[str, Any], run_dir: Path) -> None:
+    """A finished run's held-out success per evaluation stage (what ``train`` prints last)."""
+    table = Table(title=f"held-out success ({run_dir})")
     table.add_column("stage")
     table.add_column("solved", justify="right")
     table.add_column("success", justify="right")
-    tasks = None
     for stage in ("baseline", "after_warmup", "final"):
         result = summary.get(stage)
         if result:
-            tasks = result["tasks"]
-            table.add_row(
-                stage,
-                f"{result['solved']}/{result['tasks']}",
-                f"{100 * result['success_rate']:.1f}%",
-            )
-    if teacher_success is not None and tasks:
-        table.add_row(
-            "teacher (the ceiling)",
-            f"{round(teacher_success * tasks)}/{tasks}",
-            f"{100 * teacher_success:.1f}%",
-        )
+            table.add_row(stage, _count(result), f"{100 * result['success_rate']:.1f}%")
     console.print(table)
-    if smoke_test:
-        console.print(
-            "demo --fast only checks that the pipeline runs end to end; its success rates "
-            "are meaningless. Run 'miniverl demo' for the real demo result.",
-            markup=False,
-        )
-    elif teacher_success is not None and (sentence := _demo_sentence(summary, teacher_success)):
-        console.print(sentence, markup=False, soft_wrap=True)
 
 
 MODE_LIST = ", ".join(list(MODES)[:-1]) + f" or {list(MODES)[-1]}"
@@ -709,7 +652,7 @@ def train(
 
 @app.command(
     rich_help_panel=RUN,
-    short_help="Watch a toy student learn to use a calculator, end to end (CPU, no network; --fast is a smoke test under a minute).",
+    short_help="Train a toy student to use a calculator by on-policy and by offline distillation from one warm-up, and compare (CPU, no network; --fast is a smoke test under a minute).",
 )
 @handles_errors
 def demo(
@@ -718,48 +661,77 @@ def demo(
         typer.Option("--fast", help="Shrink every budget (same artifact set, under a minute)."),
     ] = False,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Run directory (default runs/demo).")
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Run directory of the opd arm (default runs/demo); the offline_kd arm goes beside it, to DIR-offline_kd.",
+        ),
     ] = None,
     no_report: NoReport = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
     overwrite: Annotated[
         bool,
-        typer.Option("--overwrite", help="Replace an earlier demo run in the output directory."),
+        typer.Option("--overwrite", help="Replace earlier demo runs in the output directories."),
     ] = False,
 ) -> None:
-    """Embedded toy backend on the CPU, no network: watch a toy student learn to use a tool."""
+    """Embedded toy backend on the CPU, no network: the same toy student trained by on-policy
+    distillation and by offline distillation from one SFT warm-up, side by side."""
     import_torch("miniverl demo")
     from miniverl.cli.run_support import clear_for_overwrite
-    from miniverl.config.presets import demo_config, demo_recipe_bytes
+    from miniverl.config.presets import (
+        DEMO_COMPARISON_MODE,
+        DEMO_MODE,
+        demo_config,
+        demo_recipe_bytes,
+    )
     from miniverl.errors import RunDirectoryError
     from miniverl.lab.config import with_lab
+    from miniverl.lab.demo import (
+        check_shared_start,
+        comparison_run_dir,
+        demo_comparison,
+        print_comparison,
+        teacher_heldout,
+    )
     from miniverl.lab.run import start_run
+    from miniverl.utils.io import write_json
     from miniverl.utils.runs import RunPaths
 
     run_dir = output or Path("runs") / "demo"
-    if not overwrite and RunPaths(run_dir).manifest.exists():
-        raise RunDirectoryError(
-            f"{run_dir} already holds a demo run",
-            hint=f"pass --overwrite to replace it, or --output DIR to keep it (miniverl demo{' --fast' if fast else ''} --overwrite)",
-        )
-    with run_lock(run_dir) as lock:
-        if overwrite and any(child != lock for child in run_dir.iterdir()):
-            clear_for_overwrite(run_dir)  # under the lock: no other writer is inside
-        trainer = start_run(
-            with_lab(demo_config(fast=fast)),
-            output_dir=run_dir,
-            submitted_recipe=demo_recipe_bytes(),
-            quiet=quiet,
-            verbose=verbose,
-        )
-        summary = _run_trainer(trainer, no_report=no_report)
-    _print_outcome(
-        summary,
-        trainer.paths.root,
-        smoke_test=fast,
-        teacher_success=_teacher_heldout(trainer.paths.root),
+    run_dirs = {DEMO_MODE: run_dir, DEMO_COMPARISON_MODE: comparison_run_dir(run_dir)}
+    again = f"miniverl demo{' --fast' if fast else ''} --overwrite"
+    for held in run_dirs.values():
+        if not overwrite and RunPaths(held).manifest.exists():
+            raise RunDirectoryError(
+                f"{held} already holds a demo run",
+                hint=f"pass --overwrite to replace it, or --output DIR to keep it ({again})",
+            )
+    summaries: dict[str, dict[str, Any]] = {}
+    for arm, directory in run_dirs.items():
+        with run_lock(directory) as lock:
+            if overwrite and any(child != lock for child in directory.iterdir()):
+                clear_for_overwrite(directory)  # under the lock: no other writer is inside
+            trainer = start_run(
+                with_lab(demo_config(fast=fast, mode=None if arm == DEMO_MODE else arm)),
+                output_dir=directory,
+                submitted_recipe=demo_recipe_bytes(),
+                quiet=quiet,
+                verbose=verbose,
+            )
+            summaries[arm] = _run_trainer(trainer, no_report=no_report)
+    sha = check_shared_start(run_dirs)
+    teacher = teacher_heldout(run_dir)
+    comparison = demo_comparison(
+        summaries, run_dirs, warmup_sha256=sha, teacher_success=teacher, smoke_test=fast
     )
+    write_json(RunPaths(run_dir).comparison_json, comparison)
+    if not no_report:
+        from miniverl.lab.report.report import write_report
+
+        write_report(run_dir)  # again: it now leads with the comparison
+    print_comparison(console, summaries, run_dirs, smoke_test=fast, teacher_success=teacher)
 
 
 @app.command(

@@ -7,6 +7,7 @@ from importlib import resources
 import yaml
 
 from miniverl.config.models import RunConfig, apply_overrides
+from miniverl.config.modes import DEFAULT_MODE, mode_of_kind
 
 DEMO_RECIPE = "toy_demo.yaml"
 
@@ -30,9 +31,21 @@ def demo_recipe_bytes() -> bytes:
     return resources.files("miniverl.recipes").joinpath(DEMO_RECIPE).read_bytes()
 
 
-def demo_config(*, fast: bool = False) -> RunConfig:
+DEMO_MODE: str = DEFAULT_MODE
+"""The demo recipe's ``run.mode``: on-policy distillation."""
+DEMO_COMPARISON_MODE: str = mode_of_kind("teacher_pool").name
+"""The run ``miniverl demo`` trains beside :data:`DEMO_MODE` (``offline_kd``): the same teacher,
+steps and warm-up, trained on the teacher's own episodes instead of the student's."""
+
+
+def demo_config(*, fast: bool = False, mode: str | None = None) -> RunConfig:
+    """The demo recipe (``--fast``: :data:`FAST_OVERRIDES`); ``mode`` replaces ``run.mode``
+    (the comparison arm, :data:`DEMO_COMPARISON_MODE`) and suffixes ``run.name`` with it."""
     data = yaml.safe_load(demo_recipe_bytes().decode("utf-8"))
     if fast:
         data = apply_overrides(data, FAST_OVERRIDES)
         data["run"]["name"] = "demo-fast"
+    if mode is not None:
+        data = apply_overrides(data, [f"run.mode={mode}"])
+        data["run"]["name"] = f"{data['run']['name']}-{mode}"
     return RunConfig.from_mapping(data, source=f"miniverl/recipes/{DEMO_RECIPE}")

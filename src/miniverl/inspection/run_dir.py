@@ -137,6 +137,8 @@ class RunData:
     benchmark: dict[str, Any] | None
     config_text: str | None
     config: dict[str, Any] | None
+    comparison: dict[str, Any] | None = None
+    """``comparison.json``: the demo's arms side by side (``cli/main.py`` ``demo``)."""
 
     @property
     def is_training_run(self) -> bool:
@@ -186,6 +188,7 @@ def load_run(run_dir: str | Path) -> RunData:
         benchmark=read_json_or_none(paths.benchmark_json),
         config_text=config_text,
         config=config,
+        comparison=read_json_or_none(paths.comparison_json),
     )
     if not data.is_training_run and data.benchmark is None:
         raise RunDirectoryError(

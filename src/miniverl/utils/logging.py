@@ -19,10 +19,11 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-PER_CYCLE_EVENTS = frozenset({"rollouts_collected", "cycle_end"})
+PER_CYCLE_EVENTS = frozenset({"rollouts_collected", "cycle_end", "offline_kd_reuse"})
 """Events written once per cycle: echoed only by a verbose run (``--verbose``); otherwise the
 progress bar carries their loss, KL and rollouts solved, so a 400-cycle demo prints a bar, not
-800 lines. They are written to ``events.jsonl`` either way."""
+800 lines (``offline_kd_reuse``: every ``offline_kd`` cycle after the first, which builds the
+teacher's pool and says so). They are written to ``events.jsonl`` either way."""
 
 NOTICE_EVENTS = frozenset({"temperature_mismatch"})
 """Notices that ask for no action: the recipe is valid as it stands and the event only records

@@ -115,6 +115,11 @@ class RunPaths:
         return self.root / "benchmark.json"
 
     @property
+    def comparison_json(self) -> Path:
+        """``miniverl demo``'s side-by-side record of its arms, in its ``opd`` run."""
+        return self.root / "comparison.json"
+
+    @property
     def cold_start(self) -> Path:
         """Benchmark only: the shared SFT cold-start weights of one seed."""
         return self.root / "cold-start"

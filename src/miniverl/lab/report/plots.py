@@ -215,6 +215,49 @@ def success_per_cycle_figure(
     return fig
 
 
+ARM_COLORS = ("#2a9d8f", "#e76f51", "#264653", "#e9c46a")
+"""Line colours of the arms of :func:`arm_curves`, in the arms' order."""
+
+
+def arm_curves(
+    curves: Mapping[str, Sequence[tuple[float, float]]], ceiling: float | None = None
+) -> str:
+    """Held-out success of each arm against updates after the shared start (``(x, rate)``
+    points, rate in [0, 1]), and the teacher's own success as a dashed line."""
+    return inline_svg(arm_curves_figure(curves, ceiling))
+
+
+def arm_curves_figure(
+    curves: Mapping[str, Sequence[tuple[float, float]]], ceiling: float | None = None
+) -> Figure:
+    """The matplotlib figure of :func:`arm_curves` (tests read its lines)."""
+    fig = _figure(6.4, 2.8)
+    with matplotlib.rc_context(_RC):
+        ax = fig.subplots()
+        for (name, points), color in zip(curves.items(), ARM_COLORS * 4, strict=False):
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(
+                    xs, [100.0 * y for y in ys], color=color, linewidth=1.6, marker="o",
+                    markersize=3.5, label=name,
+                )  # fmt: skip
+        if ceiling is not None:
+            ax.axhline(
+                100.0 * ceiling, color="#555555", linestyle="--", linewidth=1.0,
+                label="teacher (the ceiling)",
+            )  # fmt: skip
+        ax.set_ylim(-3, 108)
+        ax.set_xlabel("updates after the shared SFT warm-up")
+        ax.set_ylabel("held-out success (%)")
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True, steps=[1, 2, 5, 10]))
+        ax.grid(alpha=0.3)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
+        else:
+            ax.legend(**OUTSIDE)
+    return fig
+
+
 def success_bars(stages: Sequence[tuple[str, float]]) -> str:
     """Held-out success rate per evaluation stage, as percentages."""
     fig = _figure(max(3.0, 1.1 * len(stages) + 1.0), 2.4)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from miniverl.config.modes import WARMUP_MODE
+from miniverl.config.presets import DEMO_COMPARISON_MODE
 from miniverl.errors import MiniverlError
 from miniverl.inspection.run_dir import RunData
 from miniverl.lab.report import plots
@@ -26,8 +27,8 @@ from miniverl.lab.report.tables import (
     fmt_pct,
 )
 
-SMOKE_TEST_RUN_NAMES = frozenset({"demo-fast"})
-"""``run.name`` of the ``miniverl demo --fast`` preset (``config.presets.demo_config``)."""
+SMOKE_TEST_RUN_NAMES = frozenset({"demo-fast", f"demo-fast-{DEMO_COMPARISON_MODE}"})
+"""``run.name`` of the ``miniverl demo --fast`` preset's two runs (``config.presets.demo_config``)."""
 
 SMOKE_TEST_BANNER = (
     "SMOKE TEST (miniverl demo --fast): every budget is shrunk so that the pipeline runs end "
@@ -221,12 +222,98 @@ def _arm_table(bench: Mapping[str, Any]) -> Table | None:
     )
 
 
+def _count(result: Mapping[str, Any] | None) -> str:
+    if not result:
+        return NOT_RECORDED
+    return f"{fmt_num(result.get('solved'))}/{fmt_num(result.get('tasks'))}"
+
+
+def comparison_block(comparison: Mapping[str, Any], section: Section) -> None:
+    """``miniverl demo``'s arms side by side (its ``comparison.json``): the plain sentence,
+    the table of the shared start, each arm and the teacher, and each arm's held-out success
+    at every evaluation against the teacher's line. Added to ``section`` in that order."""
+    arms: dict[str, Mapping[str, Any]] = {
+        str(arm.get("name", NOT_RECORDED)): arm
+        for arm in comparison.get("arms") or []
+        if isinstance(arm, Mapping)
+    }
+    teacher = comparison.get("teacher_success")
+    if comparison.get("sentence"):
+        section.notes.append(str(comparison["sentence"]))
+    first = next(iter(arms.values()), {})
+    rows = [
+        [
+            "SFT warm-up (shared start)",
+            _count(first.get("after_warmup")),
+            fmt_pct((first.get("after_warmup") or {}).get("success_rate")),
+            *_refused(first.get("refused_after_warmup")),
+        ]
+    ]
+    for name, arm in arms.items():
+        rows.append(
+            [
+                f"{name} ({arm.get('trains_on', NOT_RECORDED)})",
+                _count(arm.get("final")),
+                fmt_pct((arm.get("final") or {}).get("success_rate")),
+                *_refused(arm.get("refused_final")),
+            ]
+        )
+    if isinstance(teacher, int | float):
+        tasks = (first.get("final") or {}).get("tasks")
+        rows.append(
+            [
+                "teacher (the ceiling)",
+                f"{round(teacher * tasks)}/{tasks}" if isinstance(tasks, int) else NOT_RECORDED,
+                fmt_pct(teacher),
+                NOT_RECORDED,
+                NOT_RECORDED,
+            ]
+        )
+    sha = str(comparison.get("warmup_weights_sha256") or NOT_RECORDED)
+    section.tables.append(
+        Table(
+            ["", "held-out solved", "success", "with a refused call", "solved of those"],
+            rows,
+            caption="Greedy held-out success after the same number of updates from the same "
+            f"warm-up weights (SHA-256 {sha[:16]}…); a refused call is an ok: false answer "
+            "of the tool or the parser. Run directories: "
+            + ", ".join(f"{n} {a.get('run_dir', NOT_RECORDED)}" for n, a in arms.items())
+            + ".",
+        )
+    )
+    curves = {
+        name: [(float(x), float(y)) for x, y in arm.get("curve") or []]
+        for name, arm in arms.items()
+    }
+    section.figures.append(
+        Figure(
+            plots.arm_curves(curves, teacher if isinstance(teacher, int | float) else None),
+            "Held-out success of each arm at every evaluation, from the shared warm-up (update "
+            "0), with the teacher's own success as the ceiling"
+            + (" (smoke test: not a result)." if section.banner else "."),
+        )
+    )
+
+
+def _refused(pair: Any) -> list[str]:
+    if not isinstance(pair, list | tuple) or len(pair) != 2:
+        return [NOT_RECORDED, NOT_RECORDED]
+    episodes, solved = pair
+    return [fmt_num(episodes), f"{solved}/{episodes}" if episodes else NOT_RECORDED]
+
+
 def headline_section(data: RunData, evaluations: Mapping[str, Mapping[str, Any]] | None) -> Section:
-    """The first section of every report; ``evaluations`` is None for a benchmark directory."""
+    """The first section of every report; ``evaluations`` is None for a benchmark directory.
+
+    A demo run with ``comparison.json`` leads with its arms side by side
+    (:func:`comparison_block`); its objective in full is the objective section's.
+    """
     section = Section("headline")
     if data.is_training_run and is_smoke_test(data):
         section.banner = SMOKE_TEST_BANNER
-    line = objective_line(data) if data.is_training_run else None
+    if data.comparison:
+        comparison_block(data.comparison, section)
+    line = objective_line(data) if data.is_training_run and not data.comparison else None
     if line:
         section.notes.append(line)
     if evaluations is not None:
@@ -240,7 +327,7 @@ def headline_section(data: RunData, evaluations: Mapping[str, Mapping[str, Any]]
             for tag, r in evaluations.items()
             if isinstance(r.get("success_rate"), int | float)
         ]
-        if bars:
+        if bars and not data.comparison:  # a comparison's curves carry these stages
             section.figures.append(
                 Figure(
                     plots.success_bars(bars),
