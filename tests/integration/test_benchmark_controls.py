@@ -94,4 +94,9 @@ def test_the_dart_arm_trains_on_corrective_traces_but_never_on_the_corrupted_cal
         bad = traj.metadata["corrupted_turn"]
         result = traj.turns[bad].tool_result
         assert result is None or not result.ok
-        assert "the next step is" in (result.error if result else "") or result is None
+        if traj.metadata["corruption"] == "extra_call":  # a call after the last step
+            assert (
+                result is not None and result.error == "every step is done: give the final answer"
+            )
+        else:
+            assert "the next step is" in (result.error if result else "") or result is None

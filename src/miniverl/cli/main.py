@@ -720,7 +720,8 @@ def demo(
                 quiet=quiet,
                 verbose=verbose,
             )
-            summaries[arm] = _run_trainer(trainer, no_report=no_report)
+            first = arm == DEMO_MODE  # its report is written once the comparison exists
+            summaries[arm] = _run_trainer(trainer, no_report=no_report or first)
     sha = check_shared_start(run_dirs)
     teacher = teacher_heldout(run_dir)
     comparison = demo_comparison(
@@ -728,9 +729,7 @@ def demo(
     )
     write_json(RunPaths(run_dir).comparison_json, comparison)
     if not no_report:
-        from miniverl.lab.report.report import write_report
-
-        write_report(run_dir)  # again: it now leads with the comparison
+        _write_report(run_dir)
     print_comparison(console, summaries, run_dirs, smoke_test=fast, teacher_success=teacher)
 
 
