@@ -38,10 +38,9 @@ from typing import Any
 
 from miniverl.config.models import RunConfig
 from miniverl.lab.config import load_recipe
-from miniverl.lab.cycles import step
+from miniverl.lab.cycles import fit_fixed_batch
 from miniverl.lab.run import start_run
 from miniverl.schemas.text import FINAL_OPEN, TOOL_CALL_OPEN
-from miniverl.training.recipe import OPDTrainer
 
 SUBSETS = ("all", "on_path", "same_turn", "early_answer", "later", "after_first")
 AFTER_FIRST = frozenset({"same_turn", "early_answer", "later"})
@@ -79,23 +78,6 @@ def keeps(subset: str, kind: str | None) -> bool:
     return subset == "all" or kind == subset or (subset == "after_first" and kind in AFTER_FIRST)
 
 
-def fit_batch(trainer: OPDTrainer, samples: list[Any], passes: int) -> list[float]:
-    """``passes`` passes of the recipe's optimizer groups over the fixed ``samples``
-    (:func:`miniverl.lab.cycles.step`: ``loss_step`` and ``apply_update`` at the OPD learning
-    rate); each group's loss."""
-    size = trainer.config.train.group_size()
-    losses: list[float] = []
-    trainer.student.set_train(True)
-    for _ in range(passes):
-        for start in range(0, len(samples), size):
-            group = samples[start : start + size]
-            result, update = step(trainer, group, warmup=False, teacher_targets=True)
-            trainer.state.global_step += int(update.committed)
-            losses.append(result.loss)
-    trainer.student.set_train(False)
-    return losses
-
-
 def fit_subset(
     config: RunConfig, cold_start: Path, subset: str, steps: int, workdir: Path
 ) -> dict[str, Any]:
@@ -118,7 +100,7 @@ def fit_subset(
         if sum(weights) > 0:
             sample.alignment = sample.alignment.model_copy(update={"token_weights": weights})
             kept.append(sample)
-    losses = fit_batch(trainer, kept, steps)
+    losses = fit_fixed_batch(trainer, kept, steps)
     after = trainer.evaluate("ablation_after", temperature=0.0)
     return {
         "subset": subset,

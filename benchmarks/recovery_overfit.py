@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from miniverl.lab.config import load_recipe
-from miniverl.lab.cycles import step
+from miniverl.lab.cycles import fit_fixed_batch
 from miniverl.lab.run import start_run
 from miniverl.training.recipe import OPDTrainer
 
@@ -99,22 +99,6 @@ def agreement(trainer: OPDTrainer, samples: Sequence[Any]) -> dict[str, Any]:
     return {"agree": hits, "positions": total, "reproduced": turns_ok, "turns": turns}
 
 
-def fit(trainer: OPDTrainer, samples: list[Any], passes: int) -> list[float]:
-    """``passes`` passes of the recipe's optimizer groups over ``samples`` (the OPD step of
-    :func:`miniverl.lab.cycles.step`); each group's loss (nats/token)."""
-    size = trainer.config.train.group_size()
-    losses: list[float] = []
-    trainer.student.set_train(True)
-    for _ in range(passes):
-        for start in range(0, len(samples), size):
-            group = samples[start : start + size]
-            result, update = step(trainer, group, warmup=False, teacher_targets=True)
-            trainer.state.global_step += int(update.committed)
-            losses.append(result.loss)
-    trainer.student.set_train(False)
-    return losses
-
-
 def keep_only(sample: Any, indices: Sequence[int]) -> Any:
     """``sample`` with the loss weight of every position outside ``indices`` set to 0."""
     kept = set(indices)
@@ -161,7 +145,7 @@ def main() -> None:
                 if after:
                     samples.append(keep_only(sample, after))
         before = agreement(trainer, samples)
-        losses = fit(trainer, samples, args.passes) if samples else []
+        losses = fit_fixed_batch(trainer, samples, args.passes) if samples else []
         after = agreement(trainer, samples)
     print(
         f"{len(samples)} of {episodes} student episodes have a refused call; "

@@ -109,4 +109,25 @@ def warm_up(trainer: OPDTrainer, cycles: int) -> None:
     trainer.state.main_start_step = trainer.state.global_step
 
 
-__all__ = ["run_cycle", "step", "warm_up"]
+def fit_fixed_batch(
+    trainer: OPDTrainer, samples: Sequence[TrainingSample], passes: int
+) -> list[float]:
+    """``passes`` passes of the recipe's optimizer groups over the same ``samples``
+    (:func:`step` at the mode's learning rate, teacher targets on); each group's loss
+    (nats/token). Why: the diagnostics that ask whether the student can fit one batch of its
+    own states (``benchmarks/opd_target_ablation.py``, ``benchmarks/recovery_overfit.py``);
+    off-policy after the first step by construction, so never an arm."""
+    size = trainer.config.train.group_size()
+    losses: list[float] = []
+    trainer.student.set_train(True)
+    for _ in range(passes):
+        for start in range(0, len(samples), size):
+            group = list(samples[start : start + size])
+            result, update = step(trainer, group, warmup=False, teacher_targets=True)
+            trainer.state.global_step += int(update.committed)
+            losses.append(result.loss)
+    trainer.student.set_train(False)
+    return losses
+
+
+__all__ = ["fit_fixed_batch", "run_cycle", "step", "warm_up"]

@@ -17,6 +17,7 @@ import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib
 
@@ -160,6 +161,21 @@ def success_per_cycle(
     return inline_svg(success_per_cycle_figure(rollouts, held_out))
 
 
+def _success_axes(ax: Any, xlabel: str, ylabel: str, steps: Sequence[int] | None = None) -> None:
+    """A success curve's percent axis, labels, integer ticks (at ``steps`` multiples when
+    given), grid, and its legend right of the axes (or "not recorded" without a line)."""
+    ax.set_ylim(-3, 108)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ticks = {"steps": list(steps)} if steps is not None else {}
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True, **ticks))
+    ax.grid(alpha=0.3)
+    if not ax.lines:
+        ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax.legend(**OUTSIDE)
+
+
 HELD_OUT_LABEL_OFFSETS = {"baseline": (-5, 6, "right"), "warm-up": (5, 6, "left")}
 """``(dx, dy, ha)`` in points per stage label. Baseline and warm-up sit half a cycle apart
 left of cycle 0, which is the same pixel on a long run's axis: baseline's label reads
@@ -203,15 +219,7 @@ def success_per_cycle_figure(
                         label, (x, 100.0 * y), textcoords="offset points", xytext=(dx, dy),
                         ha=ha, fontsize=7, color="#555555",
                     )  # fmt: skip
-        ax.set_ylim(-3, 108)
-        ax.set_xlabel("distillation cycle")
-        ax.set_ylabel("success (%)")
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
-        ax.grid(alpha=0.3)
-        if not ax.lines:
-            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
-        else:
-            ax.legend(**OUTSIDE)
+        _success_axes(ax, "distillation cycle", "success (%)")
     return fig
 
 
@@ -246,15 +254,9 @@ def arm_curves_figure(
                 100.0 * ceiling, color="#555555", linestyle="--", linewidth=1.0,
                 label="teacher (the ceiling)",
             )  # fmt: skip
-        ax.set_ylim(-3, 108)
-        ax.set_xlabel("updates after the shared SFT warm-up")
-        ax.set_ylabel("held-out success (%)")
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True, steps=[1, 2, 5, 10]))
-        ax.grid(alpha=0.3)
-        if not ax.lines:
-            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes)
-        else:
-            ax.legend(**OUTSIDE)
+        _success_axes(
+            ax, "updates after the shared SFT warm-up", "held-out success (%)", [1, 2, 5, 10]
+        )
     return fig
 
 
