@@ -89,3 +89,33 @@ def test_the_recovery_probe_reproduces_pilot_2s_gate_and_names_the_failures() ->
     flags = [e.split("--- teacher's continuation:")[1] for e in failed]
     assert sum('tool call needs a string \\"name\\"' in f for f in flags) == 1
     assert sum("every step is done: give the final answer" in f for f in flags) == 2
+
+
+def test_pilot_3_gate_figures_are_the_stored_ones_and_recovery_passes() -> None:
+    """Teacher 2 (corrective traces for every flag) on the 90-task validation split: the
+    same cold start as pilots 1 and 2, recovery passes, the off-path bar fails, no arm ran."""
+    first, third = ROOT / "pilot-1", ROOT / "pilot-3"
+    gate = _json(third / "seed-1" / "teacher-state-gate.json")
+    for phrase in _state_gate_line(gate):
+        assert phrase in LOG, phrase
+    assert gate["tasks"] == 90 and gate["episodes"] == 90
+    assert gate["failures"] == ["off_path_agreement 0.811 < 0.900"]
+    assert gate["recovered"] == gate["recovery_states"] == 10
+    labelled = [r for r in gate["per_turn"] if r["off_path"]]
+    assert sum(r["labelled"] for r in labelled) == sum(r["correct"] for r in labelled) == 43
+    privileged = [r for r in gate["per_turn"] if r["privileged"]]
+    assert sum(r["privileged"] for r in privileged) == gate["privileged_predictions"] == 10
+    assert len({r["task_id"] for r in privileged}) == 8
+    assert sum(r["privileged"] for r in privileged if not r["off_path"]) == 8
+    assert (
+        "every labelled position after a deviation agrees with the oracle's label (43 of 43)" in LOG
+    )
+    turn_starts = _json(third / "seed-1" / "cold-start" / "teacher-gate.json")
+    assert (turn_starts["correct"], turn_starts["actions"]) == (200, 200)
+    assert "Turn-start gate 1.000 (200 of 200; 10 of 10 off the oracle's path)" in LOG
+    cells = [_json(p / "cells" / "s1-a0-cold-start.json")["payload"] for p in (first, third)]
+    assert cells[0]["student_sha256"] == cells[1]["student_sha256"]
+    assert round(cells[1]["after_warmup_success"] * 90) == 30 and "30/90 validation tasks" in LOG
+    assert not (third / "cells" / "s1-a0-opd.json").exists()
+    teacher = _json(third / "seed-1" / "teacher-checkpoint.json")["teacher_checkpoint"]
+    assert teacher["path"] == "runs/smol-teacher" and f"`{teacher['sha256'][:8]}…`" in LOG
