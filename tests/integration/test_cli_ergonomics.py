@@ -131,6 +131,21 @@ def test_second_demo_needs_overwrite_and_fast_says_smoke_test(
     arm = comparison_run_dir(run)
     assert RunPaths(arm).final_checkpoint.is_dir()
     assert check_shared_start({"opd": run, "offline_kd": arm}) is not None
+    comparison = json.loads(RunPaths(run).comparison_json.read_text())
+    assert [a["name"] for a in comparison["arms"]] == ["opd", "offline_kd"]
+    for record, directory in zip(comparison["arms"], (run, arm), strict=True):
+        evals = {
+            r["tag"]: r
+            for r in map(json.loads, RunPaths(directory).metrics.read_text().splitlines())
+            if r.get("kind") == "eval"
+        }
+        # update 0 is the warm-up's evaluation, the last point the final one (2 cycles)
+        assert record["curve"] == [
+            [0, evals["after_warmup"]["success_rate"]],
+            [2, evals["final"]["success_rate"]],
+        ]
+        assert record["run_dir"] == str(directory)
+    assert comparison["sentence"] is None and comparison["smoke_test"] is True
     rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
     assert [r for r in rows if r] == [
         "SFT warm-up (shared start)",
