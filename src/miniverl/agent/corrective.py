@@ -282,11 +282,10 @@ def noisy_oracle_trace(
         raise TrajectoryError(f"task {task.task_id}: the oracle makes no tool call to corrupt")
     step = rng.randrange(len(calls)) if step is None else step
     kind = kind or draw_kind(rng, kinds)
-    if kind == "extra_call":
-        step = len(calls)
-    text, applied, bad = corrupt_call(calls[min(step, len(calls) - 1)], kind, rng)
-    if applied == "extra_call":
-        bad, follow = None, 0
+    extra = kind == "extra_call"
+    text, applied, bad = corrupt_call(calls[-1] if extra else calls[step], kind, rng)
+    if extra:  # made after the last call, where the answer is due; nothing follows it
+        step, bad, follow = len(calls), None, 0
     if follow is None:
         follow = rng.randint(0, max_follow) if max_follow > 0 else 0
     follow = min(follow, _room_for_follow(runner, task, len(calls)))

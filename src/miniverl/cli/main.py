@@ -730,7 +730,7 @@ def demo(
     write_json(RunPaths(run_dir).comparison_json, comparison)
     if not no_report:
         _write_report(run_dir)
-    print_comparison(console, summaries, run_dirs, smoke_test=fast, teacher_success=teacher)
+    print_comparison(console, comparison)
 
 
 @app.command(

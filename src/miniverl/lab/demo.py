@@ -189,20 +189,16 @@ def demo_sentence(
     return text + ". One seed shows what happened here, not a difference the lab claims."
 
 
-def print_comparison(
-    console: Console,
-    summaries: dict[str, dict[str, Any]],
-    run_dirs: dict[str, Path],
-    *,
-    smoke_test: bool = False,
-    teacher_success: float | None = None,
-) -> None:
-    """The demo's side-by-side table: the shared warm-up, each arm after training, the
-    teacher as the ceiling; then one plain sentence (or the smoke-test notice)."""
-    title = "held-out success: " + ", ".join(f"{arm} {d}" for arm, d in run_dirs.items())
+def print_comparison(console: Console, comparison: dict[str, Any]) -> None:
+    """The demo's side-by-side table from its :func:`demo_comparison` record: the shared
+    warm-up, each arm after training, the teacher as the ceiling; then the plain sentence (or
+    the smoke-test notice)."""
+    arms = comparison["arms"]
+    smoke_test = comparison["smoke_test"]
+    title = "held-out success: " + ", ".join(f"{a['name']} {a['run_dir']}" for a in arms)
     if smoke_test:
         title += "\nSMOKE TEST (demo --fast): tiny budgets, not a result"
-    first, second = run_dirs
+    first, second = (a["name"] for a in arms)
     table = Table(title=title)
     table.caption = (
         f"{first} trains on the student's own episodes, {second} on the teacher's; both start "
@@ -211,33 +207,27 @@ def print_comparison(
     table.add_column("", no_wrap=True)
     for column in ("solved", "success", "with a refused call", "solved of those"):
         table.add_column(column, justify="right")
-    start = summaries[first].get("after_warmup")
+    rows = [
+        ("SFT warm-up (shared start)", arms[0]["after_warmup"], arms[0]["refused_after_warmup"])
+    ]
+    rows += [(a["name"], a["final"], a["refused_final"]) for a in arms]
     tasks = None
-    if start:
-        tasks = start["tasks"]
-        table.add_row(
-            "SFT warm-up (shared start)",
-            _count(start),
-            f"{100 * start['success_rate']:.1f}%",
-            *_refusals(run_dirs[first], "after_warmup"),
-        )
-    finals: dict[str, dict[str, Any] | None] = {}
-    for arm, summary in summaries.items():
-        final = summary.get("final")
-        finals[arm] = final
-        if final:
-            tasks = final["tasks"]
+    for label, result, (episodes, solved) in rows:
+        if result:
+            tasks = result["tasks"]
             table.add_row(
-                arm,
-                _count(final),
-                f"{100 * final['success_rate']:.1f}%",
-                *_refusals(run_dirs[arm], "final"),
+                label,
+                _count(result),
+                f"{100 * result['success_rate']:.1f}%",
+                str(episodes),
+                f"{solved}/{episodes}" if episodes else "-",
             )
-    if teacher_success is not None and tasks:
+    teacher = comparison["teacher_success"]
+    if teacher is not None and tasks:
         table.add_row(
             "teacher (the ceiling)",
-            f"{round(teacher_success * tasks)}/{tasks}",
-            f"{100 * teacher_success:.1f}%",
+            f"{round(teacher * tasks)}/{tasks}",
+            f"{100 * teacher:.1f}%",
             "-",
             "-",
         )
@@ -248,13 +238,8 @@ def print_comparison(
             "are meaningless. Run 'miniverl demo' for the real demo result.",
             markup=False,
         )
-    elif sentence := demo_sentence(start, finals, teacher_success):
-        console.print(sentence, markup=False, soft_wrap=True)
-
-
-def _refusals(run_dir: Path, tag: str) -> tuple[str, str]:
-    episodes, solved = refused_call_episodes(run_dir, tag)
-    return str(episodes), (f"{solved}/{episodes}" if episodes else "-")
+    elif comparison["sentence"]:
+        console.print(comparison["sentence"], markup=False, soft_wrap=True)
 
 
 __all__ = [

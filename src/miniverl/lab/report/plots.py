@@ -242,7 +242,7 @@ def arm_curves_figure(
     fig = _figure(6.4, 2.8)
     with matplotlib.rc_context(_RC):
         ax = fig.subplots()
-        for (name, points), color in zip(curves.items(), ARM_COLORS * 4, strict=False):
+        for (name, points), color in zip(curves.items(), itertools.cycle(ARM_COLORS)):
             if points:
                 xs, ys = zip(*points, strict=True)
                 ax.plot(
