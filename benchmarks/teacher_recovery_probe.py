@@ -4,8 +4,10 @@ A diagnostic, not a timing. It reruns the held-out state gate of a recipe's teac
 stored cold start exactly as the benchmark does (``evaluate_state_gate``: the cold-start
 student's episodes at the rollout temperature on the gate's validation tasks, seed
 ``run.seed``), prints the gate's figures, then every recovery episode: the student's episode
-and the teacher's greedy continuation from the student's first off-path turn, decoded. It
-writes a scratch run directory (``OUT``) and nothing else.
+and the teacher's greedy continuation from the student's first off-path turn, decoded. Then
+each privileged prediction the gate scored as a miss: the transcript before the turn, the
+student's turn up to the position and the teacher's top-1 token there. It writes a scratch run
+directory (``OUT``) and nothing else.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/teacher_recovery_probe.py \\
         recipes/smollm2_calc_chain_checked.yaml runs/smol-pilot2/seed-1/cold-start /tmp/probe \\
@@ -55,6 +57,16 @@ def main() -> None:
             return out
 
     gate.RolloutRunner = Recording  # type: ignore[misc]
+    privileged: list[tuple[str, str, str]] = []
+    judge = gate.privileged_prediction
+
+    def recording_judge(context: str, turn_so_far: str, predicted: str) -> bool:
+        leaked = judge(context, turn_so_far, predicted)
+        if leaked:
+            privileged.append((context, turn_so_far, predicted))
+        return leaked
+
+    gate.privileged_prediction = recording_judge  # type: ignore[assignment]
     env = make_environment(cfg.environment.name, **cfg.environment.params)
     splits = build_splits(env, cfg.environment)
     result = gate.evaluate_state_gate(
@@ -74,6 +86,11 @@ def main() -> None:
         "recovery_states": result.recovery_states,
     }
     print(json.dumps(figures))
+    for context, so_far, predicted in privileged:
+        print("===== privileged prediction")
+        print("--- transcript before the turn (last 600 characters):\n" + context[-600:])
+        print(f"--- the student's turn so far: {so_far!r}")
+        print(f"--- the teacher's top-1 next token: {predicted!r}")
     tokenizer = trainer.student.tokenizer
     by_id = {s.trajectory_id: s for s in students}
     for cont in continuations:

@@ -7,7 +7,9 @@ the cells. Every figure the LOG quotes is read back from these files here.
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +121,42 @@ def test_pilot_3_gate_figures_are_the_stored_ones_and_recovery_passes() -> None:
     assert not (third / "cells" / "s1-a0-opd.json").exists()
     teacher = _json(third / "seed-1" / "teacher-checkpoint.json")["teacher_checkpoint"]
     assert teacher["path"] == "runs/smol-teacher" and f"`{teacher['sha256'][:8]}…`" in LOG
+
+
+def _chain_values(task: str) -> list[int]:
+    """Every value of a calc_chain task ("Start with 95. Then subtract 39, then multiply by 6.")."""
+    start = re.search(r"Start with (-?\d+)\.", task)
+    assert start, task
+    values = [int(start.group(1))]
+    for verb, number in re.findall(r"(add|subtract|multiply by) (-?\d+)", task):
+        n = int(number)
+        values.append(
+            values[-1] + n if verb == "add" else values[-1] - n if verb == "subtract" else values[-1] * n
+        )
+    return values
+
+
+def test_pilot_3s_privileged_predictions_extend_the_students_own_wrong_numbers() -> None:
+    """``pilot-3/teacher-probe.txt`` is benchmarks/teacher_recovery_probe.py's output: it
+    reproduces the stored gate, and each of its 10 privileged predictions is a digit that
+    continues a number the student had already begun in its turn, which is none of the
+    task's values (so not the answer or a step the teacher worked out unseen)."""
+    text = (ROOT / "pilot-3" / "teacher-probe.txt").read_text(encoding="utf-8")
+    figures = json.loads(text.splitlines()[0])
+    gate = _json(ROOT / "pilot-3" / "seed-1" / "teacher-state-gate.json")
+    for key in ("on_path_agreement", "off_path_agreement", "recovered", "recovery_states"):
+        assert figures[key] == gate[key], key
+    blocks = text.split("===== privileged prediction\n")[1:]
+    assert len(blocks) == gate["privileged_predictions"] == 10
+    for block in blocks:
+        tasks = re.findall(r"Start with [^\n]*?Report the final value\.", block)
+        so_far = ast.literal_eval(re.search(r"--- the student's turn so far: (.*)\n", block)[1])
+        predicted = ast.literal_eval(
+            re.search(r"--- the teacher's top-1 next token: (.*)\n", block)[1]
+        )
+        begun = re.search(r"\d+$", so_far)
+        assert predicted.isdigit() and begun, (so_far, predicted)
+        written = begun.group() + predicted
+        values = [str(abs(v)) for v in _chain_values(tasks[-1])]
+        assert not any(v.startswith(written) for v in values), (written, values)
+    assert "each of the 10 continues a number the student had already begun" in LOG

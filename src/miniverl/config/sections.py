@@ -81,7 +81,7 @@ class RunSection(Section):
     )
     cpu_threads: int | Auto = Field(
         "auto",
-        description="torch CPU threads. auto: 1 for the toy backend on the CPU (tiny matrices only lose to thread contention, and one thread keeps its numerics machine-independent); the hf backend on the CPU: torch's count only when a short probe times the decode step's matmuls at least 15% faster with it than with 1 thread, else 1; torch's count on an accelerator. The decision and its timings are recorded in config.resolved.yaml.",
+        description="torch CPU threads. auto: 1 for the toy backend on the CPU (tiny matrices only lose to thread contention, and one thread keeps its numerics machine-independent; a lab toy-teacher fit, a wider model on whole traces, takes torch's count); the hf backend on the CPU: torch's count only when a short probe times the decode step's matmuls at least 15% faster with it than with 1 thread, else 1; torch's count on an accelerator. The decision and its timings are recorded in config.resolved.yaml.",
     )
 
     @field_validator("cpu_threads")

@@ -623,6 +623,7 @@ def fit_toy_teacher(
             "cpu_seconds": round(time.process_time() - cpu_started, 2),
             "examples": len(examples),
             "steps": fitted_run.steps_run,
+            "torch_threads": torch.get_num_threads(),
         },
         **dagger_counts,
         "fit_task_ids": sorted(t.task_id for t in pool),
