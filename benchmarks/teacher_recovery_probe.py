@@ -60,8 +60,10 @@ def main() -> None:
     privileged: list[tuple[str, str, str]] = []
     judge = gate.privileged_prediction
 
-    def recording_judge(context: str, turn_so_far: str, predicted: str) -> bool:
-        leaked = judge(context, turn_so_far, predicted)
+    def recording_judge(
+        context: str, turn_so_far: str, predicted: str, rule: str = "any_new_number"
+    ) -> bool:
+        leaked = judge(context, turn_so_far, predicted, rule)
         if leaked:
             privileged.append((context, turn_so_far, predicted))
         return leaked
@@ -78,6 +80,7 @@ def main() -> None:
         seed=cfg.run.seed,
         fit_task_ids=[t.task_id for t in splits["train"]],
         batch_size=cfg.eval.batch_size,
+        privileged_rule=cfg.lab.teacher_gate.privileged,
     )
     figures = {
         "on_path_agreement": result.on_path_agreement,

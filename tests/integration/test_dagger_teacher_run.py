@@ -39,6 +39,7 @@ def test_a_dagger_teacher_is_fitted_on_student_states_and_gated_on_held_out_ones
         "eval.teacher_gate_tasks=2",
         "eval.teacher_gate_on_path=0.0",
         "eval.teacher_gate_recovery=1.0",
+        "eval.teacher_gate_privileged=teacher_departs",
         "train.cycles=0",
         "rollout.max_new_tokens_per_turn=40",
     )
@@ -58,6 +59,7 @@ def test_a_dagger_teacher_is_fitted_on_student_states_and_gated_on_held_out_ones
     stored = json.loads((tmp_path / "run" / STATE_GATE_FILE).read_text())
     assert gate["states"]["on_path_agreement"] == stored["on_path_agreement"]
     assert stored["thresholds"] == {"on_path_agreement": 0.0, "recovery_rate": 1.0}
+    assert stored["privileged_rule"] == "teacher_departs"  # the recipe's rule reaches the gate
     assert gate["passed"] is (not stored["failures"]) is stored["passed"]
     eval_ids = {t.task_id for t in trainer.splits["eval"]}
     assert not eval_ids & set(report["fit_task_ids"])

@@ -133,11 +133,17 @@ def test_a_privileged_number_is_a_miss_off_path(task: Task) -> None:
     honest = context + opened + tok.encode(f"{task.data['results'][0]}\n")
     assert str(task.answer) not in tok.decode(context)
 
-    leaky = score_state_gate(_StubTeacher([leak]), env, [task], [traj], CONFIG, recovery=False)
-    clean = score_state_gate(_StubTeacher([honest]), env, [task], [traj], CONFIG, recovery=False)
-    assert leaky.privileged_predictions >= 1 and clean.privileged_predictions == 0
-    assert leaky.off_path_positions == clean.off_path_positions + leaky.privileged_predictions
-    assert leaky.off_path_correct == clean.off_path_correct == 0
+    for rule in ("any_new_number", "teacher_departs"):
+        leaky = score_state_gate(
+            _StubTeacher([leak]), env, [task], [traj], CONFIG, recovery=False, privileged_rule=rule
+        )
+        clean = score_state_gate(
+            _StubTeacher([honest]), env, [task], [traj], CONFIG, recovery=False, privileged_rule=rule
+        )
+        assert leaky.privileged_predictions >= 1 and clean.privileged_predictions == 0
+        assert leaky.off_path_positions == clean.off_path_positions + leaky.privileged_predictions
+        assert leaky.off_path_correct == clean.off_path_correct == 0
+        assert leaky.privileged_rule == rule
 
 
 def test_privileged_prediction_reads_only_the_transcript() -> None:
@@ -147,6 +153,19 @@ def test_privileged_prediction_reads_only_the_transcript() -> None:
     assert privileged_prediction(context, "<answer>\n", "4")
     assert not privileged_prediction(context, "<answer>\n", "<")
     assert privileged_prediction(context, "<answer>\n17", "0")
+
+
+def test_teacher_departs_judges_a_number_only_until_the_student_has_left_the_transcript() -> None:
+    context = "Start with 12. Then add 5. result: 12 + 5 = 17"
+    for rule in ("any_new_number", "teacher_departs"):
+        assert privileged_prediction(context, "<answer>\n", "4", rule)
+        assert privileged_prediction(context, "<answer>\n1", "9", rule)
+        assert privileged_prediction(context, "<answer>\n17", "0", rule)
+        assert not privileged_prediction(context, "<answer>\n1", "7", rule)
+        assert not privileged_prediction(context, "<answer>\n19", "<", rule)
+    assert privileged_prediction(context, "<answer>\n19", "0")
+    assert not privileged_prediction(context, "<answer>\n19", "0", "teacher_departs")
+    assert privileged_prediction(context, "<answer>\n19 + ", "3", "teacher_departs")
 
 
 def test_the_oracle_teacher_is_gated_on_the_same_footing(task: Task) -> None:

@@ -39,6 +39,7 @@ LAB_LOCATIONS: dict[Path, Path] = {
     ("eval", "teacher_gate_off_path"): ("teacher_gate", "off_path"),
     ("eval", "teacher_gate_recovery"): ("teacher_gate", "recovery"),
     ("eval", "teacher_gate_required"): ("teacher_gate", "required"),
+    ("eval", "teacher_gate_privileged"): ("teacher_gate", "privileged"),
 }
 """Place among the core sections -> place under ``lab:`` (the lab's keys)."""
 
@@ -88,6 +89,7 @@ LAB_RECORDS: dict[Path, dict[str, Any]] = {
         "off_path": None,
         "recovery": None,
         "required": True,
+        "privileged": "any_new_number",
     },
     ("warmup_until",): {
         "metric": "success",
@@ -106,7 +108,7 @@ LAB_OMITTED: dict[Path, frozenset[str]] = {
     ("toy_fit",): frozenset({"dagger"}),
     ("teacher_fit",): frozenset({"dagger"}),
     ("oracle_teacher",): frozenset({"off_path"}),
-    ("teacher_gate",): frozenset({"on_path", "off_path", "recovery", "required"}),
+    ("teacher_gate",): frozenset({"on_path", "off_path", "recovery", "required", "privileged"}),
 }
 """Fields a lab record leaves out of its dump while at their default (``Section.omitted_at_default``)."""
 

@@ -27,6 +27,9 @@ from miniverl.config.limits import MAX_LR, MAX_STEPS, MAX_TASKS, MAX_TEMPERATURE
 from miniverl.config.models import RunConfig
 from miniverl.config.sections import LoraConfig, Section
 
+PrivilegedRule = Literal["any_new_number", "teacher_departs"]
+"""The held-out state gate's rule for privileged predictions (``lab/teachers/gate.py``)."""
+
 NoiseKind = Literal[
     "operand_digit",
     "random_operands",
@@ -224,7 +227,13 @@ class TeacherGateConfig(Section):
     """The benchmark's teacher gate (``lab/teachers/gate.py``): the teacher scored at the
     cold-start student's states on validation tasks before any arm runs."""
 
-    omitted_at_default: ClassVar[tuple[str, ...]] = ("on_path", "off_path", "recovery", "required")
+    omitted_at_default: ClassVar[tuple[str, ...]] = (
+        "on_path",
+        "off_path",
+        "recovery",
+        "required",
+        "privileged",
+    )
 
     threshold: float = Field(
         0.95,
@@ -255,6 +264,10 @@ class TeacherGateConfig(Section):
         ge=0,
         le=1,
         description="Held-out state gate: minimum fraction of student episodes with a deviation that the teacher, continuing greedily from the first state after it, solves. None: not required.",
+    )
+    privileged: PrivilegedRule = Field(
+        "any_new_number",
+        description="Which predictions after an in-turn deviation the held-out state gate counts as privileged (a miss). any_new_number: every digit that makes a number no earlier text of the transcript holds. teacher_departs: only a digit where the number, before it, was still one the transcript holds (or a prefix of one), so the teacher is the one departing; a digit carrying on a number the student already wrote wrong is not scored (no continuation is right there).",
     )
     required: bool = Field(
         True,

@@ -423,6 +423,7 @@ class StateGateResult:
     student_solved: int
     temperature: float
     tasks: int
+    privileged_rule: str = "any_new_number"
     per_turn: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     @property
@@ -447,18 +448,27 @@ class StateGateResult:
         }
 
 
-def privileged_prediction(context: str, turn_so_far: str, predicted: str) -> bool:
+def privileged_prediction(
+    context: str, turn_so_far: str, predicted: str, rule: str = "any_new_number"
+) -> bool:
     """Whether ``predicted`` writes a number the transcript does not determine.
 
     ``context`` is the transcript before the turn (prompt, tool results, earlier turns),
     ``turn_so_far`` the turn's text before the prediction. Every digit run that
     ``predicted`` touches must be a number of ``context`` (a prefix of one, while the run
     is still open at the end of the text); a run that is not is privileged information.
+    ``rule`` (``lab.teacher_gate.privileged``): ``"teacher_departs"`` judges a run only
+    where its digits before the prediction were still a prefix of a number of ``context``
+    (or there were none): a digit carrying on a number the student already wrote wrong
+    departs from nothing, and no continuation of it is right.
     """
     known = set(_DIGITS.findall(context))
     text = turn_so_far + predicted
     for match in _DIGITS.finditer(text):
         if match.end() <= len(turn_so_far):
+            continue
+        before = text[match.start() : len(turn_so_far)]
+        if rule == "teacher_departs" and before and not any(k.startswith(before) for k in known):
             continue
         number = match.group()
         if match.end() == len(text):
@@ -577,8 +587,10 @@ def score_state_gate(
     temperature: float = 1.0,
     batch_rows: int = 16,
     recovery: bool = True,
+    privileged_rule: str = "any_new_number",
 ) -> StateGateResult:
-    """The held-out state gate of ``teacher`` over given student episodes (see the result)."""
+    """The held-out state gate of ``teacher`` over given student episodes (see the result;
+    ``privileged_rule``: :func:`privileged_prediction`'s ``rule``)."""
     from miniverl.lab.teachers.dagger import label_student_states
 
     by_id = {t.task_id: t for t in tasks}
@@ -605,7 +617,9 @@ def score_state_gate(
         for p, j in zip(got_after, after_targets, strict=True):
             i = j - len(state.prefix)
             so_far = tokenizer.decode(state.generated[:i])
-            leaked += privileged_prediction(context, so_far, tokenizer.decode([p]))
+            leaked += privileged_prediction(
+                context, so_far, tokenizer.decode([p]), privileged_rule
+            )
         privileged += leaked
         unlabelled += len(after_targets)
         off_n += leaked
@@ -640,6 +654,7 @@ def score_state_gate(
         student_solved=sum(int(t.solved) for t in student_trajectories),
         temperature=float(temperature),
         tasks=len(tasks),
+        privileged_rule=privileged_rule,
         per_turn=per_turn,
     )
 
@@ -682,6 +697,7 @@ def evaluate_state_gate(
     temperature: float | None = None,
     batch_size: int | None = None,
     recovery: bool = True,
+    privileged_rule: str = "any_new_number",
 ) -> StateGateResult:
     """Roll the student out on held-out ``tasks`` and score the teacher at its states.
 
@@ -700,7 +716,14 @@ def evaluate_state_gate(
     ]
     students = runner.rollout_batch(requests, batch_size=batch_size, temperature=temp)
     return score_state_gate(
-        teacher, environment, tasks, students, rollout, temperature=temp, recovery=recovery
+        teacher,
+        environment,
+        tasks,
+        students,
+        rollout,
+        temperature=temp,
+        recovery=recovery,
+        privileged_rule=privileged_rule,
     )
 
 
@@ -872,6 +895,7 @@ def cold_start_teacher_gate(subject: GateSubject) -> dict[str, Any]:
             seed=cfg.run.seed,
             fit_task_ids=subject.fit_task_ids,
             batch_size=cfg.eval.batch_size,
+            privileged_rule=lab_of(cfg).teacher_gate.privileged,
         )
         record_state_gate(states, thresholds, subject.directory, subject.events)
         failures = state_gate_failures(states, thresholds)
