@@ -131,7 +131,11 @@ def _chain_values(task: str) -> list[int]:
     for verb, number in re.findall(r"(add|subtract|multiply by) (-?\d+)", task):
         n = int(number)
         values.append(
-            values[-1] + n if verb == "add" else values[-1] - n if verb == "subtract" else values[-1] * n
+            values[-1] + n
+            if verb == "add"
+            else values[-1] - n
+            if verb == "subtract"
+            else values[-1] * n
         )
     return values
 

@@ -138,7 +138,13 @@ def test_a_privileged_number_is_a_miss_off_path(task: Task) -> None:
             _StubTeacher([leak]), env, [task], [traj], CONFIG, recovery=False, privileged_rule=rule
         )
         clean = score_state_gate(
-            _StubTeacher([honest]), env, [task], [traj], CONFIG, recovery=False, privileged_rule=rule
+            _StubTeacher([honest]),
+            env,
+            [task],
+            [traj],
+            CONFIG,
+            recovery=False,
+            privileged_rule=rule,
         )
         assert leaky.privileged_predictions >= 1 and clean.privileged_predictions == 0
         assert leaky.off_path_positions == clean.off_path_positions + leaky.privileged_predictions

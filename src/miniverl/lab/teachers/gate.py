@@ -617,9 +617,7 @@ def score_state_gate(
         for p, j in zip(got_after, after_targets, strict=True):
             i = j - len(state.prefix)
             so_far = tokenizer.decode(state.generated[:i])
-            leaked += privileged_prediction(
-                context, so_far, tokenizer.decode([p]), privileged_rule
-            )
+            leaked += privileged_prediction(context, so_far, tokenizer.decode([p]), privileged_rule)
         privileged += leaked
         unlabelled += len(after_targets)
         off_n += leaked
