@@ -35,6 +35,17 @@ def _state_gate_line(gate: dict[str, Any]) -> list[str]:
     ]
 
 
+def _probe_and_gate(pilot: str, name: str) -> tuple[str, dict[str, Any]]:
+    """A stored probe output (benchmarks/teacher_recovery_probe.py) and the pilot's stored
+    gate, after checking the probe's first line reproduces the gate's figures."""
+    text = (ROOT / pilot / name).read_text(encoding="utf-8")
+    figures = json.loads(text.splitlines()[0])
+    gate = _json(ROOT / pilot / "seed-1" / "teacher-state-gate.json")
+    for key in ("on_path_agreement", "off_path_agreement", "recovered", "recovery_states"):
+        assert figures[key] == gate[key], key
+    return text, gate
+
+
 def test_pilot_1_gate_figures_are_the_stored_ones() -> None:
     pilot = ROOT / "pilot-1"
     gate = _json(pilot / "seed-1" / "teacher-state-gate.json")
@@ -79,11 +90,7 @@ def test_pilot_2_gate_figures_are_the_stored_ones_and_its_cold_start_is_pilot_1s
 
 def test_the_recovery_probe_reproduces_pilot_2s_gate_and_names_the_failures() -> None:
     """``pilot-2/recovery-probe.txt`` is benchmarks/teacher_recovery_probe.py's output."""
-    text = (ROOT / "pilot-2" / "recovery-probe.txt").read_text(encoding="utf-8")
-    figures = json.loads(text.splitlines()[0])
-    gate = _json(ROOT / "pilot-2" / "seed-1" / "teacher-state-gate.json")
-    for key in ("on_path_agreement", "off_path_agreement", "recovered", "recovery_states"):
-        assert figures[key] == gate[key], key
+    text, gate = _probe_and_gate("pilot-2", "recovery-probe.txt")
     episodes = text.split("===== ")[1:]
     failed = [e for e in episodes if e.split("\n", 1)[0].endswith("solved=False")]
     assert len(episodes) == gate["recovery_states"] and len(failed) == 3
@@ -145,11 +152,7 @@ def test_pilot_3s_privileged_predictions_extend_the_students_own_wrong_numbers()
     reproduces the stored gate, and each of its 10 privileged predictions is a digit that
     continues a number the student had already begun in its turn, which is none of the
     task's values (so not the answer or a step the teacher worked out unseen)."""
-    text = (ROOT / "pilot-3" / "teacher-probe.txt").read_text(encoding="utf-8")
-    figures = json.loads(text.splitlines()[0])
-    gate = _json(ROOT / "pilot-3" / "seed-1" / "teacher-state-gate.json")
-    for key in ("on_path_agreement", "off_path_agreement", "recovered", "recovery_states"):
-        assert figures[key] == gate[key], key
+    text, gate = _probe_and_gate("pilot-3", "teacher-probe.txt")
     blocks = text.split("===== privileged prediction\n")[1:]
     assert len(blocks) == gate["privileged_predictions"] == 10
     for block in blocks:
