@@ -58,9 +58,12 @@ def _rescore(stored: dict[str, Any], name: str, root: Path) -> tuple[dict[str, A
         seed=config.run.seed,
         fit_task_ids=[t.task_id for t in splits["train"]],
         batch_size=config.eval.batch_size,
+        privileged_rule=stored[name]["gate"].get("privileged_rule", "any_new_number"),
     )
     figures = result.to_dict()
     figures.pop("per_turn")
+    if "privileged_rule" not in stored[name]["gate"]:  # stored before the rule was a choice
+        assert figures.pop("privileged_rule") == "any_new_number"
     return figures, state_gate_failures(result, stored["thresholds"])
 
 
