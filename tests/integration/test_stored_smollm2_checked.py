@@ -35,12 +35,12 @@ def _state_gate_line(gate: dict[str, Any]) -> list[str]:
     ]
 
 
-def _probe_and_gate(pilot: str, name: str) -> tuple[str, dict[str, Any]]:
+def _probe_and_gate(pilot: str, name: str, seed: int = 1) -> tuple[str, dict[str, Any]]:
     """A stored probe output (benchmarks/teacher_recovery_probe.py) and the pilot's stored
     gate, after checking the probe's first line reproduces the gate's figures."""
     text = (ROOT / pilot / name).read_text(encoding="utf-8")
     figures = json.loads(text.splitlines()[0])
-    gate = _json(ROOT / pilot / "seed-1" / "teacher-state-gate.json")
+    gate = _json(ROOT / pilot / f"seed-{seed}" / "teacher-state-gate.json")
     for key in ("on_path_agreement", "off_path_agreement", "recovered", "recovery_states"):
         assert figures[key] == gate[key], key
     return text, gate
@@ -167,3 +167,58 @@ def test_pilot_3s_privileged_predictions_extend_the_students_own_wrong_numbers()
         values = [str(abs(v)) for v in _chain_values(tasks[-1])]
         assert not any(v.startswith(written) for v in values), (written, values)
     assert "each of the 10 continues a number the student had already begun" in LOG
+
+
+def test_pilot_4_gate_under_the_rule_written_before_it_fails_on_recovery() -> None:
+    """Seed 2's cold start, gated under ``teacher_departs`` (set in the recipe before this gate
+    ran): the off-path bar passes, recovery fails on 50 deviated episodes, no arm ran."""
+    third, fourth = ROOT / "pilot-3", ROOT / "pilot-4"
+    gate = _json(fourth / "seed-2" / "teacher-state-gate.json")
+    assert gate["privileged_rule"] == "teacher_departs"
+    for phrase in _state_gate_line(gate):
+        assert phrase in LOG, phrase
+    assert gate["failures"] == ["recovery_rate 0.620 < 0.800"] and not gate["passed"]
+    assert (gate["recovered"], gate["recovery_states"], gate["tasks"]) == (31, 50, 90)
+    cells = [
+        _json(p / "cells" / f"s{s}-a0-cold-start.json")["payload"]
+        for p, s in ((third, 1), (fourth, 2))
+    ]
+    assert cells[0]["student_sha256"] != cells[1]["student_sha256"]  # a cold start never gated
+    assert round(cells[1]["after_warmup_success"] * 90) == 28 and "28/90 validation tasks" in LOG
+    assert cells[1]["teacher_gate"]["states"]["failures"] == gate["failures"]
+    assert not list((fourth / "cells").glob("s2-a0-opd*")) and not list(
+        (fourth / "cells").glob("s2-a0-offline_kd*")
+    )
+    teachers = [
+        _json(p / f"seed-{s}" / "teacher-checkpoint.json")["teacher_checkpoint"]["sha256"]
+        for p, s in ((third, 1), (fourth, 2))
+    ]
+    assert teachers[0] == teachers[1]  # teacher 2 both times
+    turn_starts = _json(fourth / "seed-2" / "cold-start" / "teacher-gate.json")
+    assert (turn_starts["correct"], turn_starts["actions"]) == (197, 220)
+    assert (turn_starts["off_path_correct"], turn_starts["off_path_actions"]) == (35, 57)
+    assert "Turn-start gate 0.895 (197 of 220; 35 of 57 off the oracle's path)" in LOG
+
+
+def test_pilot_4s_probe_names_the_flags_the_teacher_does_not_recover_from() -> None:
+    """``pilot-4/teacher-probe.txt``: of the 19 deviated episodes the teacher does not solve,
+    11 start from a call whose expression is the word "calculator", which it copies."""
+    text, gate = _probe_and_gate("pilot-4", "teacher-probe.txt", seed=2)
+    episodes = [e for e in text.split("===== ")[1:] if ":recovery solved=" in e.split("\n", 1)[0]]
+    failed = [e for e in episodes if e.split("\n", 1)[0].endswith("solved=False")]
+    assert len(episodes) == gate["recovery_states"] == 50
+    assert len(failed) == gate["recovery_states"] - gate["recovered"] == 19
+    students = [
+        e.split("--- student:\n")[1].split("--- teacher's continuation:")[0] for e in failed
+    ]
+    named = ["got 'calculator'" in s for s in students]
+    unterminated = ["unterminated <tool_call> block" in s for s in students]
+    wrong_step = ["wrong step; the next step is" in s for s in students]
+    assert (sum(named), sum(unterminated), sum(wrong_step)) == (11, 3, 3)
+    continuations = [e.split("--- teacher's continuation:\n")[1] for e in failed]
+    own = [  # what the teacher wrote itself, after the replayed student turns
+        c[next((i for i, (a, b) in enumerate(zip(c, s, strict=False)) if a != b), len(c)) :]
+        for c, s in zip(continuations, students, strict=True)
+    ]
+    assert all('"expression": "calculator"' in o for o, n in zip(own, named, strict=True) if n)
+    assert "11 of the 19 start from a call whose expression is the word `calculator`" in LOG
