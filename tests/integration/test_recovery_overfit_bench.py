@@ -4,13 +4,14 @@ positions it scores (a fit that kept no position would leave the agreement where
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "recovery_overfit.py"
@@ -23,7 +24,7 @@ LINE = re.compile(
 
 @pytest.mark.slow
 def test_the_overfit_check_finds_refusals_and_its_fit_moves_the_student(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
     args = [str(COLD_START), "environment.params.checked=true", "run.seed=1", "--as-checked"]
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args, "--cycles", "1", "--passes", "4"],
