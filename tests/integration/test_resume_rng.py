@@ -74,3 +74,28 @@ def test_resume_restores_every_rng_stream_bit_identical_lora_dropout_adapters(
     assert a.keys() == b.keys() and any("lora_" in k for k in a)
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_a_resumed_run_keeps_the_probes_decisions_of_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode-step probe times the machine, so a resumed run on a busier or idler host
+    could choose bf16 rollout weights where the start chose float32 (or the reverse) and
+    sample other episodes. A resumed run plans from ``config.resolved.yaml`` instead: with
+    every probe decision after the first run's start flipped, it is still bit-identical."""
+    import miniverl.training.resolve as resolve
+
+    real = resolve.resolve_rollout_dtype
+    decided: list[str] = []
+
+    def flipping(config: RunConfig, **kwargs: object) -> tuple[str, str]:
+        chosen, why = real(config, **kwargs)  # type: ignore[arg-type]
+        if config.models.rollout_dtype == "auto":  # a probe decision, not a recorded one
+            decided.append(chosen)
+            if len(decided) > 2:  # the straight run's and the first start's stand
+                chosen = "bfloat16" if chosen == "model" else "model"
+        return chosen, why
+
+    monkeypatch.setattr(resolve, "resolve_rollout_dtype", flipping)
+    test_resume_restores_every_rng_stream_bit_identical_lora_dropout_adapters(tmp_path, monkeypatch)
+    assert len(decided) == 2  # the resumed run asked no probe

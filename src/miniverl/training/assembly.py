@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from miniverl.cache.store import TeacherCache
+from miniverl.config.loading import load_resolved_config
 from miniverl.config.models import RunConfig
 from miniverl.environments.base import Task
 from miniverl.errors import RunDirectoryError
@@ -110,6 +111,31 @@ def plan_run(
     )
     apply_host_plan(planned, student)
     return planned.with_memory_plan(place_teacher(teacher, planned.memory_plan, device))
+
+
+def recorded_host_decisions(config: RunConfig, paths: RunPaths) -> RunConfig:
+    """``config`` with the decisions a timing probe made when the run started
+    (``run.cpu_threads`` and ``models.rollout_dtype`` left at ``auto``, read back from
+    ``config.resolved.yaml``): the plan a resumed run resolves from. Why: on a machine busier
+    or idler than at the start the probe can decide otherwise, and bf16 rollout weights (or
+    another thread count) sample other episodes, so the resumed run would not continue the
+    run that was interrupted."""
+    pending = [
+        key
+        for key, value in (
+            ("run.cpu_threads", config.run.cpu_threads),
+            ("models.rollout_dtype", config.models.rollout_dtype),
+        )
+        if value == "auto"
+    ]
+    if not pending or not paths.config_resolved.exists():
+        return config
+    recorded = load_resolved_config(paths.root)
+    values = {
+        "run.cpu_threads": recorded.run.cpu_threads,
+        "models.rollout_dtype": recorded.models.rollout_dtype,
+    }
+    return config.with_overrides(f"{key}={values[key]}" for key in pending if values[key] != "auto")
 
 
 def probe_host(config: RunConfig, device: str, student: CausalLMBackend) -> HostCapabilities:

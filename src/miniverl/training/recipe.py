@@ -231,8 +231,9 @@ class OPDTrainer:
         )
         self.student: CausalLMBackend = self.runtime.student
         self.teacher: CausalLMBackend | None = self.runtime.teacher
+        planned = assembly.recorded_host_decisions(cfg, paths) if self.resume else cfg
         self.resolved: ResolvedRun = assembly.plan_run(
-            cfg, device=device, student=self.student, teacher=self.teacher
+            planned, device=device, student=self.student, teacher=self.teacher
         )
         self.resolved_config = self.resolved.to_config(cfg)
         self.device = self.resolved.device
