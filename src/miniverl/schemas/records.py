@@ -56,6 +56,7 @@ EVENT_NAMES: frozenset[str] = frozenset(
         "cycle_end",
         "cycle_skipped_no_selected_positions",
         "eval",
+        "eval_reused",
         "explanation",
         "offline_kd_reuse",
         "oom_batch_split",

@@ -43,6 +43,35 @@ from miniverl.utils.seeding import derive_seed, seed_everything
 EVAL_SPLITS = ("eval", "test")
 
 
+def eval_trajectory_id(task_id: str, tag: str, parameter_version: int) -> str:
+    """The id of an evaluation episode: its task, the evaluation's tag and the weights' version."""
+    return f"{task_id}:eval-{tag}:v{parameter_version}"
+
+
+def relabel_evaluation(
+    result: Mapping[str, Any], trajectories: Sequence[Trajectory], tag: str
+) -> tuple[dict[str, Any], list[Trajectory]]:
+    """An evaluation recorded again under ``tag``: the same summary and episodes, renamed.
+
+    Why: episode ``i`` of an evaluation is seeded by its index alone, so two evaluations of
+    the same weights on the same tasks at the same temperature roll out the same episodes; a
+    run whose last update came before an earlier evaluation (a cold start: the warm-up, then
+    no cycle) records that one again as ``final`` instead of rolling the split out twice.
+    """
+    relabelled = [
+        traj.model_copy(
+            update={
+                "trajectory_id": eval_trajectory_id(
+                    traj.task_id, tag, int(result["parameter_version"])
+                ),
+                "metadata": {**traj.metadata, "eval_tag": tag},
+            }
+        )
+        for traj in trajectories
+    ]
+    return {**result, "tag": tag}, relabelled
+
+
 def evaluate_policy(
     runner: RolloutRunner,
     tasks: Sequence[Task],
@@ -71,7 +100,7 @@ def evaluate_policy(
                 EpisodeRequest(
                     task,
                     derive_seed(seed, "eval", i),
-                    trajectory_id=f"{task.task_id}:eval-{tag}:v{parameter_version}",
+                    trajectory_id=eval_trajectory_id(task.task_id, tag, parameter_version),
                     extra_metadata={"eval_tag": tag},
                 )
                 for i, task in enumerate(tasks[start : start + batch_size], start=start)

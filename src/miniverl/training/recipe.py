@@ -48,6 +48,7 @@ from miniverl.models.base import CausalLMBackend
 from miniverl.models.batching import build_padded_trajectory_batch, length_buckets
 from miniverl.models.factory import build_tokenizer
 from miniverl.schemas.records import CycleRecord, StepRecord, check_state_cycle
+from miniverl.schemas.trajectory import Trajectory
 from miniverl.selection.selectors import aggregate_selection_stats
 from miniverl.training import assembly
 from miniverl.training.checkpoint import (
@@ -63,7 +64,12 @@ from miniverl.training.checkpoint import (
     write_training_checkpoint,
 )
 from miniverl.training.cold_start import check_cold_start, load_cold_start
-from miniverl.training.evaluate import eval_summary, evaluate_policy, record_evaluation
+from miniverl.training.evaluate import (
+    eval_summary,
+    evaluate_policy,
+    record_evaluation,
+    relabel_evaluation,
+)
 from miniverl.training.live import (
     LiveSinks,
     ProgressReporter,
@@ -197,6 +203,7 @@ class OPDTrainer:
         self._stop = False
         self._advance: Any = lambda n=1, stats=None: None
         self._warmup_outcome: dict[str, Any] | None = None
+        self._last_eval: tuple[tuple[Any, ...], dict[str, Any], list[Trajectory]] | None = None
 
     # ================================================================== setup
 
@@ -768,7 +775,7 @@ class OPDTrainer:
         resume from ``checkpoints/final``)."""
         cfg, state = self.config, self.state
         if not state.finished:
-            self.evaluate("final", temperature=0.0)
+            self.evaluate("final", temperature=0.0, reuse=True)
             if self.cache is not None:
                 self.cache.close()
             self.save_checkpoint("final", cycle=cfg.train.cycles - 1)
@@ -817,23 +824,44 @@ class OPDTrainer:
         temperature: float | None = None,
         split: str | None = None,
         write: bool = True,
+        reuse: bool = False,
     ) -> dict[str, Any]:
-        """Roll out the held-out split (greedy by default), summarize and record it."""
+        """Roll out the held-out split (greedy by default), summarize and record it.
+
+        ``reuse``: when this process's previous evaluation saw the same weights (parameter
+        version), split, tasks and temperature, record its episodes again under ``tag``
+        (``relabel_evaluation``; an ``eval_reused`` event says so) instead of rolling out.
+        """
         cfg, state = self.config, self.state
         split = split or cfg.eval.split
-        result, trajectories = evaluate_policy(
-            self.runner,
-            self.splits[split][: cfg.eval.max_tasks],
-            tag=tag,
-            split=split,
-            seed=cfg.run.seed,
-            temperature=cfg.eval.temperature if temperature is None else temperature,
-            batch_size=cfg.eval.batch_size,
-            parameter_version=state.parameter_version,
-            global_step=state.global_step,
-            progress=self.progress,
-            on_oom=oom_splitter(self.events, "eval rollout"),
-        )
+        tasks = self.splits[split][: cfg.eval.max_tasks]
+        temperature = cfg.eval.temperature if temperature is None else temperature
+        key = (split, tuple(t.task_id for t in tasks), temperature, state.parameter_version)
+        if reuse and self._last_eval is not None and self._last_eval[0] == key:
+            _, earlier, episodes = self._last_eval
+            result, trajectories = relabel_evaluation(earlier, episodes, tag)
+            self.events.emit(
+                "eval_reused",
+                echo=f"{tag}: the weights of {earlier['tag']}, unchanged since; its episodes reused",
+                tag=tag,
+                from_tag=earlier["tag"],
+                parameter_version=state.parameter_version,
+            )
+        else:
+            result, trajectories = evaluate_policy(
+                self.runner,
+                tasks,
+                tag=tag,
+                split=split,
+                seed=cfg.run.seed,
+                temperature=temperature,
+                batch_size=cfg.eval.batch_size,
+                parameter_version=state.parameter_version,
+                global_step=state.global_step,
+                progress=self.progress,
+                on_oom=oom_splitter(self.events, "eval rollout"),
+            )
+        self._last_eval = (key, result, trajectories)
         state.eval_results[tag] = result
         record_evaluation(
             result,
