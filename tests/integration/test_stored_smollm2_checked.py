@@ -35,12 +35,15 @@ def _state_gate_line(gate: dict[str, Any]) -> list[str]:
     ]
 
 
-def _probe_and_gate(pilot: str, name: str, seed: int = 1) -> tuple[str, dict[str, Any]]:
+def _probe_and_gate(
+    pilot: str, name: str, seed: int = 1, run: str = ""
+) -> tuple[str, dict[str, Any]]:
     """A stored probe output (benchmarks/teacher_recovery_probe.py) and the pilot's stored
-    gate, after checking the probe's first line reproduces the gate's figures."""
+    gate (under ``seed-N/<run>``), after checking the probe's first line reproduces the
+    gate's figures."""
     text = (ROOT / pilot / name).read_text(encoding="utf-8")
     figures = json.loads(text.splitlines()[0])
-    gate = _json(ROOT / pilot / f"seed-{seed}" / "teacher-state-gate.json")
+    gate = _json(ROOT / pilot / f"seed-{seed}" / run / "teacher-state-gate.json")
     for key in ("on_path_agreement", "off_path_agreement", "recovered", "recovery_states"):
         assert figures[key] == gate[key], key
     return text, gate
@@ -222,3 +225,77 @@ def test_pilot_4s_probe_names_the_flags_the_teacher_does_not_recover_from() -> N
     ]
     assert all('"expression": "calculator"' in o for o, n in zip(own, named, strict=True) if n)
     assert "11 of the 19 start from a call whose expression is the word `calculator`" in LOG
+
+
+def _failed_recoveries(text: str) -> list[tuple[str, str]]:
+    """``(student turns, what the teacher wrote itself)`` of each unsolved recovery episode."""
+    episodes = [e for e in text.split("===== ")[1:] if ":recovery solved=" in e.split("\n", 1)[0]]
+    out = []
+    for e in episodes:
+        if not e.split("\n", 1)[0].endswith("solved=False"):
+            continue
+        student = e.split("--- student:\n")[1].split("--- teacher's continuation:")[0]
+        cont = e.split("--- teacher's continuation:\n")[1]
+        cut = next((i for i, (a, b) in enumerate(zip(cont, student, strict=False)) if a != b), 0)
+        out.append((student, cont[cut:]))
+    return out
+
+
+def test_pilot_5_teacher_3_fitted_on_the_students_states_fails_its_gate() -> None:
+    """Teacher 3 (fitted in the cold start on oracle, corrective and the seed's own labelled
+    states), gated on seed 3, a cold start no gate had seen: both bars fail, no arm ran."""
+    fifth = ROOT / "pilot-5"
+    gate = _json(fifth / "seed-3" / "cold-start-run" / "teacher-state-gate.json")
+    assert gate["privileged_rule"] == "teacher_departs"
+    for phrase in _state_gate_line(gate):
+        assert phrase in LOG, phrase
+    assert gate["failures"] == ["off_path_agreement 0.875 < 0.900", "recovery_rate 0.476 < 0.800"]
+    assert (gate["recovered"], gate["recovery_states"], gate["tasks"]) == (10, 21, 90)
+    fit = _json(fifth / "teacher-adapter-fit.json")
+    settings = fit["payload"]["fit"]
+    assert (settings["steps"], settings["batch_size"], settings["lr"]) == (120, 8, 0.001)
+    assert settings["dagger"]["enabled"] and settings["extra_tasks"] == 0
+    assert (fit["payload"]["lora"]["r"], fit["payload"]["lora"]["alpha"]) == (32, 64.0)
+    assert fit["payload"]["seed"] == 3
+    rows = (fit["oracle_traces"], fit["corrective_traces"], fit["dagger_states"])
+    assert rows == (240, 120, 470) and fit["cost"]["examples"] == sum(rows) == 830
+    assert fit["dagger_off_path_states"] == 73 and fit["dagger_solved"] == 60
+    assert "830 rows (240 oracle traces, 120 corrective, 470 labelled states" in LOG
+    record = _json(fifth / "seed-3" / "cold-start" / "cold_start.json")
+    assert record["teacher_adapter"]["adapter_sha256"] == fit["adapter_sha256"]
+    assert f"`{fit['adapter_sha256'][:8]}…`" in LOG
+    cells = [
+        _json(ROOT / p / "cells" / f"s{s}-a0-cold-start.json")["payload"]
+        for p, s in (("pilot-3", 1), ("pilot-4", 2), ("pilot-5", 3))
+    ]
+    assert len({c["student_sha256"] for c in cells}) == 3  # a third student
+    assert f"`{cells[2]['student_sha256'][:8]}…`" in LOG
+    assert round(cells[2]["after_warmup_success"] * 90) == 30
+    assert cells[2]["teacher_gate"]["states"]["failures"] == gate["failures"]
+    assert sorted(p.name for p in (fifth / "cells").iterdir()) == ["s3-a0-cold-start.json"]
+    turn_starts = _json(fifth / "seed-3" / "cold-start" / "teacher-gate.json")
+    assert (turn_starts["correct"], turn_starts["actions"]) == (167, 178)
+    assert (turn_starts["off_path_correct"], turn_starts["off_path_actions"]) == (21, 23)
+    assert "Turn-start gate 0.938 (167 of 178; 21 of 23 off the oracle's path)" in LOG
+
+
+def test_pilot_5s_probes_teacher_3_makes_the_named_call_then_fails_on_the_path() -> None:
+    """``pilot-5/teacher-probe.txt`` reproduces teacher 3's gate: in 10 of its 11 unsolved
+    recoveries its first own call is the step the flag names. ``teacher-2-probe.txt``: teacher
+    2 at the same states recovers in 21 of 21."""
+    text, gate = _probe_and_gate("pilot-5", "teacher-probe.txt", seed=3, run="cold-start-run")
+    failed = _failed_recoveries(text)
+    assert len(failed) == gate["recovery_states"] - gate["recovered"] == 11
+    named_first = 0
+    for student, own in failed:
+        named = re.findall(r"the next step is (-?\d+ [-+*] -?\d+)", student)
+        calls = re.findall(r'"expression": "([^"]*)"', own)
+        named_first += bool(named and calls and calls[0] == named[-1])
+    assert named_first == 10
+    assert "in 10 its first own turn is exactly the step the flag names" in LOG
+    other = json.loads((ROOT / "pilot-5" / "teacher-2-probe.txt").read_text().splitlines()[0])
+    assert (other["recovered"], other["recovery_states"]) == (21, 21)
+    assert other["on_path_agreement"] == 1.0 and round(other["off_path_agreement"], 3) == 0.943
+    assert "on the path 1.000, after a deviation 0.943, recovery **21 of 21**" in " ".join(
+        LOG.split()
+    )
