@@ -8,14 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from helpers import tiny_config
+from miniverl.inspection.run_dir import read_jsonl as _rows
 from miniverl.lab.run import start_run
 from miniverl.training.evaluate import evaluate_policy
 
 COLD_START = ("train.sft_warmup_cycles=2", "train.cycles=0", "eval.baseline=false")
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _episodes(path: Path, tag: str) -> list[dict[str, Any]]:

@@ -120,22 +120,21 @@ def recorded_host_decisions(config: RunConfig, paths: RunPaths) -> RunConfig:
     or idler than at the start the probe can decide otherwise, and bf16 rollout weights (or
     another thread count) sample other episodes, so the resumed run would not continue the
     run that was interrupted."""
-    pending = [
-        key
-        for key, value in (
-            ("run.cpu_threads", config.run.cpu_threads),
-            ("models.rollout_dtype", config.models.rollout_dtype),
-        )
-        if value == "auto"
-    ]
+    pending = [key for key, value in _probe_decisions(config).items() if value == "auto"]
     if not pending or not paths.config_resolved.exists():
         return config
-    recorded = load_resolved_config(paths.root)
-    values = {
-        "run.cpu_threads": recorded.run.cpu_threads,
-        "models.rollout_dtype": recorded.models.rollout_dtype,
+    recorded = _probe_decisions(load_resolved_config(paths.root))
+    return config.with_overrides(
+        f"{key}={recorded[key]}" for key in pending if recorded[key] != "auto"
+    )
+
+
+def _probe_decisions(config: RunConfig) -> dict[str, Any]:
+    """The keys a host probe may decide under ``auto``, with ``config``'s values."""
+    return {
+        "run.cpu_threads": config.run.cpu_threads,
+        "models.rollout_dtype": config.models.rollout_dtype,
     }
-    return config.with_overrides(f"{key}={values[key]}" for key in pending if values[key] != "auto")
 
 
 def probe_host(config: RunConfig, device: str, student: CausalLMBackend) -> HostCapabilities:
