@@ -104,3 +104,21 @@ def test_a_failed_hf_gate_refuses_the_arms_by_default(tmp_path: Path) -> None:
             _config(tmp_path), arms=ARMS, seeds=[1], output_dir=tmp_path / "bench", quiet=True
         )
     assert not (tmp_path / "bench" / "cells" / "s1-a0-opd.json").exists()
+
+
+def test_a_wrong_init_from_fails_before_the_cold_start_warms_up(tmp_path: Path) -> None:
+    """The DAgger fit runs after the warm-up; its starting adapter is checked before it."""
+    from miniverl.errors import CheckpointError
+
+    missing = tmp_path / "no-teacher"
+    with pytest.raises(CheckpointError, match=r"^lab\.teacher_fit\.init_from: ") as info:
+        run_benchmark(
+            _config(tmp_path, f"models.teacher_fit.init_from={missing}"),
+            arms=["opd"],
+            seeds=[1],
+            output_dir=tmp_path / "bench",
+            quiet=True,
+        )
+    assert str(missing) in info.value.hint
+    assert not list((tmp_path / "bench").rglob("events.jsonl"))
+    assert not list((tmp_path / "bench").rglob("s1-a0-*.json"))

@@ -236,6 +236,18 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         },
         "lab.teacher_fit.enabled needs models.runtime: shared_backbone (the teacher adapter lives on the student's base)",
     ),
+    "teacher fit start without a fit": (
+        {
+            "models": {
+                "backend": "hf",
+                "runtime": "shared_backbone",
+                "student": {"model_id": "a"},
+                "teacher": {"model_id": "a"},
+                "teacher_fit": {"init_from": "runs/teacher"},
+            }
+        },
+        "lab.teacher_fit.init_from starts a teacher-adapter fit, but lab.teacher_fit.enabled is false: enable the fit or drop init_from",
+    ),
     "test split without tasks": (
         {"eval": {"split": "test"}},
         "eval.split: test needs environment.test_tasks > 0",

@@ -451,3 +451,66 @@ def test_a_cold_start_keeps_its_adapter_and_its_arms_load_it_from_there(
     loaded = run.student.adapter_state(TEACHER_ADAPTER)
     fitted = prepared.backend.owner.adapter_state(TEACHER_ADAPTER)
     assert all(torch.equal(loaded[k].cpu(), fitted[k].cpu()) for k in fitted)
+
+
+def test_a_fit_started_from_a_trained_adapter_begins_at_its_tensors(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """``lab.teacher_fit.init_from``: with no steps the saved adapter is the starting one, bit
+    for bit (from zeros it would not be); the digest names the starting bytes, not their path;
+    a wrong path or shape fails naming the key."""
+    from safetensors.torch import load_file
+
+    cache = tmp_path / "adapters"
+    trained = prepare_teacher(_config(tiny_dir, cache)).record
+    assert trained is not None
+    source = Path(trained["adapter"])
+    start = load_file(str(source))
+    assert any(v.abs().sum() > 0 for k, v in start.items() if "lora_B" in k)
+
+    copy = tmp_path / "elsewhere" / "start.safetensors"
+    copy.parent.mkdir()
+    copy.write_bytes(source.read_bytes())
+    began = prepare_teacher(_config(tiny_dir, cache, steps=0, init_from=str(copy))).record
+    assert began is not None and not began["reused"] and began["steps"] == 0
+    assert began["payload"]["init_sha256"] == trained["adapter_sha256"]
+    assert began["init_from"]["sha256"] == trained["adapter_sha256"]
+    saved = load_file(began["adapter"])
+    assert saved.keys() == start.keys()
+    assert all(torch.equal(saved[k], start[k]) for k in start)
+    fresh = prepare_teacher(_config(tiny_dir, cache, steps=0)).record
+    assert fresh is not None and "init_sha256" not in fresh["payload"]
+    zeros = load_file(fresh["adapter"])
+    assert all(not zeros[k].any() for k in zeros if "lora_B" in k)
+
+    fingerprint = load_hf_tokenizer(tiny_dir).fingerprint
+    same = _config(tiny_dir, cache, steps=0, init_from=str(source))
+    assert adapter_fit.fit_digest(
+        adapter_fit.fit_payload(same, lab_of(same).teacher_fit, fingerprint)
+    ) == adapter_fit.fit_digest(
+        adapter_fit.fit_payload(
+            _config(tiny_dir, cache, steps=0, init_from=str(copy)),
+            lab_of(same).teacher_fit.model_copy(update={"init_from": str(copy)}),
+            fingerprint,
+        )
+    )
+    data = bytearray(copy.read_bytes())
+    data[-1] ^= 1
+    copy.write_bytes(bytes(data))
+    moved = _config(tiny_dir, cache, steps=0, init_from=str(copy))
+    payload = adapter_fit.fit_payload(moved, lab_of(moved).teacher_fit, fingerprint)
+    assert payload["init_sha256"] != trained["adapter_sha256"]
+
+    with pytest.raises(CheckpointError, match=r"^lab\.teacher_fit\.init_from: ") as missing:
+        prepare_teacher(_config(tiny_dir, cache, init_from=str(tmp_path / "nowhere")))
+    assert "point lab.teacher_fit.init_from at" in missing.value.hint
+    wide = _config(tiny_dir, cache, init_from=str(source)).with_overrides(
+        ["models.teacher.lora.r=4"]
+    )
+    assert lab_of(wide).teacher_fit.lora.r == 4
+    before = sorted(p.name for p in cache.iterdir())
+    with pytest.raises(
+        CheckpointError, match=r"^lab\.teacher_fit\.init_from: .* tensors of another"
+    ):
+        prepare_teacher(wide)
+    assert sorted(p.name for p in cache.iterdir()) == before

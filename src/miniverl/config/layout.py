@@ -78,6 +78,7 @@ LAB_RECORDS: dict[Path, dict[str, Any]] = {
         "cache_dir": "models/teacher-adapters",
         "dagger": _DAGGER,
         "lora": _ADAPTER,
+        "init_from": None,
     },
     ("teacher_fit", "dagger"): _DAGGER,
     ("teacher_fit", "lora"): _ADAPTER,
@@ -106,7 +107,7 @@ derives this table from ``miniverl.lab.config.LabConfig`` and requires it to agr
 
 LAB_OMITTED: dict[Path, frozenset[str]] = {
     ("toy_fit",): frozenset({"dagger"}),
-    ("teacher_fit",): frozenset({"dagger"}),
+    ("teacher_fit",): frozenset({"dagger", "init_from"}),
     ("oracle_teacher",): frozenset({"off_path"}),
     ("teacher_gate",): frozenset({"on_path", "off_path", "recovery", "required", "privileged"}),
 }

@@ -186,7 +186,7 @@ class OracleTeacherConfig(Section):
 class TeacherFitConfig(Section):
     """The HF analogue of ``toy_fit``: a teacher LoRA adapter fitted on the shared backbone."""
 
-    omitted_at_default: ClassVar[tuple[str, ...]] = ("dagger",)
+    omitted_at_default: ClassVar[tuple[str, ...]] = ("dagger", "init_from")
 
     enabled: bool = Field(
         False,
@@ -220,6 +220,10 @@ class TeacherFitConfig(Section):
     lora: LoraConfig = Field(
         default_factory=LoraConfig,
         description="The fitted adapter's shape (r, alpha, target_modules); recipes may also write it at models.teacher.lora.",
+    )
+    init_from: str | None = Field(
+        None,
+        description="Start the fit from a trained teacher's LoRA adapter instead of zeros: a run directory written by 'miniverl train', one of its checkpoints/NAME directories, a benchmark cold start or an adapter .safetensors file, of the shape lora gives. Its SHA-256 enters the fitted adapter's digest. Default: a fresh adapter.",
     )
 
 
@@ -378,6 +382,8 @@ def lab_problems(config: RunConfig, lab: LabConfig) -> Iterable[str]:
             yield "lab.oracle_teacher needs models.backend: toy (the oracle teacher speaks the toy tokenizer)"
         if config.teacher.mode != "standard":
             yield "lab.oracle_teacher needs teacher.mode: standard (it reads the student's own transcript)"
+    if lab.teacher_fit.init_from is not None and not lab.teacher_fit.enabled:
+        yield "lab.teacher_fit.init_from starts a teacher-adapter fit, but lab.teacher_fit.enabled is false: enable the fit or drop init_from"
     if lab.teacher_fit.enabled and models.runtime != "shared_backbone":
         yield "lab.teacher_fit.enabled needs models.runtime: shared_backbone (the teacher adapter lives on the student's base)"
     until = lab.warmup_until

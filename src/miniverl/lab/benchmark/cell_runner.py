@@ -242,6 +242,10 @@ def make_trainer_cell_runner(
         config = plans[cell.seed][0]
         lab = lab_of(config)
         dagger = lab.toy_fit.dagger.enabled or lab.teacher_fit.dagger.enabled
+        if dagger and lab.teacher_fit.enabled:
+            from miniverl.lab.teachers.adapter_fit import init_sha256
+
+            init_sha256(lab.teacher_fit)  # the fit runs after the warm-up: fail before it
         watch = Stopwatch()
         prepared = PreparedTeacher() if dagger else prepare_teacher(config, quiet=quiet)
         trainer = OPDTrainer(

@@ -4,8 +4,9 @@ With ``lab.teacher_fit.enabled`` (``models.runtime: shared_backbone``) the teach
 base plus a second adapter, ``teacher``, fitted by cross-entropy on oracle traces of the
 training tasks (plus ``extra_tasks``, never an evaluation task) and corrective traces of a
 ``corrective_fraction`` of them, and with ``dagger`` on the warmed-up student's labelled
-states. It is saved under ``cache_dir/<digest>/`` (base identity, tokenizer, adapter shape,
-fit settings, environment, seeds, the fitting code's source), reused by every later run with
+states; from zeros, or with ``init_from`` from a trained teacher's adapter. It is saved under
+``cache_dir/<digest>/`` (base identity, tokenizer, adapter shape, fit settings, environment,
+seeds, the starting adapter's bytes, the fitting code's source), reused by every later run with
 the same inputs, and handed to the run as a teacher checkpoint: the saved file says its
 shape in its safetensors metadata (``training/teacher_checkpoint.py``).
 """
@@ -17,7 +18,8 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,11 @@ from miniverl.schemas.trajectory import Trajectory
 from miniverl.training.cold_start import base_identity
 from miniverl.training.live import ProgressReporter
 from miniverl.training.sources import oom_splitter
-from miniverl.training.teacher_checkpoint import STUDENT_METADATA
+from miniverl.training.teacher_checkpoint import (
+    STUDENT_METADATA,
+    load_teacher_checkpoint,
+    resolve_teacher_weights,
+)
 from miniverl.trajectory.masks import model_target_positions
 from miniverl.utils.hashing import sha256_file, sha256_json
 from miniverl.utils.io import publish_modes
@@ -72,9 +78,10 @@ def fit_payload(
 
     The fitting code's own source is in it (``code_sha256`` of :data:`HF_FIT_SOURCES`), so an
     edit to the fit step refits instead of reusing an adapter the old code made; with
-    ``examples`` (:func:`fit_examples`), so are the fitting rows' ids and targets.
+    ``examples`` (:func:`fit_examples`), so are the fitting rows' ids and targets. With
+    ``init_from``, the starting adapter's SHA-256 is in it, not its path.
     """
-    return {
+    payload = {
         "version": 1,
         "code_sha256": code_sha256(HF_FIT_SOURCES),
         "examples_sha256": None if examples is None else rows_sha256(examples),
@@ -83,10 +90,23 @@ def fit_payload(
         "precision": cfg.models.teacher.precision,
         "tokenizer_fingerprint": tokenizer_fingerprint,
         "lora": fit.lora.model_dump(),
-        "fit": fit.model_dump(exclude={"cache_dir", "probe_tasks", "lora"}),
+        "fit": fit.model_dump(exclude={"cache_dir", "probe_tasks", "lora", "init_from"}),
         "environment": cfg.environment.model_dump(),
         "seed": cfg.run.seed,
     }
+    if fit.init_from is not None:
+        payload["init_sha256"] = init_sha256(fit)
+    return payload
+
+
+def init_sha256(fit: TeacherFitConfig) -> str | None:
+    """SHA-256 of the adapter ``fit.init_from`` names, verified against its writer's record;
+    ``None`` without one. A benchmark's cold start calls it before it trains, so a wrong path
+    fails before the warm-up rather than at the fit after it."""
+    if fit.init_from is None:
+        return None
+    with _about_init_from(fit.init_from):
+        return resolve_teacher_weights(fit.init_from)[1]
 
 
 def fit_digest(payload: dict[str, Any]) -> str:
@@ -185,6 +205,27 @@ def fit_adapter(
             p.grad = None
         owner.set_train(was_training)
     return history
+
+
+@contextmanager
+def _about_init_from(path: str) -> Iterator[None]:
+    """A :class:`CheckpointError` about ``lab.teacher_fit.init_from`` names that key."""
+    try:
+        yield
+    except CheckpointError as error:
+        raise CheckpointError(
+            f"lab.teacher_fit.init_from: {error.message}",
+            hint="point lab.teacher_fit.init_from at a run directory, one of its checkpoints, a "
+            "cold start or an adapter .safetensors file, trained with the adapter shape "
+            f"lab.teacher_fit.lora (or models.teacher.lora) gives ({path} is not one)",
+        ) from error
+
+
+def start_from(view: Any, path: str) -> dict[str, Any]:
+    """Copy the trained adapter at ``path`` into ``view``'s adapter, the fit's starting point;
+    its record (``load_teacher_checkpoint``)."""
+    with _about_init_from(path):
+        return load_teacher_checkpoint(view, path, backend="hf")
 
 
 def _adapter_tensors(view: Any) -> dict[str, torch.Tensor]:
@@ -314,6 +355,8 @@ def prepare_teacher_adapter(
             )
         examples = examples + rows
         counts = {**counts, **dagger_counts}
+    if fit.init_from is not None:
+        counts = {**counts, "init_from": start_from(view, fit.init_from)}
     with progress.task("fitting teacher adapter", fit.steps) as advance:
         history = fit_adapter(
             view,
@@ -372,7 +415,11 @@ def prepare_teacher_adapter(
     report = {**report, "reused": False, "directory": str(directory), "adapter": str(adapter_path)}
     events.emit(
         "teacher_adapter_fitted",
-        echo=f"{len(history)} steps, loss {report['first_loss']:.3f} -> {report['final_loss']:.3f}, "
+        echo=(
+            f"{len(history)} steps, loss {history[0]:.3f} -> {history[-1]:.3f}, "
+            if history
+            else "no fitting steps (lab.teacher_fit.steps: 0), "
+        )
         + (
             f"held-out greedy success {heldout:.2f} ({len(probe)} tasks)"
             if probe
@@ -393,5 +440,7 @@ __all__ = [
     "fit_digest",
     "fit_examples",
     "fit_payload",
+    "init_sha256",
     "prepare_teacher_adapter",
+    "start_from",
 ]
