@@ -299,3 +299,45 @@ def test_pilot_5s_probes_teacher_3_makes_the_named_call_then_fails_on_the_path()
     assert "on the path 1.000, after a deviation 0.943, recovery **21 of 21**" in " ".join(
         LOG.split()
     )
+
+
+def test_pilot_6_teacher_4_passes_its_gate_at_seeds_2_and_4() -> None:
+    """Teacher 4 (teacher 2's adapter fitted further, inside each seed's cold start, on oracle,
+    corrective and that seed's labelled states): both held-out state gates pass; seed 2's cold
+    start is pilot 4's, where teacher 2 failed, so the two teachers are scored at one student."""
+    sixth = ROOT / "pilot-6"
+    expected = {2: (46, 50, 608, 183, 968), 4: (31, 36, 406, 72, 766)}
+    for seed, (recovered, deviated, states, off_path, rows) in expected.items():
+        gate = _json(sixth / f"seed-{seed}" / "cold-start-run" / "teacher-state-gate.json")
+        assert gate["privileged_rule"] == "teacher_departs" and gate["tasks"] == 90
+        assert gate["passed"] and gate["failures"] == []
+        assert gate["on_path_agreement"] == 1.0 and gate["off_path_agreement"] >= 0.9
+        assert (gate["recovered"], gate["recovery_states"]) == (recovered, deviated)
+        for phrase in _state_gate_line(gate):
+            assert phrase in LOG, phrase
+        fit = _json(sixth / f"teacher-adapter-fit-s{seed}.json")
+        settings = fit["payload"]["fit"]
+        assert (settings["steps"], settings["batch_size"], settings["lr"]) == (60, 8, 0.001)
+        assert settings["dagger"]["enabled"] and fit["payload"]["seed"] == seed
+        assert fit["payload"]["init_sha256"] == fit["init_from"]["sha256"]
+        assert fit["init_from"]["sha256"].startswith("50d61ce5")  # teacher 2's adapter
+        assert (fit["dagger_states"], fit["dagger_off_path_states"]) == (states, off_path)
+        assert fit["cost"]["examples"] == 240 + 120 + states == rows
+        record = _json(sixth / f"seed-{seed}" / "cold-start" / "cold_start.json")
+        assert record["teacher_adapter"]["adapter_sha256"] == fit["adapter_sha256"]
+        assert f"`{fit['adapter_sha256'][:8]}…`" in LOG
+        cell = _json(sixth / "cells" / f"s{seed}-a0-cold-start.json")["payload"]
+        assert cell["teacher_gate"]["passed"] is True
+        assert cell["teacher_gate"]["states"]["failures"] == []
+        assert f"`{cell['student_sha256'][:8]}…`" in LOG
+    same = [
+        _json(ROOT / p / "cells" / "s2-a0-cold-start.json")["payload"]["student_sha256"]
+        for p in ("pilot-4", "pilot-6")
+    ]
+    assert same[0] == same[1]
+    before = _json(ROOT / "pilot-4" / "seed-2" / "teacher-state-gate.json")
+    assert (before["recovered"], before["recovery_states"]) == (31, 50)
+    assert sorted(p.name for p in (sixth / "cells").iterdir()) == [
+        "s2-a0-cold-start.json",
+        "s4-a0-cold-start.json",
+    ]
