@@ -341,3 +341,46 @@ def test_pilot_6_teacher_4_passes_its_gate_at_seeds_2_and_4() -> None:
         "s2-a0-cold-start.json",
         "s4-a0-cold-start.json",
     ]
+
+
+def _teachers_first_turns(text: str) -> list[tuple[str, str]]:
+    """``(student turns, the teacher's first turn of its own)`` of each unsolved recovery: the
+    whole assistant turn in which the continuation first departs from the student's text."""
+    head = "<|im_start|>assistant\n"
+    out = []
+    for e in text.split("===== ")[1:]:
+        if not e.split("\n", 1)[0].endswith(":recovery solved=False"):
+            continue
+        student = e.split("--- student:\n")[1].split("--- teacher's continuation:")[0]
+        cont = e.split("--- teacher's continuation:\n")[1]
+        cut = next((i for i, (a, b) in enumerate(zip(cont, student, strict=False)) if a != b), 0)
+        begin = cont.rfind(head, 0, cut + 1)
+        begin = 0 if begin < 0 else begin + len(head)
+        out.append((student, cont[begin:].split("<|im_end|>")[0]))
+    return out
+
+
+def test_pilot_6s_probes_teacher_4_mostly_makes_the_named_call_and_fails_later() -> None:
+    """``pilot-6/teacher-probe-sN.txt`` reproduce the two gates; in each unsolved recovery the
+    teacher's first own turn is a well-formed call of the step the flag names or not (seed 2: 2
+    of 4; seed 4: 4 of 5), the figures the LOG gives."""
+    call = re.compile(
+        r'^<tool_call>\n\{"arguments": \{"expression": "([^"]*)"\}, "name": "calculator"\}\n</tool_call>$'
+    )
+    for seed, (unsolved, named_first) in {2: (4, 2), 4: (5, 4)}.items():
+        text, gate = _probe_and_gate(
+            "pilot-6", f"teacher-probe-s{seed}.txt", seed=seed, run="cold-start-run"
+        )
+        turns = _teachers_first_turns(text)
+        assert len(turns) == gate["recovery_states"] - gate["recovered"] == unsolved
+        first = 0
+        for student, turn in turns:
+            named = re.findall(r"the next step is (-?\d+ [-+*] -?\d+)", student)
+            made = call.match(turn.strip())
+            first += bool(named and made and made.group(1) == named[-1])
+        assert first == named_first, seed
+    assert (
+        "Of seed 2's 4 unsolved recoveries, in 2 the teacher's first own turn is a well-formed call"
+        in LOG
+    )
+    assert "Of seed 4's 5, in 4 its first own turn is a well-formed call of the named step" in LOG
