@@ -227,18 +227,23 @@ def test_pilot_4s_probe_names_the_flags_the_teacher_does_not_recover_from() -> N
     assert "11 of the 19 start from a call whose expression is the word `calculator`" in LOG
 
 
-def _failed_recoveries(text: str) -> list[tuple[str, str]]:
-    """``(student turns, what the teacher wrote itself)`` of each unsolved recovery episode."""
-    episodes = [e for e in text.split("===== ")[1:] if ":recovery solved=" in e.split("\n", 1)[0]]
+def _unsolved_recoveries(text: str) -> list[tuple[str, str, int]]:
+    """``(student turns, teacher's continuation, where the continuation departs from the
+    student's text)`` of each unsolved recovery episode of a stored probe output."""
     out = []
-    for e in episodes:
-        if not e.split("\n", 1)[0].endswith("solved=False"):
+    for e in text.split("===== ")[1:]:
+        if not e.split("\n", 1)[0].endswith(":recovery solved=False"):
             continue
         student = e.split("--- student:\n")[1].split("--- teacher's continuation:")[0]
         cont = e.split("--- teacher's continuation:\n")[1]
         cut = next((i for i, (a, b) in enumerate(zip(cont, student, strict=False)) if a != b), 0)
-        out.append((student, cont[cut:]))
+        out.append((student, cont, cut))
     return out
+
+
+def _failed_recoveries(text: str) -> list[tuple[str, str]]:
+    """``(student turns, what the teacher wrote itself)`` of each unsolved recovery episode."""
+    return [(student, cont[cut:]) for student, cont, cut in _unsolved_recoveries(text)]
 
 
 def test_pilot_5_teacher_3_fitted_on_the_students_states_fails_its_gate() -> None:
@@ -348,12 +353,7 @@ def _teachers_first_turns(text: str) -> list[tuple[str, str]]:
     whole assistant turn in which the continuation first departs from the student's text."""
     head = "<|im_start|>assistant\n"
     out = []
-    for e in text.split("===== ")[1:]:
-        if not e.split("\n", 1)[0].endswith(":recovery solved=False"):
-            continue
-        student = e.split("--- student:\n")[1].split("--- teacher's continuation:")[0]
-        cont = e.split("--- teacher's continuation:\n")[1]
-        cut = next((i for i, (a, b) in enumerate(zip(cont, student, strict=False)) if a != b), 0)
+    for student, cont, cut in _unsolved_recoveries(text):
         begin = cont.rfind(head, 0, cut + 1)
         begin = 0 if begin < 0 else begin + len(head)
         out.append((student, cont[begin:].split("<|im_end|>")[0]))
