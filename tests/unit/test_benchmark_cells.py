@@ -644,3 +644,24 @@ def test_measure_arm_reads_back_what_the_run_spent(
         "skipped_cycles": 1,
         "cold_start_student_sha256": "new",
     }
+
+
+def test_a_ledger_gives_the_spend_of_the_checkpoint_a_cell_resumes_from(tmp_path: Path) -> None:
+    from miniverl.lab.benchmark.budgets import CELL_COST_SCHEMA, Spend, read_ledger, spend_at
+
+    key = {"config_digest": "c" * 64, "cold_start_student_sha256": "s" * 64}
+    entries = {
+        "cycle-0001": {"cycle": 1, "wall_seconds": 3.0, "cpu_seconds": 2.0, "pieces": 1},
+        "cycle-0003": {"cycle": 3, "wall_seconds": 9.0, "cpu_seconds": 7.0, "pieces": 2},
+    }
+    path = tmp_path / "cell-cost.json"
+    path.write_text(json.dumps({"schema": CELL_COST_SCHEMA, **key, "checkpoints": entries}))
+    ledger = read_ledger(path, key)
+    assert ledger is not None
+    assert spend_at(ledger, "cycle-0001") == Spend(3.0, 2.0, 1)
+    assert spend_at(ledger, "final") == Spend(9.0, 7.0, 2)  # killed after the last checkpoint
+    assert spend_at(ledger, "cycle-0005") is None  # saved, then killed before the ledger
+    assert read_ledger(path, {**key, "config_digest": "d" * 64}) is None
+    assert read_ledger(tmp_path / "absent.json", key) is None
+    path.write_text('{"schema": "miniverl.cell_cost/0"')
+    assert read_ledger(path, key) is None

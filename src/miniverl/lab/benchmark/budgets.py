@@ -28,6 +28,15 @@ from the cycle records, teacher-scored tokens from the trajectory log minus
 step, spend) and a ``compute_cap_reached`` event; the cap may overshoot by at most one
 cycle, never cutting one in half. The cell always records the cap, the spend and whether
 the cap bound, so an arm that overran an unenforced cap is visible, not hidden.
+
+**Cells in pieces.** An arm cell stopped part-way (the machine went down, the session
+ended) continues from its run's latest checkpoint when the benchmark is run again; each
+process that worked on it is a piece. :class:`PieceLedger` writes, after every checkpoint,
+what the cell had spent up to it (``cell-cost.json`` in the run directory). The cell's
+``cpu_seconds`` and ``wall_seconds`` are then the spend of every earlier piece up to the
+checkpoint the next one resumed from, plus all of the last piece: the cost of the work that
+reached the final weights, not of cycles a stop threw away and the next piece ran again.
+A compute-matched arm has no ledger (its cap is charged in one process) and restarts.
 """
 
 from __future__ import annotations
@@ -248,6 +257,88 @@ class Stopwatch:
         return time.perf_counter() - self.wall0, time.process_time() - self.cpu0
 
 
+CELL_COST_FILE = "cell-cost.json"
+CELL_COST_SCHEMA = "miniverl.cell_cost/1"
+
+
+@dataclass(frozen=True)
+class Spend:
+    """Seconds an arm cell spent before this process, and how many processes (pieces) spent them."""
+
+    wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    pieces: int = 0
+
+
+class PieceLedger:
+    """An arm run's committed spend at each of its checkpoints (module docstring, "Cells in pieces").
+
+    The run's ``stop_after_cycle``: after every cycle whose checkpoint exists it records
+    ``prior`` plus this piece's :class:`Stopwatch` under the checkpoint's name and rewrites
+    ``cell-cost.json`` (temporary file, then rename); it never stops the run. ``key`` names
+    what a resume must match (the arm's config digest and its cold start's student SHA-256).
+    """
+
+    def __init__(
+        self, run_dir: str | Path, *, key: Mapping[str, Any], prior: Spend, watch: Stopwatch
+    ) -> None:
+        self.path = Path(run_dir) / CELL_COST_FILE
+        self.key = dict(key)
+        self.prior = prior
+        self.watch = watch
+        self.checkpoints: dict[str, dict[str, Any]] = {}
+        if prior.pieces:
+            self.checkpoints = dict((read_ledger(self.path, self.key) or {}).get("checkpoints", {}))
+        self.paths: RunPaths | None = None
+
+    def total(self) -> Spend:
+        """Everything committed before this piece plus all of this piece so far."""
+        wall, cpu = self.watch.read()
+        return Spend(
+            self.prior.wall_seconds + wall, self.prior.cpu_seconds + cpu, self.prior.pieces + 1
+        )
+
+    def begin(self, paths: RunPaths, events: EventLog) -> None:
+        self.paths = paths
+
+    def after_cycle(self, cycle: int, *, steps: int, global_step: int) -> bool:
+        from miniverl.utils.io import write_json
+
+        name = f"cycle-{cycle:04d}"
+        if self.paths is not None and self.paths.checkpoint(name).is_dir():
+            now = self.total()
+            self.checkpoints[name] = {"cycle": cycle, **asdict(now)}
+            write_json(
+                self.path,
+                {"schema": CELL_COST_SCHEMA, **self.key, "checkpoints": self.checkpoints},
+            )
+        return False
+
+
+def read_ledger(path: str | Path, key: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``cell-cost.json`` when it parses and was written for ``key``; else None."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or data.get("schema") != CELL_COST_SCHEMA:
+        return None
+    if any(data.get(k) != v for k, v in key.items()):
+        return None
+    return data if isinstance(data.get("checkpoints"), dict) else None
+
+
+def spend_at(ledger: Mapping[str, Any], checkpoint: str) -> Spend | None:
+    """The spend committed at ``checkpoint`` (``final``: at the last cycle's); None if unrecorded."""
+    entries = ledger.get("checkpoints") or {}
+    entry = entries.get(checkpoint)
+    if entry is None and checkpoint == "final" and entries:
+        entry = max(entries.values(), key=lambda e: int(e["cycle"]))
+    if entry is None:
+        return None
+    return Spend(float(entry["wall_seconds"]), float(entry["cpu_seconds"]), int(entry["pieces"]))
+
+
 def measure_budget(
     run_dir: str | Path, *, wall_seconds: float, cpu_seconds: float, device: str
 ) -> dict[str, Any]:
@@ -292,13 +383,18 @@ def measure_budget(
 
 __all__ = [
     "BUDGET_FIELDS",
+    "CELL_COST_FILE",
     "MATCHABLE",
     "REFERENCE_ARM",
     "BudgetCap",
+    "PieceLedger",
+    "Spend",
     "Stopwatch",
     "cap_from_reference",
     "cap_outcome",
     "expected_cap",
     "measure_budget",
+    "read_ledger",
     "same_cap",
+    "spend_at",
 ]

@@ -1,9 +1,12 @@
 """The trainer behind each benchmark cell: cold starts and arm phases, measured into cell payloads.
 
 :func:`make_trainer_cell_runner` returns the ``run_cell(cell, done)`` callable that
-:func:`miniverl.lab.benchmark.cells.run_cells` drives. A cell first removes whatever an
-interrupted attempt left in its directories (a partial run is never resumed into a
-result), then trains, then measures:
+:func:`miniverl.lab.benchmark.cells.run_cells` drives. A cold-start cell first removes
+whatever an interrupted attempt left in its directories; an arm cell continues an
+interrupted attempt of the same arm config from the same cold start at its run's latest
+checkpoint (``train.checkpoint_every``), and otherwise removes it too
+(:func:`resume_spend`; the cost of a cell run in pieces:
+:mod:`miniverl.lab.benchmark.budgets`). Then it trains, then measures:
 
 - a cold-start cell: the exported weights' SHA-256, the cold start's evaluations, the
   teacher gate (``teacher_gate``: :func:`~miniverl.lab.teachers.gate.cold_start_teacher_gate`
@@ -41,12 +44,17 @@ from miniverl.config.modes import MODES
 from miniverl.errors import CheckpointError
 from miniverl.lab.benchmark.arms import arm_config_for_arm_seed, with_cold_start_teacher
 from miniverl.lab.benchmark.budgets import (
+    CELL_COST_FILE,
     REFERENCE_ARM,
     CapMeter,
+    PieceLedger,
+    Spend,
     Stopwatch,
     cap_outcome,
     expected_cap,
     measure_budget,
+    read_ledger,
+    spend_at,
 )
 from miniverl.lab.benchmark.cells import COLD_START, Cell, RunCell
 from miniverl.lab.benchmark.endpoints import (
@@ -63,6 +71,7 @@ from miniverl.lab.teachers.gate import (
     cold_start_teacher_gate,
 )
 from miniverl.lab.teachers.prepare import PreparedTeacher, prepare_teacher
+from miniverl.training.checkpoint import select_resume_checkpoint
 from miniverl.training.cold_start import COLD_START_MARKER, COLD_START_STUDENT
 from miniverl.utils.hashing import sha256_file
 from miniverl.utils.io import read_json
@@ -87,6 +96,24 @@ def _eval_trajectories(run_dir: Path) -> dict[str, list[Any]]:
         for traj in read_trajectories(path):
             by_tag.setdefault(str(traj.metadata.get("eval_tag")), []).append(traj)
     return by_tag
+
+
+def resume_spend(run_dir: Path, key: Mapping[str, Any]) -> Spend | None:
+    """What an interrupted attempt of this arm cell committed, when it can be continued.
+
+    It can when its ``cell-cost.json`` was written for ``key`` (the same arm config and cold
+    start), the run has not finished, and its latest checkpoint verifies and is recorded in
+    the ledger. None otherwise: the cell starts again from the cold start.
+    """
+    ledger = read_ledger(run_dir / CELL_COST_FILE, key)
+    paths = RunPaths(run_dir)
+    if ledger is None or paths.eval_json.exists():
+        return None
+    try:
+        checkpoint = select_resume_checkpoint(paths.checkpoints)
+    except CheckpointError:
+        return None
+    return None if checkpoint is None else spend_at(ledger, checkpoint.name)
 
 
 def measure_arm(run_dir: Path) -> dict[str, Any]:
@@ -301,28 +328,38 @@ def make_trainer_cell_runner(
         seed_dir, run_dir = cell_dirs(root, cell)
         cold_dir = RunPaths(seed_dir).cold_start
         cold = done[Cell(cell.seed, 0, COLD_START)]
-        shutil.rmtree(run_dir, ignore_errors=True)
         config = with_cold_start_teacher(
             arm_config_for_arm_seed(plans[cell.seed][1][cell.arm], cell.arm_seed), str(cold_dir)
         )
         cap = expected_cap(
             cell.arm, done.get(Cell(cell.seed, cell.arm_seed, REFERENCE_ARM)), compute_matched
         )
+        key = {
+            "config_digest": config.digest(),
+            "cold_start_student_sha256": cold["student_sha256"],
+        }
+        prior = None if cap is not None else resume_spend(run_dir, key)
+        if prior is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
         watch = Stopwatch()
+        ledger = PieceLedger(run_dir, key=key, prior=prior or Spend(), watch=watch)
         prepared = prepare_teacher(config, cold_start=cold_dir, quiet=quiet)
         trainer = OPDTrainer(
             config,
             output_dir=run_dir,
             initial_weights=cold_dir,
+            resume=prior is not None,
             quiet=quiet,
             teacher=prepared.teacher,
             teacher_record=prepared.record,
-            stop_after_cycle=None if cap is None else CapMeter(cap),
+            stop_after_cycle=ledger if cap is None else CapMeter(cap),
         )
         trainer.setup()
-        prepared.keep(run_dir, trainer.events)
+        if prior is None:
+            prepared.keep(run_dir, trainer.events)
         trainer.train()
-        wall, cpu = watch.read()
+        spent = ledger.total()
+        wall, cpu = spent.wall_seconds, spent.cpu_seconds
         measured = measure_arm(run_dir)
         if (
             measured["cold_start_student_sha256"] != cold["student_sha256"]
@@ -348,6 +385,7 @@ def make_trainer_cell_runner(
             "run_seed": config.run.seed,
             "run_dir": run_dir.relative_to(root).as_posix(),
             "wall_seconds": round(wall, 2),
+            "pieces": spent.pieces,
             **measured,
             "budget": budget,
             "compute_cap": cap_outcome(cap, budget),
@@ -369,5 +407,6 @@ __all__ = [
     "learning_curve",
     "make_trainer_cell_runner",
     "measure_arm",
+    "resume_spend",
     "task_outcomes",
 ]
