@@ -207,3 +207,46 @@ def test_token_nll_against_brute_force() -> None:
     assert scored["teacher_logprob_on_student"] == pytest.approx(-t_total / n, rel=1e-9)
     assert scored["exposure_gap"] == pytest.approx((t_total - total) / n, rel=1e-9)
     assert math.isfinite(scored["student_nll_on_oracle"])
+
+
+def test_a_compact_episode_gives_back_the_trajectorys_endpoints() -> None:
+    """``benchmarks/run_endpoints.py`` stores episodes as calls and answers; summarizing the
+    stored form must give what the trajectories give (recovery, first errors, copies)."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "run_endpoints.py"
+    spec = importlib.util.spec_from_file_location("run_endpoints", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    task = _chain_task()
+    first, second = task.data["expressions"]
+    op, y = task.data["steps"][1]
+    wrong = f"{task.data['results'][0] + 1} {'+' if op == 'add' else '-'} {y}"
+    scripts = [
+        [
+            tool_call_text(first),
+            tool_call_text(wrong),
+            tool_call_text(second),
+            final_text(task.answer),
+        ],
+        [tool_call_text(first), final_text("7")],
+        [
+            '<tool_call>\n{"arguments": {"expression": "1 + 1"}, "name": "calculator"\n</tool_call>',
+            tool_call_text(first),
+            tool_call_text(second),
+            final_text(task.answer),
+        ],
+    ]
+    environment = make_environment("calc_chain", checked=True)
+    trajectories = [
+        make_runner(s, environment=environment, config=CONFIG).rollout(task, seed=0)
+        for s in scripts
+    ]
+    compact = [module.compact_episode(t, task.data) for t in trajectories]
+    expected = summarize_episodes([analyze_trajectory(t, task.data) for t in trajectories])
+    assert module.summarize_compact(compact) == expected
+    assert expected["flagged_episodes"] == 2 and expected["flagged_recovery_rate"] == 1.0
+    assert [e["solved"] for e in compact] == [True, False, True]
