@@ -31,10 +31,10 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "smollm2_calc_chain.y
 ARMS = ["sft_oracle", "seqkd", "offline_kd", "opd", "gkd_mix", "opd_privileged"]
 
 
-def _config(tmp: Path, *extra: str) -> RunConfig:
+def _config(tmp: Path, *extra: str, recipe: Path = RECIPE) -> RunConfig:
     model = build_tiny_hf_checkpoint(tmp / "tiny", arch="llama", seed=2)
     return RunConfig.from_yaml(
-        RECIPE,
+        recipe,
         [
             f"models.student.model_id={model}",
             f"models.teacher.model_id={model}",
@@ -122,3 +122,56 @@ def test_a_wrong_init_from_fails_before_the_cold_start_warms_up(tmp_path: Path) 
     assert str(missing) in info.value.hint
     assert not list((tmp_path / "bench").rglob("events.jsonl"))
     assert not list((tmp_path / "bench").rglob("s1-a0-*.json"))
+
+
+CHECKED = Path(__file__).resolve().parents[2] / "recipes" / "smollm2_calc_chain_checked.yaml"
+CONTROL_ARMS = ["opd", "offline_kd", "sft_corrective", "opd_self"]
+
+
+def test_the_positive_controls_arms_run_on_the_checked_recipe_with_a_fitted_adapter(
+    tmp_path: Path,
+) -> None:
+    """The arms of the SmolLM2 positive control (``recipes/smollm2_calc_chain_checked.yaml``,
+    teacher fitted per seed on its DAgger states): ``opd_self`` is taught by the frozen cold
+    start on the shared backbone, not by the fitted adapter; ``sft_corrective`` trains on
+    corrective traces the tool flagged."""
+    from miniverl.trajectory.io import read_trajectories
+    from miniverl.utils.hashing import sha256_file
+    from miniverl.utils.runs import RunPaths
+
+    config = _config(
+        tmp_path,
+        "eval.teacher_gate_required=false",
+        "models.teacher.checkpoint=null",
+        "models.teacher_fit.enabled=true",
+        "models.teacher_fit.dagger.enabled=true",
+        "rollout.max_new_tokens_per_turn=48",  # a corrective trace's calls are written whole
+        recipe=CHECKED,
+    )
+    result: dict[str, Any] = run_benchmark(
+        config, arms=CONTROL_ARMS, seeds=[1], output_dir=tmp_path / "bench", quiet=True
+    )
+    assert [r["arm"] for r in result["rows"]] == CONTROL_ARMS
+    runs = tmp_path / "bench" / "seed-1"
+    cold = RunPaths(runs).cold_start
+    fitted = json.loads((cold / "cold_start.json").read_text())["teacher_adapter"]
+    assert fitted["corrective_traces"] > 0 and fitted["dagger_states"] > 0
+    manifest = json.loads(RunPaths(runs / "opd_self").manifest.read_text())
+    assert manifest["teacher_checkpoint"]["sha256"] == sha256_file(cold / "student.safetensors")
+    opd = json.loads(RunPaths(runs / "opd").manifest.read_text())["teacher_checkpoint"]
+    assert (
+        opd["sha256"]
+        == sha256_file(cold / "teacher-adapter.safetensors")
+        == fitted["adapter_sha256"]
+    )
+    assert opd["sha256"] != manifest["teacher_checkpoint"]["sha256"]
+    corrective = [
+        t
+        for t in read_trajectories(RunPaths(runs / "sft_corrective").trajectories)
+        if t.metadata.get("source") == "noisy_oracle"
+    ]
+    assert corrective and all(
+        t.turns[t.metadata["corrupted_turn"]].tool_result is None
+        or not t.turns[t.metadata["corrupted_turn"]].tool_result.ok
+        for t in corrective
+    )
