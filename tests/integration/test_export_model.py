@@ -165,6 +165,7 @@ def _hf_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids).logits
 
 
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")  # peft's load
 def test_hf_adapter_loads_in_peft_with_equal_logits(
     hf_run: tuple[OPDTrainer, Path], tmp_path: Path
 ) -> None:

@@ -384,3 +384,130 @@ def test_pilot_6s_probes_teacher_4_mostly_makes_the_named_call_and_fails_later()
         in LOG
     )
     assert "Of seed 4's 5, in 4 its first own turn is a well-formed call of the named step" in LOG
+
+
+SEVENTH = ROOT / "pilot-7"
+STATE_PROBES = {
+    "cold start": ("state-probe-cold-start.txt", 0),
+    "`opd`, step 40": ("state-probe-opd-c40.txt", 11),
+    "`offline_kd`, step 40": ("state-probe-offline_kd-c40.txt", 3),
+    "`opd`, step 80": ("state-probe-opd-final.txt", 27),
+    "`offline_kd`, step 80": ("state-probe-offline_kd-final.txt", 3),
+}
+
+
+def _run_endpoints() -> Any:
+    import importlib.util
+
+    script = ROOT.parents[1] / "benchmarks" / "run_endpoints.py"
+    spec = importlib.util.spec_from_file_location("run_endpoints", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pilot_7_rows() -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
+    """``(run, tag) -> (the LOG's table row, summary)``, recomputed from the stored episodes."""
+    summarize = _run_endpoints().summarize_compact
+    rows = {}
+    for run, tags in _json(SEVENTH / "episodes.json")["runs"].items():
+        label = "cold start" if "cold-start" in run else Path(run).name
+        for tag, entry in tags.items():
+            s = summarize(entry["episodes"])
+            n, flagged = s["episodes"], s["flagged_episodes"]
+            ks = " | ".join(f"{v:.3f}" for v in s["success_by_k"].values())
+            row = (
+                f"| {label} | {entry['step']} | {round(s['success'] * n)}/{n} | {ks} | {flagged} "
+                f"| {round((s['flagged_recovery_rate'] or 0) * flagged)} |"
+            )
+            rows[(label, tag)] = (row, s)
+    return rows
+
+
+def test_pilot_7_curves_are_recomputed_from_the_stored_episodes() -> None:
+    """Every row of pilot 7's table is the endpoints of the stored episodes of one evaluation;
+    the cold start is pilot 6's seed 4 (30 of 90, 4 flagged), both arms ran 80 steps."""
+    rows = _pilot_7_rows()
+    for (label, tag), (row, _) in rows.items():
+        if (label, tag) != ("cold start", "final"):  # the same evaluation as after_warmup
+            assert row in LOG, row
+    cold = rows[("cold start", "after_warmup")][1]
+    assert (cold["episodes"], round(cold["success"] * 90), cold["flagged_episodes"]) == (90, 30, 4)
+    steps = {
+        label: [e["step"] for e in tags.values()]
+        for label, tags in (
+            (Path(r).name, t) for r, t in _json(SEVENTH / "episodes.json")["runs"].items()
+        )
+    }
+    assert steps["opd"] == steps["offline_kd"] == [10, 20, 30, 40, 50, 60, 70, 80]
+    assert round(rows[("offline_kd", "final")][1]["success"] * 90) == 89
+
+
+def test_pilot_7_probes_put_every_policy_at_the_cold_starts_own_deviations() -> None:
+    """Each state probe is the held-out state gate's recovery with one policy in the
+    teacher's place: the same 36 deviated episodes of the cold-start student for all of them,
+    and the recovered counts the LOG gives."""
+    episodes = None
+    for label, (name, expected) in STATE_PROBES.items():
+        text = (SEVENTH / name).read_text(encoding="utf-8")
+        figures = json.loads(text.splitlines()[0])
+        solved = re.findall(r"^===== (\S+):gate:recovery solved=(True|False)$", text, re.M)
+        assert len(solved) == figures["recovery_states"] == 36, name
+        assert sum(s == "True" for _, s in solved) == figures["recovered"], name
+        if expected is not None:
+            assert figures["recovered"] == expected, name
+        ids = sorted(t for t, _ in solved)
+        assert episodes is None or ids == episodes, name
+        episodes = ids
+        assert f"| {label} | {figures['recovered']} of 36 | `pilot-7/{name}` |" in LOG, label
+
+
+def test_pilot_7_defect_checks_are_the_stored_outputs() -> None:
+    overfit = (SEVENTH / "recovery-overfit-s4.txt").read_text(encoding="utf-8")
+    assert "6 of 16 student episodes have a refused call; 77 targeted positions" in overfit
+    assert "before: top-1 agreement 69/77 (0.896); corrective turns reproduced 0/6" in overfit
+    assert "after 30 passes: top-1 agreement 77/77 (1.000); corrective turns reproduced 6/6" in (
+        overfit
+    )
+    assert "loss 0.343 -> 0.004 nats/token over 30 steps" in overfit
+    audit = " ".join((SEVENTH / "teacher-audit-opd.txt").read_text(encoding="utf-8").split())
+    assert "160 student rollouts re-scored" in audit
+    assert "on_path positions 6888 targeted 6888 untargeted 0 agreement 0.999 of 6888 EOS 0" in (
+        audit
+    )
+    assert (
+        "after_error positions 1785 targeted 1785 untargeted 0 agreement 0.979 of 1785 EOS 0"
+        in (audit)
+    )
+    for phrase in (
+        "at the 77 targeted positions after it the student's top-1 is the teacher's at 69",
+        "0.999 of 6,888 positions on the oracle's path and 0.979 of 1,785",
+    ):
+        assert phrase in LOG, phrase
+
+
+def test_pilot_7s_unterminated_blocks_are_where_the_arms_differ() -> None:
+    """30 of the 36 states follow a ``<tool_call>`` block the cold start closed with
+    ``</final>``; recoveries there: ``opd`` 10 (step 40) and 24 (step 80), ``offline_kd`` 3 and 3."""
+    expected = {
+        "state-probe-opd-c40.txt": 10,
+        "state-probe-opd-final.txt": 24,
+        "state-probe-offline_kd-c40.txt": 3,
+        "state-probe-offline_kd-final.txt": 3,
+        "state-probe-cold-start.txt": 0,
+    }
+    episode = re.compile(
+        r"^===== (\S+):gate:recovery solved=(True|False)\n--- student:\n(.*?)^--- teacher's",
+        re.M | re.S,
+    )
+    for name, recovered in expected.items():
+        text = (SEVENTH / name).read_text(encoding="utf-8")
+        flags = [
+            (solved == "True", re.findall(r'"error": "([^"]*)', student))
+            for _, solved, student in episode.findall(text)
+        ]
+        unterminated = [s for s, errors in flags if errors and "unterminated" in errors[-1]]
+        assert len(flags) == 36 and len(unterminated) == 30, name
+        assert sum(unterminated) == recovered, name
+    assert "`opd` recovers 10 at step 40 and 24 at step 80, `offline_kd` 3 at both" in LOG
