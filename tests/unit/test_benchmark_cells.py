@@ -661,6 +661,8 @@ def test_a_ledger_gives_the_spend_of_the_checkpoint_a_cell_resumes_from(tmp_path
     assert spend_at(ledger, "cycle-0001") == Spend(3.0, 2.0, 1)
     assert spend_at(ledger, "final") == Spend(9.0, 7.0, 2)  # killed after the last checkpoint
     assert spend_at(ledger, "cycle-0005") is None  # saved, then killed before the ledger
+    assert spend_at({"checkpoints": {"cycle-0001": {"cycle": 1}}}, "cycle-0001") is None
+    assert spend_at({"checkpoints": {"cycle-0001": "edited"}}, "final") is None
     assert read_ledger(path, {**key, "config_digest": "d" * 64}) is None
     assert read_ledger(tmp_path / "absent.json", key) is None
     path.write_text('{"schema": "miniverl.cell_cost/0"')

@@ -263,7 +263,7 @@ CELL_COST_SCHEMA = "miniverl.cell_cost/1"
 
 @dataclass(frozen=True)
 class Spend:
-    """Seconds an arm cell spent before this process, and how many processes (pieces) spent them."""
+    """Seconds an arm cell has spent, and how many processes (pieces) spent them."""
 
     wall_seconds: float = 0.0
     cpu_seconds: float = 0.0
@@ -329,14 +329,20 @@ def read_ledger(path: str | Path, key: Mapping[str, Any]) -> dict[str, Any] | No
 
 
 def spend_at(ledger: Mapping[str, Any], checkpoint: str) -> Spend | None:
-    """The spend committed at ``checkpoint`` (``final``: at the last cycle's); None if unrecorded."""
+    """The spend committed at ``checkpoint`` (``final``: at the last cycle's); None if it is not
+    recorded or its entry does not read as one (the cell then starts over)."""
     entries = ledger.get("checkpoints") or {}
-    entry = entries.get(checkpoint)
-    if entry is None and checkpoint == "final" and entries:
-        entry = max(entries.values(), key=lambda e: int(e["cycle"]))
-    if entry is None:
+    try:
+        entry = entries.get(checkpoint)
+        if entry is None and checkpoint == "final" and entries:
+            entry = max(entries.values(), key=lambda e: int(e["cycle"]))
+        if entry is None:
+            return None
+        return Spend(
+            float(entry["wall_seconds"]), float(entry["cpu_seconds"]), int(entry["pieces"])
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    return Spend(float(entry["wall_seconds"]), float(entry["cpu_seconds"]), int(entry["pieces"]))
 
 
 def measure_budget(
