@@ -13,6 +13,7 @@ Import with ``from helpers import ...``; ``tests/conftest.py`` puts this directo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from miniverl.agent.loop import RolloutRunner
@@ -332,6 +333,15 @@ def subprocess_env(
     if hash_seed is not None:
         env["PYTHONHASHSEED"] = hash_seed
     return env
+
+
+def load_benchmark_script(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as a module: the scripts are files, not a package."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_python(

@@ -4,7 +4,6 @@ the right arithmetic. Nothing here is timed."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers import load_benchmark_script
 from miniverl.models.tokenizers import ToyTokenizer
 from miniverl.models.toy import ToyBackend
 from miniverl.models.toy_config import TOY_STUDENT, TOY_TEACHER
@@ -24,11 +24,7 @@ SCRIPT = ROOT / "benchmarks" / "cycle_floor.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("cycle_floor", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark_script("cycle_floor")
 
 
 def _run_tiny(tmp_path: Path, out: Path, *flags: str) -> subprocess.CompletedProcess[str]:

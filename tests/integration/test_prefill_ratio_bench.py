@@ -4,26 +4,21 @@ episodes, and the counts order as the strategies promise (the shared prefix save
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from helpers import load_benchmark_script
+
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "prefill_ratio.py"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("prefill_ratio", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark_script("prefill_ratio")
 
 
 def test_toy_arms_agree_and_the_shared_prefix_counts_once(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from helpers import load_benchmark_script
+
 ROOT = Path(__file__).resolve().parents[2] / "results" / "smollm2_checked"
 LOG = " ".join((ROOT / "LOG.md").read_text(encoding="utf-8").split())
 
@@ -227,15 +229,27 @@ def test_pilot_4s_probe_names_the_flags_the_teacher_does_not_recover_from() -> N
     assert "11 of the 19 start from a call whose expression is the word `calculator`" in LOG
 
 
+def _recovery_episodes(text: str) -> list[tuple[str, bool, str, str]]:
+    """``(episode id, solved, student turns, teacher's continuation)`` of each recovery
+    episode of a stored probe output (benchmarks/teacher_recovery_probe.py)."""
+    out = []
+    for e in text.split("===== ")[1:]:
+        head = e.split("\n", 1)[0]
+        if ":recovery solved=" not in head:
+            continue
+        student = e.split("--- student:\n")[1].split("--- teacher's continuation:")[0]
+        cont = e.split("--- teacher's continuation:\n")[1]
+        out.append((head.split(":", 1)[0], head.endswith(" solved=True"), student, cont))
+    return out
+
+
 def _unsolved_recoveries(text: str) -> list[tuple[str, str, int]]:
     """``(student turns, teacher's continuation, where the continuation departs from the
     student's text)`` of each unsolved recovery episode of a stored probe output."""
     out = []
-    for e in text.split("===== ")[1:]:
-        if not e.split("\n", 1)[0].endswith(":recovery solved=False"):
+    for _, solved, student, cont in _recovery_episodes(text):
+        if solved:
             continue
-        student = e.split("--- student:\n")[1].split("--- teacher's continuation:")[0]
-        cont = e.split("--- teacher's continuation:\n")[1]
         cut = next((i for i, (a, b) in enumerate(zip(cont, student, strict=False)) if a != b), 0)
         out.append((student, cont, cut))
     return out
@@ -396,20 +410,9 @@ STATE_PROBES = {
 }
 
 
-def _run_endpoints() -> Any:
-    import importlib.util
-
-    script = ROOT.parents[1] / "benchmarks" / "run_endpoints.py"
-    spec = importlib.util.spec_from_file_location("run_endpoints", script)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _pilot_7_rows() -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
     """``(run, tag) -> (the LOG's table row, summary)``, recomputed from the stored episodes."""
-    summarize = _run_endpoints().summarize_compact
+    summarize = load_benchmark_script("run_endpoints").summarize_compact
     rows = {}
     for run, tags in _json(SEVENTH / "episodes.json")["runs"].items():
         label = "cold start" if "cold-start" in run else Path(run).name
@@ -452,12 +455,12 @@ def test_pilot_7_probes_put_every_policy_at_the_cold_starts_own_deviations() -> 
     for label, (name, expected) in STATE_PROBES.items():
         text = (SEVENTH / name).read_text(encoding="utf-8")
         figures = json.loads(text.splitlines()[0])
-        solved = re.findall(r"^===== (\S+):gate:recovery solved=(True|False)$", text, re.M)
+        solved = [(tid, ok) for tid, ok, _, _ in _recovery_episodes(text)]
         assert len(solved) == figures["recovery_states"] == 36, name
-        assert sum(s == "True" for _, s in solved) == figures["recovered"], name
+        assert sum(ok for _, ok in solved) == figures["recovered"], name
         if expected is not None:
             assert figures["recovered"] == expected, name
-        ids = sorted(t for t, _ in solved)
+        ids = sorted(tid for tid, _ in solved)
         assert episodes is None or ids == episodes, name
         episodes = ids
         assert f"| {label} | {figures['recovered']} of 36 | `pilot-7/{name}` |" in LOG, label
@@ -497,15 +500,11 @@ def test_pilot_7s_unterminated_blocks_are_where_the_arms_differ() -> None:
         "state-probe-offline_kd-final.txt": 3,
         "state-probe-cold-start.txt": 0,
     }
-    episode = re.compile(
-        r"^===== (\S+):gate:recovery solved=(True|False)\n--- student:\n(.*?)^--- teacher's",
-        re.M | re.S,
-    )
     for name, recovered in expected.items():
         text = (SEVENTH / name).read_text(encoding="utf-8")
         flags = [
-            (solved == "True", re.findall(r'"error": "([^"]*)', student))
-            for _, solved, student in episode.findall(text)
+            (solved, re.findall(r'"error": "([^"]*)', student))
+            for _, solved, student, _ in _recovery_episodes(text)
         ]
         unterminated = [s for s, errors in flags if errors and "unterminated" in errors[-1]]
         assert len(flags) == 36 and len(unterminated) == 30, name

@@ -3,23 +3,15 @@ each chain length, in split order, and refuses a split that cannot supply them."
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from helpers import load_benchmark_script
 from miniverl.environments.base import Task
 from miniverl.errors import ConfigError
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "smollm2_chain_headroom.py"
-
 
 def _script():
-    spec = importlib.util.spec_from_file_location("smollm2_chain_headroom", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark_script("smollm2_chain_headroom")
 
 
 def _task(i: int, k: int | None) -> Task:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from helpers import final_text, make_runner, tool_call_text
+from helpers import final_text, load_benchmark_script, make_runner, tool_call_text
 from miniverl.config.models import RolloutConfig
 from miniverl.environments.calc_chain import generate_tasks
 from miniverl.environments.registry import make_environment
@@ -212,14 +212,7 @@ def test_token_nll_against_brute_force() -> None:
 def test_a_compact_episode_gives_back_the_trajectorys_endpoints() -> None:
     """``benchmarks/run_endpoints.py`` stores episodes as calls and answers; summarizing the
     stored form must give what the trajectories give (recovery, first errors, copies)."""
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "run_endpoints.py"
-    spec = importlib.util.spec_from_file_location("run_endpoints", script)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark_script("run_endpoints")
 
     task = _chain_task()
     first, second = task.data["expressions"]

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from miniverl.config.modes import MODES, arm_role
+from miniverl.utils.io import write_json
 from miniverl.utils.logging import EventLog
 from miniverl.utils.runs import RunPaths
 
@@ -302,8 +303,6 @@ class PieceLedger:
         self.paths = paths
 
     def after_cycle(self, cycle: int, *, steps: int, global_step: int) -> bool:
-        from miniverl.utils.io import write_json
-
         name = f"cycle-{cycle:04d}"
         if self.paths is not None and self.paths.checkpoint(name).is_dir():
             now = self.total()
