@@ -146,6 +146,7 @@ def test_the_positive_controls_arms_run_on_the_checked_recipe_with_a_fitted_adap
         "models.teacher_fit.enabled=true",
         "models.teacher_fit.dagger.enabled=true",
         "rollout.max_new_tokens_per_turn=48",  # a corrective trace's calls are written whole
+        "eval.fixed_state_recovery=true",
         recipe=CHECKED,
     )
     result: dict[str, Any] = run_benchmark(
@@ -170,6 +171,18 @@ def test_the_positive_controls_arms_run_on_the_checked_recipe_with_a_fitted_adap
         for t in read_trajectories(RunPaths(runs / "sft_corrective").trajectories)
         if t.metadata.get("source") == "noisy_oracle"
     ]
+    # every arm answers the cold start's own stored deviations, the same states in one order
+    fixed = result["cold_starts"][0]["fixed_states"]
+    stored = [t.trajectory_id for t in read_trajectories(cold / "fixed-states.jsonl")]
+    assert fixed["states"] == len(stored) > 0 and fixed["sha256"] == sha256_file(
+        cold / "fixed-states.jsonl"
+    )
+    assert fixed["episodes"] == fixed["tasks"] == 3 and fixed["split"] == "eval"
+    for row in [{"fixed_state_recovery": fixed["cold_start"]}, *result["rows"]]:
+        outcomes = row["fixed_state_recovery"]["outcomes"]
+        assert [o["trajectory_id"] for o in outcomes] == stored
+    fixed_rows = [c for c in result["contrasts"] if c["endpoint"] == "fixed_recovery"]
+    assert fixed_rows and all(c["seeds"] == ["1"] for c in fixed_rows)
     assert corrective and all(
         t.turns[t.metadata["corrupted_turn"]].tool_result is None
         or not t.turns[t.metadata["corrupted_turn"]].tool_result.ok

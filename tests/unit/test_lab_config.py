@@ -141,6 +141,14 @@ def test_the_lab_record_tables_are_derived_from_the_lab_config() -> None:
         and float in typing.get_args(field.annotation)
     }
     assert floats == layout.LAB_FLOATS
+    scalars = {
+        (name,): field.get_default()
+        for name, field in LabConfig.model_fields.items()
+        if (name,) not in records
+    }
+    assert scalars == layout.LAB_SCALARS
+    assert {name for (name,) in scalars} <= set(LabConfig.omitted_at_default)
+    assert set(scalars) <= set(layout.LAB_LOCATIONS.values())
     assert RunConfig().digest() == with_lab(RunConfig()).digest()
 
 
@@ -167,6 +175,8 @@ def _record_model(path: tuple[str, ...]) -> type[pydantic.BaseModel]:
         {"teacher_fit": {"lr": 1, "lora": {"alpha": 64}}, "teacher_gate": {"on_path": 1}},
         {"toy_fit": {"noise_kinds": {"operand_digit": 1}, "dagger": {"temperatures": [1, 2]}}},
         {"toy_fit": {"lr": 1, "target_success": 1}, "warmup_until": {"threshold": 1}},
+        {"fixed_state_recovery": False},
+        {"fixed_state_recovery": True, "teacher_gate": {"tasks": 3}},
     ],
 )
 def test_a_partial_lab_section_hashes_as_the_lab_validates_it(lab: dict[str, Any]) -> None:

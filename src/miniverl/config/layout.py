@@ -40,6 +40,7 @@ LAB_LOCATIONS: dict[Path, Path] = {
     ("eval", "teacher_gate_recovery"): ("teacher_gate", "recovery"),
     ("eval", "teacher_gate_required"): ("teacher_gate", "required"),
     ("eval", "teacher_gate_privileged"): ("teacher_gate", "privileged"),
+    ("eval", "fixed_state_recovery"): ("fixed_state_recovery",),
 }
 """Place among the core sections -> place under ``lab:`` (the lab's keys)."""
 
@@ -112,6 +113,10 @@ LAB_OMITTED: dict[Path, frozenset[str]] = {
     ("teacher_gate",): frozenset({"on_path", "off_path", "recovery", "required", "privileged"}),
 }
 """Fields a lab record leaves out of its dump while at their default (``Section.omitted_at_default``)."""
+
+LAB_SCALARS: dict[Path, Any] = {("fixed_state_recovery",): False}
+"""Lab keys that are plain values, not records, with their defaults: at its default one is
+left out of the digest (the lab's dump omits it), so adding one changes no stored digest."""
 
 LAB_OPTIONAL = frozenset({("oracle_teacher",), ("warmup_until",)})
 """Lab records that are absent (``None``) unless a recipe writes them."""
@@ -285,13 +290,20 @@ def _typed_like(default: Any, value: Any) -> Any:
     return value
 
 
+_NO_DEFAULT = object()
+
+
 def canonical_layout(dump: Mapping[str, Any]) -> dict[str, Any]:
     """What ``RunConfig.digest()`` hashes: ``dump`` (a ``RunConfig.to_dict()``) with the
     ``lab:`` section's keys at their core places (:data:`LAB_LOCATIONS`, records completed by
     :func:`complete_lab_record`) and every constant at its place (:data:`CONSTANTS`)."""
     out = copy.deepcopy({k: v for k, v in dump.items() if k != "lab"})
     given = dump.get("lab") or {}
-    lab = {key: copy.deepcopy(value) for key, value in given.items()}
+    lab = {
+        key: copy.deepcopy(value)
+        for key, value in given.items()
+        if LAB_SCALARS.get((key,), _NO_DEFAULT) != value
+    }
     for path in LAB_RECORDS:
         if len(path) == 1:
             value = given.get(path[0], None if path in LAB_OPTIONAL else {})
@@ -317,6 +329,7 @@ __all__ = [
     "LAB_OMITTED",
     "LAB_OPTIONAL",
     "LAB_RECORDS",
+    "LAB_SCALARS",
     "canonical_layout",
     "complete_lab_record",
     "move_lab_keys",

@@ -330,6 +330,7 @@ class LabConfig(Section):
         "oracle_teacher",
         "teacher_gate",
         "warmup_until",
+        "fixed_state_recovery",
     )
 
     toy_fit: ToyFitConfig = Field(
@@ -350,6 +351,10 @@ class LabConfig(Section):
     warmup_until: WarmupUntilConfig | None = Field(
         None,
         description="Warm up until greedy validation success reaches a threshold (at most max_cycles cycles) instead of for train.sft_warmup_cycles; needs train.sft_warmup_cycles: 0. Measured after every check_every-th warm-up cycle on eval.max_tasks tasks of the eval split.",
+    )
+    fixed_state_recovery: bool = Field(
+        False,
+        description="Benchmark endpoint 'fixed_recovery' (lab/benchmark/fixed_states.py): the cold start samples its episodes on the arms' evaluation tasks (eval.split, eval.max_tasks) at rollout.temperature and stores those with a deviation; the cold start and each arm's final student continue greedily from the state after each one's first off-path turn, and the cell records which end solved. The same states for every arm of a seed, so the contrast pairs them. calc_chain-style environments with an oracle.",
     )
 
 

@@ -17,7 +17,10 @@ checkpoint (``train.checkpoint_every``), and otherwise removes it too
   (:func:`miniverl.lab.benchmark.budgets.measure_budget`), the final greedy outcome of every
   held-out task, the learning curve over every evaluation tag and, for calc_chain, the
   endpoints of :mod:`miniverl.lab.benchmark.endpoints`, the model-scored exposure endpoints
-  (:func:`~miniverl.lab.benchmark.endpoints.score_exposure`) included.
+  (:func:`~miniverl.lab.benchmark.endpoints.score_exposure`) included;
+- with ``lab.fixed_state_recovery``, the cold start also samples and stores its fixed states
+  and each arm records its final student's recovery from them
+  (:mod:`miniverl.lab.benchmark.fixed_states`).
 
 Every cell's teacher comes from the lab (``lab/teachers/prepare.py``): the cold start
 prepares it (fitting a DAgger teacher from its own warmed-up student after the warm-up) and
@@ -64,6 +67,12 @@ from miniverl.lab.benchmark.endpoints import (
     curve_is_dense_enough,
     score_exposure,
     summarize_episodes,
+)
+from miniverl.lab.benchmark.fixed_states import (
+    evaluation_tasks,
+    load_fixed_states,
+    policy_recovery,
+    sample_fixed_states,
 )
 from miniverl.lab.teachers.gate import (
     TEACHER_GATE_FILE,
@@ -225,6 +234,18 @@ def chain_endpoints(trajectories: list[Any], tasks: Mapping[str, Any]) -> dict[s
     return summarize_episodes([analyze_trajectory(t, task.data) for t, task in pairs])
 
 
+def cold_fixed_states(cold: Mapping[str, Any]) -> dict[str, Any]:
+    """The cold-start cell's record of its fixed states, refused when it stored none."""
+    record = cold.get("fixed_states")
+    if not record:
+        raise CheckpointError(
+            f"the cold start of seed {cold.get('seed')} stored no fixed states, and "
+            "lab.fixed_state_recovery asks every arm to continue from them",
+            hint="run the benchmark in a fresh --output directory with eval.fixed_state_recovery=true from the start",
+        )
+    return dict(record)
+
+
 def gate_subject(trainer: Any, teacher: PreparedTeacher) -> GateSubject:
     """The gate's inputs from a finished ``OPDTrainer`` and the teacher the lab prepared for it
     (its live model when the lab holds one, else the run's): teacher, student, environment,
@@ -302,6 +323,15 @@ def make_trainer_cell_runner(
         gate = cold_start_teacher_gate(gate_subject(trainer, prepared))
         if not gate.get("skipped"):
             shutil.copyfile(run_dir / TEACHER_GATE_FILE, cold_dir / TEACHER_GATE_FILE)
+        fixed = None
+        if lab.fixed_state_recovery:
+            fixed = sample_fixed_states(
+                trainer.student,
+                trainer.environment,
+                evaluation_tasks(trainer.config, trainer.splits),
+                trainer.config,
+                cold_dir,
+            )
         marker = read_json(cold_dir / COLD_START_MARKER)
         evaluations = marker.get("evaluations") or {}
         by_tag = _eval_trajectories(run_dir)
@@ -318,6 +348,7 @@ def make_trainer_cell_runner(
             "teacher_gate": gate,
             "start_endpoints": chain_endpoints(by_tag.get(tag, []), _task_index(trainer)),
             "start_endpoints_tag": tag,
+            "fixed_states": fixed,
             "wall_seconds": round(wall, 2),
             "cpu_seconds": round(cpu, 2),
         }
@@ -378,6 +409,15 @@ def make_trainer_cell_runner(
         if endpoints is not None and score_exposure_endpoints and trainer.teacher is not None:
             oracle = [trainer.runner.oracle_rollout(tasks[t.task_id]) for t in final]
             exposure = score_exposure(trainer.student, trainer.teacher, final, oracle)
+        fixed = None
+        if lab_of(config).fixed_state_recovery:
+            fixed = policy_recovery(
+                trainer.student,
+                trainer.environment,
+                evaluation_tasks(trainer.config, trainer.splits),
+                trainer.config.rollout,
+                load_fixed_states(cold_dir, cold_fixed_states(cold)),
+            )
         return {
             "arm": cell.arm,
             "seed": cell.seed,
@@ -393,6 +433,7 @@ def make_trainer_cell_runner(
             "curve": learning_curve(by_tag, read_metrics(RunPaths(run_dir).metrics), tasks),
             "endpoints": endpoints,
             "exposure": exposure,
+            "fixed_state_recovery": fixed,
         }
 
     def run_cell(cell: Cell, done: Mapping[Cell, Mapping[str, Any]]) -> dict[str, Any]:
@@ -404,6 +445,7 @@ def make_trainer_cell_runner(
 __all__ = [
     "cell_dirs",
     "chain_endpoints",
+    "cold_fixed_states",
     "learning_curve",
     "make_trainer_cell_runner",
     "measure_arm",

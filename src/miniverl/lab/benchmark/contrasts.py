@@ -61,8 +61,15 @@ averaged over arm seeds. It is one value per seed, not a per-task outcome, so it
 the seed-paired difference of rates: the t-interval over seeds is the reading, and the
 bootstrap's task level is trivial."""
 
+FIXED_RECOVERY = "fixed_recovery"
+"""The endpoint "fixed_recovery": per seed and per fixed state (the cold start's own first
+deviation in each of its deviated episodes, ``lab/benchmark/fixed_states.py``), whether the
+arm's final student, continuing from it, ends solved; averaged over arm seeds. Every arm of
+a seed answers the same states, so they pair like tasks."""
+
 Endpoint = int | str | None
-"""A chain length k, :data:`RECOVERY`, or None for success over every task."""
+"""A chain length k, :data:`RECOVERY`, :data:`FIXED_RECOVERY`, or None for success over
+every task."""
 
 
 def endpoint_label(k: Endpoint) -> str:
@@ -75,7 +82,8 @@ def outcome_table(
     cells: Sequence[Mapping[str, Any]], arm: str, k: Endpoint = None
 ) -> dict[str, dict[str, float]]:
     """Seed -> task_id -> mean solved over the arm seeds of that seed (only tasks of length
-    ``k``); for :data:`RECOVERY`, seed -> ``{"recovery": mean flagged recovery rate}``."""
+    ``k``); for :data:`RECOVERY`, seed -> ``{"recovery": mean flagged recovery rate}``; for
+    :data:`FIXED_RECOVERY`, seed -> fixed state's trajectory id -> mean solved."""
     if k == RECOVERY:
         rates: dict[str, list[float]] = {}
         for cell in cells:
@@ -84,6 +92,17 @@ def outcome_table(
                 rates.setdefault(str(cell["seed"]), []).append(float(rate))
         return {seed: {RECOVERY: statistics.fmean(v)} for seed, v in rates.items()}
     sums: dict[str, dict[str, list[float]]] = {}
+    if k == FIXED_RECOVERY:
+        for cell in cells:
+            if cell.get("arm") == arm and cell.get("fixed_state_recovery"):
+                for state in cell["fixed_state_recovery"]["outcomes"]:
+                    sums.setdefault(str(cell["seed"]), {}).setdefault(
+                        str(state["trajectory_id"]), []
+                    ).append(float(state["solved"]))
+        return {
+            seed: {tid: statistics.fmean(v) for tid, v in states.items()}
+            for seed, states in sums.items()
+        }
     for cell in cells:
         if cell.get("arm") != arm:
             continue

@@ -287,7 +287,13 @@ def run_benchmark(
     refuse_failed_gates(cold_starts)
     rows = [done[c] for c in plan if not c.is_cold_start]
 
-    from miniverl.lab.benchmark.contrasts import all_contrasts, statistics_note, stop_or_go
+    from miniverl.lab.benchmark.contrasts import (
+        FIXED_RECOVERY,
+        all_contrasts,
+        statistics_note,
+        stop_or_go,
+    )
+    from miniverl.lab.benchmark.endpoints import PRIMARY_KS
 
     names = list(chosen)
     family = (
@@ -298,8 +304,14 @@ def run_benchmark(
             "primary_pairs": frozen["content"]["primary_contrasts"],
         }
     )
+    fixed = [FIXED_RECOVERY] if any(r.get("fixed_state_recovery") for r in rows) else []
     contrasts = all_contrasts(
-        rows, names, resamples=resamples, bootstrap_seed=DEFAULT_BOOTSTRAP_SEED, **family
+        rows,
+        names,
+        resamples=resamples,
+        bootstrap_seed=DEFAULT_BOOTSTRAP_SEED,
+        ks=(*PRIMARY_KS, None, *fixed),
+        **family,
     )
     result: dict[str, Any] = {
         "schema": "miniverl.benchmark/2",

@@ -18,7 +18,7 @@ nothing touches the test split. The protocol's endpoints define the Holm family
 
 A protocol file::
 
-    endpoints: [k=3, k=5]           # primary endpoints: "all", "recovery" or "k=<n>"
+    endpoints: [k=3, k=5]           # primary: "all", "recovery", "fixed_recovery" or "k=<n>"
     primary_contrasts: [[opd, offline_kd], [opd_reverse_kl, offline_kd_reverse_kl]]
     seeds: [1, 2, 3, 4, 5]
     arms: [offline_kd, opd, offline_kd_reverse_kl, opd_reverse_kl]
@@ -42,7 +42,7 @@ from miniverl.utils.safe_load import load_json_file, loads_json, loads_yaml, rea
 PROTOCOL_RECORD = "protocol.json"
 """The benchmark directory's record of the frozen protocol (sha256, file name, content)."""
 REQUIRED_KEYS = ("endpoints", "primary_contrasts", "seeds", "arms", "thresholds", "lr_grid")
-_ENDPOINT = re.compile(r"^(all|recovery|k=[1-9]\d*)$")
+_ENDPOINT = re.compile(r"^(all|recovery|fixed_recovery|k=[1-9]\d*)$")
 MAX_PROTOCOL_BYTES = 1 << 20
 
 
@@ -86,7 +86,7 @@ def validate_protocol(
         or not all(isinstance(e, str) and _ENDPOINT.match(e) for e in endpoints)
     ):
         problems.append(
-            f"endpoints must be a non-empty list of 'all', 'recovery' or 'k=<n>', got {endpoints!r}"
+            f"endpoints must be a non-empty list of 'all', 'recovery', 'fixed_recovery' or 'k=<n>', got {endpoints!r}"
         )
     recorded_seeds = content.get("seeds")
     if "seeds" in content and recorded_seeds != [int(s) for s in seeds]:
@@ -126,10 +126,11 @@ def validate_protocol(
 
 
 def primary_endpoints(content: Mapping[str, Any]) -> list[int | str | None]:
-    """The protocol's endpoints as ``ks`` (None for ``all``, ``"recovery"`` as itself), for
-    the Holm family."""
+    """The protocol's endpoints as ``ks`` (None for ``all``, ``"recovery"`` and
+    ``"fixed_recovery"`` as themselves), for the Holm family."""
     return [
-        None if e == "all" else e if e == "recovery" else int(e[2:]) for e in content["endpoints"]
+        None if e == "all" else e if e in ("recovery", "fixed_recovery") else int(e[2:])
+        for e in content["endpoints"]
     ]
 
 

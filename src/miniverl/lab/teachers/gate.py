@@ -247,15 +247,11 @@ def evaluate_teacher_gate(
     ``temperature`` defaults to ``rollout.temperature``: the states a sampling arm's student
     visits. Episode ``i`` uses seed ``derive_seed(seed, "teacher-gate", i)``.
     """
-    runner = RolloutRunner(student, environment, rollout)
     temp = rollout.temperature if temperature is None else float(temperature)
-    requests = [
-        EpisodeRequest(
-            task, derive_seed(seed, "teacher-gate", i), trajectory_id=f"{task.task_id}:gate"
-        )
-        for i, task in enumerate(tasks)
-    ]
-    students = runner.rollout_batch(requests, batch_size=batch_size, temperature=temp)
+    students = gate_episodes(
+        student, environment, tasks, rollout, seed=seed, temperature=temp, batch_size=batch_size
+    )
+    runner = RolloutRunner(student, environment, rollout)
     oracles = [runner.oracle_rollout(task) for task in tasks]
     return score_teacher_gate(teacher, environment, tasks, students, oracles, temperature=temp)
 
@@ -532,27 +528,42 @@ class _ContinuePolicy:
         )
 
 
+def first_off_path_turns(
+    environment: ToolEnvironment,
+    tasks_by_id: Mapping[str, Task],
+    student_trajectories: Sequence[Trajectory],
+    tokenizer: Any,
+) -> dict[str, int]:
+    """``trajectory_id -> turn`` of each episode's first off-path state: the first turn
+    played after a turn that did not advance the oracle (episodes without one are absent)."""
+    from miniverl.lab.teachers.dagger import label_student_states
+
+    first_off: dict[str, int] = {}
+    for traj in student_trajectories:
+        for state in label_student_states(environment, tasks_by_id, [traj], tokenizer):
+            if state.off_path:
+                first_off[traj.trajectory_id] = int(state.turn)
+                break
+    return first_off
+
+
 def recovery_outcomes(
     teacher: Any,
     environment: ToolEnvironment,
-    tasks_by_id: dict[str, Task],
+    tasks_by_id: Mapping[str, Task],
     student_trajectories: Sequence[Trajectory],
-    states: Sequence[Any],
+    first_off: Mapping[str, int],
     rollout: RolloutConfig,
 ) -> list[dict[str, Any]]:
-    """For each student episode with an off-path turn, does the teacher recover from it?
+    """For each student episode with an off-path turn, does ``teacher`` recover from it?
 
-    The episode is replayed up to its first off-path turn (the first state after a turn
-    that did not advance the oracle), then the teacher continues greedily; ``solved`` is the
-    environment's verdict on the teacher's final answer.
+    The episode is replayed up to its first off-path turn (``first_off``, from
+    :func:`first_off_path_turns`: the state after a turn that did not advance the oracle,
+    that turn's tool answer included), then ``teacher`` -- any policy -- continues greedily;
+    ``solved`` is the environment's verdict on the final answer.
     """
     from miniverl.lab.teachers.fitting import turn_spans
 
-    first_off: dict[str, int] = {}
-    for state in states:
-        key = state.trajectory_id
-        if state.off_path and key not in first_off:
-            first_off[key] = state.turn
     out: list[dict[str, Any]] = []
     for traj in student_trajectories:
         if traj.trajectory_id not in first_off:
@@ -633,8 +644,12 @@ def score_state_gate(
                 "privileged": leaked,
             }
         )
+    first_off: dict[str, int] = {}
+    for tagged in states:
+        if tagged.off_path:
+            first_off.setdefault(tagged.trajectory_id, tagged.turn)
     recovered = (
-        recovery_outcomes(teacher, environment, by_id, student_trajectories, states, rollout)
+        recovery_outcomes(teacher, environment, by_id, student_trajectories, first_off, rollout)
         if recovery
         else []
     )
@@ -683,6 +698,28 @@ def require_disjoint(tasks: Sequence[Task], fit_task_ids: Iterable[str]) -> None
         )
 
 
+def gate_episodes(
+    student: Any,
+    environment: ToolEnvironment,
+    tasks: Sequence[Task],
+    rollout: RolloutConfig,
+    *,
+    seed: int,
+    temperature: float,
+    batch_size: int | None = None,
+) -> list[Trajectory]:
+    """The student's episodes the gates score: one per task, sampled at ``temperature`` with
+    seed ``derive_seed(seed, "teacher-gate", i)``, ids ``<task_id>:gate``."""
+    runner = RolloutRunner(student, environment, rollout)
+    requests = [
+        EpisodeRequest(
+            task, derive_seed(seed, "teacher-gate", i), trajectory_id=f"{task.task_id}:gate"
+        )
+        for i, task in enumerate(tasks)
+    ]
+    return runner.rollout_batch(requests, batch_size=batch_size, temperature=temperature)
+
+
 def evaluate_state_gate(
     teacher: Any,
     student: Any,
@@ -704,15 +741,10 @@ def evaluate_state_gate(
     "teacher-gate", i)``, ``rollout.temperature`` unless given).
     """
     require_disjoint(tasks, fit_task_ids)
-    runner = RolloutRunner(student, environment, rollout)
     temp = rollout.temperature if temperature is None else float(temperature)
-    requests = [
-        EpisodeRequest(
-            task, derive_seed(seed, "teacher-gate", i), trajectory_id=f"{task.task_id}:gate"
-        )
-        for i, task in enumerate(tasks)
-    ]
-    students = runner.rollout_batch(requests, batch_size=batch_size, temperature=temp)
+    students = gate_episodes(
+        student, environment, tasks, rollout, seed=seed, temperature=temp, batch_size=batch_size
+    )
     return score_state_gate(
         teacher,
         environment,
@@ -958,6 +990,8 @@ __all__ = [
     "cold_start_teacher_gate",
     "evaluate_state_gate",
     "evaluate_teacher_gate",
+    "first_off_path_turns",
+    "gate_episodes",
     "gate_of_weight_files",
     "gate_states",
     "load_teacher_gate",

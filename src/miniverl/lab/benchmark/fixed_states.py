@@ -1,0 +1,127 @@
+"""Recovery at fixed states: every arm of a seed continues from the same student errors.
+
+Why: the flagged-recovery rate over an arm's own greedy episodes (``endpoints.py``) has a
+denominator the arm chooses. Once a student solves most tasks it makes few errors (a SmolLM2
+pilot: 0 to 8 flagged episodes of 90 per evaluation), so two arms' rates rest on different,
+small sets of episodes and cannot carry a contrast. Here the states are fixed per seed before
+any arm runs (``lab.fixed_state_recovery``):
+
+- the cold-start student's episodes on the arms' evaluation tasks
+  (``eval.split``, its first ``eval.max_tasks``), sampled at ``rollout.temperature`` exactly as
+  the held-out state gate samples them (:func:`~miniverl.lab.teachers.gate.gate_episodes`,
+  seed ``run.seed``), so on the validation split they are the gate's recovery states;
+- in each episode with a deviation, the state after its first off-path turn, that turn's tool
+  answer included (:func:`~miniverl.lab.teachers.gate.first_off_path_turns`).
+
+The deviated episodes are stored with the cold start (:data:`FIXED_STATES_FILE`, their SHA-256
+in the cold-start cell). A policy -- the cold start itself, then each arm's final student -- is
+replayed to each state and continues greedily (:func:`~miniverl.lab.teachers.gate.recovery_outcomes`);
+the outcome is whether the episode ends solved. Every arm of a seed answers the same states, so
+a contrast pairs them one by one (``contrasts.FIXED_RECOVERY``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from miniverl.config.models import RolloutConfig, RunConfig
+from miniverl.environments.base import Task, ToolEnvironment
+from miniverl.errors import CheckpointError
+from miniverl.lab.teachers.gate import first_off_path_turns, gate_episodes, recovery_outcomes
+from miniverl.schemas.trajectory import Trajectory
+from miniverl.utils.hashing import sha256_file
+
+FIXED_STATES_FILE = "fixed-states.jsonl"
+"""The cold start's deviated episodes (trajectory JSONL), beside its weights."""
+
+
+def evaluation_tasks(config: RunConfig, splits: Mapping[str, Sequence[Task]]) -> list[Task]:
+    """The tasks every arm's final evaluation runs: ``eval.max_tasks`` of ``eval.split``."""
+    return list(splits[config.eval.split][: config.eval.max_tasks])
+
+
+def sample_fixed_states(
+    student: Any,
+    environment: ToolEnvironment,
+    tasks: Sequence[Task],
+    config: RunConfig,
+    directory: Path,
+) -> dict[str, Any]:
+    """Sample the cold start's (``student``'s) states on ``tasks`` and store its deviated
+    episodes in ``directory``.
+
+    ``config`` gives the rollout bounds and temperature, the seed (``run.seed``) and the batch
+    size. Returns the record the cold-start cell keeps: the split, the number of tasks and
+    episodes, the states, the file's SHA-256 and the cold start's own outcomes at the states
+    (:func:`policy_recovery`).
+    """
+    from miniverl.trajectory.io import write_trajectories
+
+    episodes = gate_episodes(
+        student,
+        environment,
+        tasks,
+        config.rollout,
+        seed=config.run.seed,
+        temperature=config.rollout.temperature,
+        batch_size=config.eval.batch_size,
+    )
+    by_id = {t.task_id: t for t in tasks}
+    first_off = first_off_path_turns(environment, by_id, episodes, student.tokenizer)
+    deviated = [e for e in episodes if e.trajectory_id in first_off]
+    path = directory / FIXED_STATES_FILE
+    write_trajectories(path, deviated)
+    return {
+        "split": config.eval.split,
+        "tasks": len(tasks),
+        "episodes": len(episodes),
+        "states": len(deviated),
+        "file": FIXED_STATES_FILE,
+        "sha256": sha256_file(path),
+        "cold_start": policy_recovery(student, environment, tasks, config.rollout, deviated),
+    }
+
+
+def load_fixed_states(directory: Path, record: Mapping[str, Any]) -> list[Trajectory]:
+    """The stored deviated episodes, refused when they are not the bytes the cold start wrote."""
+    from miniverl.trajectory.io import read_trajectories
+
+    path = directory / str(record["file"])
+    if not path.is_file() or sha256_file(path) != record["sha256"]:
+        raise CheckpointError(
+            f"{path}: the cold start's fixed states are missing or changed since it stored them",
+            hint="start the benchmark again in a fresh directory; the states every arm continues from must be the ones the cold start sampled",
+        )
+    return list(read_trajectories(path))
+
+
+def policy_recovery(
+    policy: Any,
+    environment: ToolEnvironment,
+    tasks: Sequence[Task],
+    rollout: RolloutConfig,
+    states: Sequence[Trajectory],
+) -> dict[str, Any]:
+    """``policy`` continuing greedily from each state: ``{states, recovered, rate, outcomes:
+    [{trajectory_id, from_turn, solved}]}`` in the states' order."""
+    by_id = {t.task_id: t for t in tasks}
+    first_off = first_off_path_turns(environment, by_id, states, policy.tokenizer)
+    outcomes = recovery_outcomes(policy, environment, by_id, states, first_off, rollout)
+    recovered = sum(int(bool(o["solved"])) for o in outcomes)
+    return {
+        "states": len(outcomes),
+        "recovered": recovered,
+        "rate": recovered / len(outcomes) if outcomes else None,
+        "outcomes": [{**o, "solved": int(bool(o["solved"]))} for o in outcomes],
+    }
+
+
+__all__ = [
+    "FIXED_STATES_FILE",
+    "evaluation_tasks",
+    "load_fixed_states",
+    "policy_recovery",
+    "sample_fixed_states",
+]
