@@ -510,3 +510,43 @@ def test_pilot_7s_unterminated_blocks_are_where_the_arms_differ() -> None:
         assert len(flags) == 36 and len(unterminated) == 30, name
         assert sum(unterminated) == recovered, name
     assert "`opd` recovers 10 at step 40 and 24 at step 80, `offline_kd` 3 at both" in LOG
+
+
+def _protocol_overrides(text: str, start: str, end: str) -> list[str]:
+    """The dotted overrides the frozen protocol's comments give between two markers."""
+    block = text[text.index(start) + len(start) : text.index(end, text.index(start))]
+    found = re.findall(r"(?<![\w.])((?:models|train|eval)\.[\w.]+=\S+)", block)
+    return [o.rstrip(".,") for o in found]
+
+
+def test_the_arms_protocol_is_frozen_and_its_commands_load() -> None:
+    """``test/protocol.yaml`` is the frozen bytes; it fits the four arms at seeds 11-15 with
+    ``fixed_recovery`` primary; the grid and test commands it gives validate and train the same
+    way, so ``--lr-from`` will accept the grid."""
+    from miniverl.lab.benchmark.lr_grid import training_digest
+    from miniverl.lab.benchmark.protocol import freeze_protocol, primary_endpoints
+    from miniverl.lab.config import load_recipe
+
+    test = ROOT / "test"
+    arms = ["opd", "offline_kd", "sft_corrective", "opd_self"]
+    frozen = freeze_protocol(test, test / "protocol.yaml", seeds=[11, 12, 13, 14, 15], arms=arms)
+    assert frozen is not None and frozen["frozen_at"] == "2026-12-07T10:34:16+00:00"
+    assert primary_endpoints(frozen["content"]) == ["fixed_recovery", None]
+    assert frozen["content"]["primary_contrasts"] == [["opd", "offline_kd"]]
+    assert frozen["sha256"][:8] in LOG and frozen["frozen_at"][11:19] in LOG
+    text = (test / "protocol.yaml").read_text(encoding="utf-8")
+    teacher = _protocol_overrides(text, "TEACHER =", "(teacher 4")
+    common = _protocol_overrides(text, "ARMS =", "# Arms:")
+    on_test = _protocol_overrides(text, "# Test:", "--arms")
+    assert len(teacher) == 11 and common == ["train.cycles=80", "eval.baseline=false"]
+    assert on_test == [
+        "eval.split=test",
+        "eval.max_tasks=100",
+        "eval.every=40",
+        "eval.fixed_state_recovery=true",
+    ]
+    recipe = ROOT.parents[1] / "recipes" / "smollm2_calc_chain_checked.yaml"
+    grid = load_recipe(recipe, [*teacher, *common])
+    run = load_recipe(recipe, [*teacher, *common, *on_test])
+    assert run.lab.fixed_state_recovery and run.eval.split == "test"
+    assert training_digest(grid.to_dict()) == training_digest(run.to_dict())
