@@ -183,6 +183,17 @@ def test_the_positive_controls_arms_run_on_the_checked_recipe_with_a_fitted_adap
         assert [o["trajectory_id"] for o in outcomes] == stored
     fixed_rows = [c for c in result["contrasts"] if c["endpoint"] == "fixed_recovery"]
     assert fixed_rows and all(c["seeds"] == ["1"] for c in fixed_rows)
+    assert result["fixed_state_recovery"] == [
+        {
+            "seed": 1,
+            "split": "eval",
+            "states": len(stored),
+            "cold_start": fixed["cold_start"]["recovered"],
+            "arms": {r["arm"]: [r["fixed_state_recovery"]["recovered"]] for r in result["rows"]},
+        }
+    ]
+    report = (tmp_path / "bench" / "report.html").read_text(encoding="utf-8")
+    assert "Recovery at fixed states: of the cold start" in report
     assert corrective and all(
         t.turns[t.metadata["corrupted_turn"]].tool_result is None
         or not t.turns[t.metadata["corrupted_turn"]].tool_result.ok

@@ -170,3 +170,32 @@ def test_a_protocol_may_name_fixed_recovery_as_a_primary_endpoint() -> None:
     assert validate_protocol({**content, "endpoints": ["fixed"]}, **run) == [
         "protocol.yaml: endpoints must be a non-empty list of 'all', 'recovery', 'fixed_recovery' or 'k=<n>', got ['fixed']"
     ]
+
+
+def test_the_per_seed_summary_counts_each_policys_recoveries() -> None:
+    from miniverl.lab.benchmark.fixed_states import recovery_by_seed, recovery_lines
+
+    colds = [
+        {"seed": 4, "fixed_states": {"split": "test", "states": 3, "cold_start": {"recovered": 0}}},
+        {"seed": 5, "fixed_states": None},
+    ]
+    rows = [
+        {"arm": "opd", "seed": 4, "fixed_state_recovery": {"recovered": 2}},
+        {"arm": "offline_kd", "seed": 4, "fixed_state_recovery": {"recovered": 1}},
+        {"arm": "opd", "seed": 4, "fixed_state_recovery": {"recovered": 3}},
+        {"arm": "opd", "seed": 5, "fixed_state_recovery": {"recovered": 3}},
+    ]
+    table = recovery_by_seed(colds, rows)
+    assert table == [
+        {
+            "seed": 4,
+            "split": "test",
+            "states": 3,
+            "cold_start": 0,
+            "arms": {"opd": [2, 3], "offline_kd": [1]},
+        }
+    ]
+    assert recovery_lines(table) == [
+        "seed 4: of the cold start's 3 own deviations on the test split, recovered by the cold "
+        "start 0, opd 2 / 3, offline_kd 1"
+    ]

@@ -118,10 +118,55 @@ def policy_recovery(
     }
 
 
+def recovery_by_seed(
+    cold_starts: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per seed with fixed states: ``{seed, states, cold_start, arms: {arm: [recovered per arm
+    seed]}}``, counts of states each policy ended solved (``benchmark.json``'s
+    ``fixed_state_recovery``; the console and the report show it)."""
+    out = []
+    for cold in cold_starts:
+        record = cold.get("fixed_states")
+        if not record:
+            continue
+        arms: dict[str, list[int]] = {}
+        for row in rows:
+            got = row.get("fixed_state_recovery")
+            if row.get("seed") == cold["seed"] and got:
+                arms.setdefault(str(row["arm"]), []).append(int(got["recovered"]))
+        out.append(
+            {
+                "seed": cold["seed"],
+                "split": record["split"],
+                "states": record["states"],
+                "cold_start": record["cold_start"]["recovered"],
+                "arms": arms,
+            }
+        )
+    return out
+
+
+def recovery_lines(table: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One plain line per seed: how many of the same states each policy recovered from."""
+    lines = []
+    for row in table:
+        arms = ", ".join(
+            f"{arm} {' / '.join(str(n) for n in counts)}" for arm, counts in row["arms"].items()
+        )
+        lines.append(
+            f"seed {row['seed']}: of the cold start's {row['states']} own deviations on the "
+            f"{row['split']} split, recovered by the cold start {row['cold_start']}"
+            + (f", {arms}" if arms else "")
+        )
+    return lines
+
+
 __all__ = [
     "FIXED_STATES_FILE",
     "evaluation_tasks",
     "load_fixed_states",
     "policy_recovery",
+    "recovery_by_seed",
+    "recovery_lines",
     "sample_fixed_states",
 ]

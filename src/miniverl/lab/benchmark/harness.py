@@ -294,6 +294,7 @@ def run_benchmark(
         stop_or_go,
     )
     from miniverl.lab.benchmark.endpoints import PRIMARY_KS
+    from miniverl.lab.benchmark.fixed_states import recovery_by_seed
 
     names = list(chosen)
     family = (
@@ -351,6 +352,7 @@ def run_benchmark(
             for name in names
         },
         "contrasts": contrasts,
+        "fixed_state_recovery": recovery_by_seed(cold_starts, rows),
         "protocol": {
             "required": on_test,
             "frozen": frozen,
@@ -448,6 +450,10 @@ def print_benchmark(result: Mapping[str, Any], console: Console) -> None:
     if lr_note:
         console.print(lr_note, markup=False)
     console.print(result["significance"]["note"])
+    from miniverl.lab.benchmark.fixed_states import recovery_lines
+
+    for line in recovery_lines(result.get("fixed_state_recovery") or []):
+        console.print("recovery at fixed states, " + line, markup=False)
     if (result.get("protocol") or {}).get("note"):
         console.print(result["protocol"]["note"], markup=False)
     print_contrasts(result, console)

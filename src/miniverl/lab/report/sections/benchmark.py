@@ -176,6 +176,30 @@ def benchmark_sections(bench: Mapping[str, Any]) -> list[Section]:
                 "Final held-out success per arm, and the paired difference to the baseline arm.",
             )
         )
+    fixed = bench.get("fixed_state_recovery") or []
+    if fixed:
+        fixed_arms = [a for a in names if any(a in r["arms"] for r in fixed)]
+        comparison.tables.append(
+            Table(
+                ["seed", "states", "cold start", *fixed_arms],
+                [
+                    [
+                        fmt_num(r["seed"]),
+                        fmt_num(r["states"]),
+                        fmt_num(r["cold_start"]),
+                        *(
+                            " / ".join(str(n) for n in r["arms"].get(a, [])) or NOT_RECORDED
+                            for a in fixed_arms
+                        ),
+                    ]
+                    for r in fixed
+                ],
+                caption="Recovery at fixed states: of the cold start's own deviated episodes on the "
+                "evaluation tasks (the same states for every arm of a seed), how many each policy, "
+                "continuing greedily from the state after the first deviation, ended solved "
+                "(one figure per arm seed).",
+            )
+        )
     rows = bench.get("rows") or []
     if rows:
         comparison.tables.append(
