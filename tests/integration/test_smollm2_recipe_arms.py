@@ -183,6 +183,8 @@ def test_the_positive_controls_arms_run_on_the_checked_recipe_with_a_fitted_adap
         assert [o["trajectory_id"] for o in outcomes] == stored
     fixed_rows = [c for c in result["contrasts"] if c["endpoint"] == "fixed_recovery"]
     assert fixed_rows and all(c["seeds"] == ["1"] for c in fixed_rows)
+    against_cold = [c["arm"] for c in fixed_rows if c["reference"] == "cold_start"]
+    assert against_cold == CONTROL_ARMS
     assert result["fixed_state_recovery"] == [
         {
             "seed": 1,

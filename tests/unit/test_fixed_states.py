@@ -199,3 +199,34 @@ def test_the_per_seed_summary_counts_each_policys_recoveries() -> None:
         "seed 4: of the cold start's 3 own deviations on the test split, recovered by the cold "
         "start 0, opd 2 / 3, offline_kd 1"
     ]
+
+
+def test_each_arm_is_also_read_against_the_cold_start_at_the_same_states() -> None:
+    """The negative control's reading: the cold start's own continuation is the reference."""
+    from miniverl.lab.benchmark.contrasts import COLD_START_POLICY, against_the_cold_start
+
+    colds = [
+        {"seed": s, "fixed_states": {"cold_start": {"outcomes": outcomes}}}
+        for s, outcomes in (
+            (1, [{"trajectory_id": "x", "solved": 0}, {"trajectory_id": "y", "solved": 1}]),
+            (2, [{"trajectory_id": "x", "solved": 0}]),
+            (3, [{"trajectory_id": "v", "solved": 0}]),
+        )
+    ]
+    cells = [
+        _cell("opd_self", 1, {"x": 0, "y": 0}),
+        _cell("opd_self", 2, {"x": 0}),
+        _cell("opd_self", 3, {"v": 1}),
+    ]
+    (row,) = against_the_cold_start(colds, cells, ["opd_self"], resamples=100, bootstrap_seed=0)
+    assert (row["arm"], row["reference"], row["endpoint"]) == (
+        "opd_self",
+        COLD_START_POLICY,
+        FIXED_RECOVERY,
+    )
+    assert row["seed_differences"] == [-0.5, 0.0, 1.0] and row["p_holm"] is None
+    assert not row["primary"] and not row["holm_family"]
+    assert (
+        against_the_cold_start([{"seed": 1}], cells, ["opd_self"], resamples=1, bootstrap_seed=0)
+        == []
+    )

@@ -214,6 +214,53 @@ def all_contrasts(
     return holm_family(out, family)
 
 
+COLD_START_POLICY = "cold_start"
+"""The reference name of the cold start itself in :func:`against_the_cold_start`'s rows."""
+
+
+def against_the_cold_start(
+    cold_starts: Sequence[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, Any]],
+    arms: Sequence[str],
+    *,
+    resamples: int,
+    bootstrap_seed: int,
+) -> list[dict[str, Any]]:
+    """Each arm minus the cold start on :data:`FIXED_RECOVERY`: the cold start's own greedy
+    continuation from the same states (``fixed_states.cold_start`` of its cell) is the
+    reference. Secondary rows, outside the Holm family; the negative control's reading (an
+    arm whose teacher carries no task information should not recover more than the cold
+    start). Empty when no cold start stored fixed states."""
+    reference = [
+        {
+            "arm": COLD_START_POLICY,
+            "seed": cold["seed"],
+            "tasks": [],
+            "fixed_state_recovery": cold["fixed_states"]["cold_start"],
+        }
+        for cold in cold_starts
+        if cold.get("fixed_states")
+    ]
+    if not reference:
+        return []
+    return [
+        {
+            **contrast(
+                [*rows, *reference],
+                arm,
+                COLD_START_POLICY,
+                FIXED_RECOVERY,
+                resamples=resamples,
+                bootstrap_seed=bootstrap_seed,
+            ),
+            "primary": False,
+            "holm_family": False,
+            "p_holm": None,
+        }
+        for arm in arms
+    ]
+
+
 def holm_family(rows: list[dict[str, Any]], endpoints: Sequence[str]) -> list[dict[str, Any]]:
     """``rows`` with ``holm_family`` (member of the primary family: a primary contrast on one
     of ``endpoints``) and ``p_holm`` (Holm-adjusted p over the members with a p-value; None
@@ -385,8 +432,12 @@ def stop_or_go(
 
 __all__ = [
     "CEILING",
+    "COLD_START_POLICY",
+    "FIXED_RECOVERY",
     "MIN_ERROR_RATE",
     "PRIMARY_CONTRASTS",
+    "RECOVERY",
+    "against_the_cold_start",
     "all_contrasts",
     "ceiling_check",
     "contrast",

@@ -289,6 +289,7 @@ def run_benchmark(
 
     from miniverl.lab.benchmark.contrasts import (
         FIXED_RECOVERY,
+        against_the_cold_start,
         all_contrasts,
         statistics_note,
         stop_or_go,
@@ -313,6 +314,8 @@ def run_benchmark(
         bootstrap_seed=DEFAULT_BOOTSTRAP_SEED,
         ks=(*PRIMARY_KS, None, *fixed),
         **family,
+    ) + against_the_cold_start(
+        cold_starts, rows, names, resamples=resamples, bootstrap_seed=DEFAULT_BOOTSTRAP_SEED
     )
     result: dict[str, Any] = {
         "schema": "miniverl.benchmark/2",
