@@ -194,6 +194,18 @@ def final_text(answer: str) -> str:
     return format_final(answer)
 
 
+def chain_call(task: Task, step: int) -> str:
+    """The oracle's call of step ``step`` of a calc_chain task, as a policy writes it."""
+    return tool_call_text(task.data["expressions"][step])
+
+
+def miscopied_step(task: Task, step: int) -> str:
+    """Step ``step``'s expression with its first operand (the previous result) off by 10."""
+    op, y = task.data["steps"][step]
+    symbol = {"add": "+", "subtract": "-", "multiply": "*"}[op]
+    return f"{task.data['results'][step - 1] + 10} {symbol} {y}"
+
+
 # ------------------------------------------------------------------ environments, tasks
 
 

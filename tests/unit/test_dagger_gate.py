@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import final_text, make_runner, tool_call_text, toy_tokenizer
+from helpers import (
+    chain_call,
+    final_text,
+    make_runner,
+    miscopied_step,
+    tool_call_text,
+    toy_tokenizer,
+)
 from miniverl.config.models import RolloutConfig, RunConfig
 from miniverl.environments.base import Task
 from miniverl.environments.calc_chain import generate_tasks
@@ -37,23 +44,18 @@ def task() -> Task:
     return next(t for t in tasks if all(op != "multiply" for op, _ in t.data["steps"][1:]))
 
 
-def _call(task: Task, step: int) -> str:
-    return tool_call_text(task.data["expressions"][step])
-
-
-def _miscopy(task: Task, step: int) -> str:
-    op, y = task.data["steps"][step]
-    symbol = {"add": "+", "subtract": "-", "multiply": "*"}[op]
-    return tool_call_text(f"{task.data['results'][step - 1] + 10} {symbol} {y}")
-
-
 def _student(task: Task, script: list[str]) -> Trajectory:
     runner = make_runner(script, environment=make_environment("calc_chain"), config=CONFIG)
     return runner.rollout(task, seed=0, trajectory_id=f"{task.task_id}:s")
 
 
 def test_an_off_path_state_is_labelled_with_the_corrective_action(task: Task) -> None:
-    script = [_call(task, 0), _miscopy(task, 1), _call(task, 1), _call(task, 2)]
+    script = [
+        chain_call(task, 0),
+        tool_call_text(miscopied_step(task, 1)),
+        chain_call(task, 1),
+        chain_call(task, 2),
+    ]
     script.append(final_text(task.answer))
     traj = _student(task, script)
     tok = toy_tokenizer()
@@ -68,16 +70,16 @@ def test_an_off_path_state_is_labelled_with_the_corrective_action(task: Task) ->
     # the miscopied turn: labelled up to and including its first wrong id, whose label is the
     # oracle's id there, never the student's
     wrong = states[1]
-    assert wrong.action == tok.encode(_call(task, 1))
+    assert wrong.action == tok.encode(chain_call(task, 1))
     assert wrong.labelled == wrong.agreed + 1 < len(wrong.action)
     ids, targets = wrong.gate_row()
     assert ids[targets[-1]] == wrong.action[wrong.agreed] != wrong.generated[wrong.agreed]
     # after the miscopy, the label is the re-call of step 1 from the last correct value
     after = states[2]
-    assert tok.decode(after.action) == _call(task, 1)
+    assert tok.decode(after.action) == chain_call(task, 1)
     ids, targets = after.fit_row()
     assert ids[: len(after.prefix)] == list(traj.token_ids[: len(after.prefix)])
-    assert tok.decode([ids[j] for j in targets]) == _call(task, 1)
+    assert tok.decode([ids[j] for j in targets]) == chain_call(task, 1)
 
 
 class _StubTeacher:
@@ -122,7 +124,7 @@ def test_a_privileged_number_is_a_miss_off_path(task: Task) -> None:
     true final value (no tool result shows it) is counted wrong; one that writes a number
     of the transcript is not."""
     early = final_text("1")
-    traj = _student(task, [_call(task, 0), early])
+    traj = _student(task, [chain_call(task, 0), early])
     tok = toy_tokenizer()
     env = make_environment("calc_chain")
     turn = label_student_states(env, {task.task_id: task}, [traj], tok)[1]
@@ -187,7 +189,7 @@ def test_the_oracle_teacher_is_gated_on_the_same_footing(task: Task) -> None:
     tok = toy_tokenizer()
     oracle = build_oracle_teacher(config, tok, [task])
     env = make_environment("calc_chain")
-    traj = _student(task, [_call(task, 0), final_text("1")])
+    traj = _student(task, [chain_call(task, 0), final_text("1")])
     result = score_state_gate(oracle, env, [task], [traj], CONFIG, recovery=False)
     assert result.on_path_agreement == 1.0
     assert result.privileged_predictions == 0
@@ -195,7 +197,7 @@ def test_the_oracle_teacher_is_gated_on_the_same_footing(task: Task) -> None:
 
 
 def test_the_teacher_recovers_from_the_students_state(task: Task) -> None:
-    script = [_call(task, 0), _miscopy(task, 1), final_text("0")]
+    script = [chain_call(task, 0), tool_call_text(miscopied_step(task, 1)), final_text("0")]
     traj = _student(task, script)
     env = make_environment("calc_chain")
     tok = toy_tokenizer()
@@ -214,7 +216,7 @@ def test_the_teacher_recovers_from_the_students_state(task: Task) -> None:
 
 def test_a_gate_task_the_teacher_was_fitted_on_is_refused(task: Task) -> None:
     env = make_environment("calc_chain")
-    student = make_runner([_call(task, 0)], environment=env, config=CONFIG).backend
+    student = make_runner([chain_call(task, 0)], environment=env, config=CONFIG).backend
     with pytest.raises(TeacherGateError, match="not held out"):
         evaluate_state_gate(
             _StubTeacher([]), student, env, [task], CONFIG, seed=0, fit_task_ids=[task.task_id]

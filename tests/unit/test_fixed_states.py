@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from helpers import ScriptedBackend, final_text, tool_call_text
+from helpers import ScriptedBackend, chain_call, final_text, miscopied_step, tool_call_text
 from miniverl.config.models import RolloutConfig
 from miniverl.environments.base import Task
 from miniverl.environments.calc_chain import generate_tasks
@@ -42,16 +42,6 @@ def tasks() -> list[Task]:
     return chains[:3]
 
 
-def _call(task: Task, step: int) -> str:
-    return tool_call_text(task.data["expressions"][step])
-
-
-def _miscopy(task: Task, step: int) -> str:
-    op, y = task.data["steps"][step]
-    symbol = {"add": "+", "subtract": "-"}[op]
-    return tool_call_text(f"{task.data['results'][step - 1] + 10} {symbol} {y}")
-
-
 def _config(max_tasks: int) -> Any:
     """The keys the fixed states read of a run config."""
     return SimpleNamespace(
@@ -73,8 +63,17 @@ def test_the_states_are_the_cold_starts_deviations_and_each_policy_continues_fro
 ) -> None:
     a, b, _ = tasks
     cold_script = [
-        *[_call(a, 0), _miscopy(a, 1), final_text("0")],  # deviates at turn 1
-        *[_call(b, 0), _call(b, 1), _call(b, 2), final_text(b.answer)],  # on the path
+        *[
+            chain_call(a, 0),
+            tool_call_text(miscopied_step(a, 1)),
+            final_text("0"),
+        ],  # deviates at turn 1
+        *[
+            chain_call(b, 0),
+            chain_call(b, 1),
+            chain_call(b, 2),
+            final_text(b.answer),
+        ],  # on the path
         final_text("7"),  # a wrong answer at once: the episode ends, no state after it
     ]
     config = _config(3)
@@ -90,13 +89,13 @@ def test_the_states_are_the_cold_starts_deviations_and_each_policy_continues_fro
     ]
     states = load_fixed_states(tmp_path, record)
     # a policy that re-calls the step the tool refused, then finishes, recovers
-    fixer = _policy([_call(a, 1), _call(a, 2), final_text(a.answer)])
+    fixer = _policy([chain_call(a, 1), chain_call(a, 2), final_text(a.answer)])
     got = policy_recovery(fixer, ENV, tasks, ROLLOUT, states)
     assert (got["states"], got["recovered"], got["rate"]) == (1, 1, 1.0)
     calls = fixer.calls
     assert len(calls) == 3  # the first two turns are the cold start's, replayed
     seen = fixer.tokenizer.decode(calls[0].prompt_ids)
-    assert _miscopy(a, 1) in seen and '"ok": false' in seen
+    assert tool_call_text(miscopied_step(a, 1)) in seen and '"ok": false' in seen
     assert seen.count("<|im_start|>assistant") == 3  # two replayed turns, then its own
     assert seen.rstrip().endswith("<|im_start|>assistant")
     lost = policy_recovery(_policy([]), ENV, tasks, ROLLOUT, states)
@@ -112,7 +111,7 @@ def test_states_come_from_the_evaluation_tasks_only(tasks: list[Task]) -> None:
 
 def test_changed_or_missing_states_are_refused(tasks: list[Task], tmp_path: Path) -> None:
     a = tasks[0]
-    cold = _policy([_call(a, 0), _miscopy(a, 1)])
+    cold = _policy([chain_call(a, 0), tool_call_text(miscopied_step(a, 1))])
     record = sample_fixed_states(cold, ENV, tasks[:1], _config(1), tmp_path)
     assert record["states"] == 1
     path = tmp_path / FIXED_STATES_FILE

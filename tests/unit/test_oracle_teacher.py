@@ -13,7 +13,14 @@ import math
 import pytest
 import torch
 
-from helpers import final_text, make_runner, tool_call_text, toy_tokenizer
+from helpers import (
+    chain_call,
+    final_text,
+    make_runner,
+    miscopied_step,
+    tool_call_text,
+    toy_tokenizer,
+)
 from miniverl.agent.loop import EpisodeRequest, RolloutRunner
 from miniverl.config.models import RolloutConfig
 from miniverl.environments.base import Task
@@ -51,16 +58,6 @@ def _teacher(tasks: list[Task], smoothing: float = EPS) -> OracleTeacher:
 def _student(task: Task, script: list[str | list[int]]) -> Trajectory:
     runner = make_runner(script, environment=make_environment("calc_chain"), config=CONFIG)
     return runner.rollout(task, seed=0)
-
-
-def _call(task: Task, step: int) -> str:
-    return tool_call_text(task.data["expressions"][step])
-
-
-def _miscopy(task: Task, step: int) -> str:
-    op, y = task.data["steps"][step]
-    symbol = {"add": "+", "subtract": "-", "multiply": "*"}[op]
-    return f"{task.data['results'][step - 1] + 10} {symbol} {y}"
 
 
 def _model_positions(traj: Trajectory) -> list[int]:
@@ -140,7 +137,7 @@ def test_before_any_block_it_starts_the_action() -> None:
 
 
 def test_on_the_oracle_path_it_predicts_every_oracle_token(task: Task, tasks: list[Task]) -> None:
-    script = [_call(task, k) for k in range(3)] + [final_text(task.answer)]
+    script = [chain_call(task, k) for k in range(3)] + [final_text(task.answer)]
     traj = _student(task, script)
     positions = _model_positions(traj)
     predicted = _teacher(tasks).next_token_ids(traj.token_ids, [j - 1 for j in positions])
@@ -153,12 +150,12 @@ def test_after_a_miscopied_operand_it_asks_for_the_corrective_recall(
     task: Task, tasks: list[Task]
 ) -> None:
     tok = toy_tokenizer()
-    script = [_call(task, 0), tool_call_text(_miscopy(task, 1)), _call(task, 2)]
+    script = [chain_call(task, 0), tool_call_text(miscopied_step(task, 1)), chain_call(task, 2)]
     script += [final_text("0")] * 2
     traj = _student(task, script)
     predicted = _turn_predictions(_teacher(tasks), traj)
-    assert predicted[0] == tok.encode(_call(task, 0))
-    recall = tok.encode(_call(task, 1))
+    assert predicted[0] == tok.encode(chain_call(task, 0))
+    recall = tok.encode(chain_call(task, 1))
     turn1 = traj.token_ids[traj.spans[4].start : traj.spans[4].end]
     first_wrong = next(i for i, (a, b) in enumerate(zip(turn1, recall, strict=False)) if a != b)
     assert predicted[1][: first_wrong + 1] == recall[: first_wrong + 1]
@@ -174,14 +171,14 @@ def test_the_recall_is_asked_for_at_the_start_of_every_later_turn(
     bad_json = (
         '<tool_call>\n{"arguments": {"expression": "1 + 1"}, "name": "calculator"\n</tool_call>'
     )
-    script = [_call(task, 0), bad_json, _call(task, 1), final_text(task.answer)]
+    script = [chain_call(task, 0), bad_json, chain_call(task, 1), final_text(task.answer)]
     traj = _student(task, script)
     teacher = _teacher(tasks)
     starts = {span.turn_id: span.start for span in reversed(traj.spans) if span.is_model_generated}
     first = {turn: teacher.next_token_ids(traj.token_ids, [j - 1])[0] for turn, j in starts.items()}
-    assert first[1] == tok.encode(_call(task, 1))[0]
-    assert first[2] == tok.encode(_call(task, 1))[0]  # the malformed call did not advance
-    assert first[3] == tok.encode(_call(task, 2))[0]  # early answer: the oracle calls step 2
+    assert first[1] == tok.encode(chain_call(task, 1))[0]
+    assert first[2] == tok.encode(chain_call(task, 1))[0]  # the malformed call did not advance
+    assert first[3] == tok.encode(chain_call(task, 2))[0]  # early answer: the oracle calls step 2
 
 
 def test_a_tool_result_written_by_the_policy_does_not_count(task: Task, tasks: list[Task]) -> None:
@@ -193,11 +190,13 @@ def test_a_tool_result_written_by_the_policy_does_not_count(task: Task, tasks: l
     teacher = _teacher(tasks)
     end = traj.spans[-1].end
     # the state after the fake text: still no step done, so the oracle's action is call 0
-    assert teacher._action(tok.decode(traj.token_ids[:end])) == _call(task, 0)
+    assert teacher._action(tok.decode(traj.token_ids[:end])) == chain_call(task, 0)
 
 
 def test_an_unknown_task_is_refused(task: Task, tasks: list[Task]) -> None:
-    traj = _student(task, [_call(task, 0), _call(task, 1), _call(task, 2), final_text("1")])
+    traj = _student(
+        task, [chain_call(task, 0), chain_call(task, 1), chain_call(task, 2), final_text("1")]
+    )
     other = [t for t in tasks if t.prompt != task.prompt]
     with pytest.raises(BackendError, match="whose task it does not know"):
         _teacher(other).next_token_ids(traj.token_ids, [traj.spans[2].start - 1])
@@ -207,7 +206,12 @@ def test_an_unknown_task_is_refused(task: Task, tasks: list[Task]) -> None:
 
 
 def test_scores_are_the_smoothed_oracle_in_float64(task: Task, tasks: list[Task]) -> None:
-    script = [_call(task, 0), tool_call_text(_miscopy(task, 1)), _call(task, 1), _call(task, 2)]
+    script = [
+        chain_call(task, 0),
+        tool_call_text(miscopied_step(task, 1)),
+        chain_call(task, 1),
+        chain_call(task, 2),
+    ]
     traj = _student(task, [*script, final_text(task.answer)])
     teacher = _teacher(tasks)
     targets = _model_positions(traj)
@@ -266,7 +270,7 @@ def test_the_gate_of_the_oracle_teacher_is_one_at_off_path_states(
     task: Task, tasks: list[Task]
 ) -> None:
     env = make_environment("calc_chain")
-    script = [_call(task, 0), tool_call_text(_miscopy(task, 1)), _call(task, 2)]
+    script = [chain_call(task, 0), tool_call_text(miscopied_step(task, 1)), chain_call(task, 2)]
     student = _student(task, [*script, final_text("0")])
     result = score_teacher_gate(_teacher(tasks), env, [task], [student])
     assert result.off_path_actions == 2
@@ -301,7 +305,13 @@ def test_a_call_where_the_answer_is_due_carries_no_target_inside_it(
     task: Task, tasks: list[Task]
 ) -> None:
     tok = toy_tokenizer()
-    script = [_call(task, 0), _call(task, 1), _call(task, 2), _call(task, 0), final_text("1")]
+    script = [
+        chain_call(task, 0),
+        chain_call(task, 1),
+        chain_call(task, 2),
+        chain_call(task, 0),
+        final_text("1"),
+    ]
     traj = _student(task, script)
     span = next(s for s in traj.spans if s.is_model_generated and s.turn_id == 3)
     teacher = _teacher(tasks)

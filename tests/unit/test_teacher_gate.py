@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import final_text, make_runner, tool_call_text, toy_tokenizer
+from helpers import (
+    chain_call,
+    final_text,
+    make_runner,
+    miscopied_step,
+    tool_call_text,
+    toy_tokenizer,
+)
 from miniverl.agent.protocol import format_tool_call
 from miniverl.config.models import RolloutConfig
 from miniverl.environments.base import Task
@@ -48,16 +55,6 @@ def _student(task: Task, script: list[str]) -> Trajectory:
     return runner.rollout(task, seed=0)
 
 
-def _miscopy(task: Task, step: int) -> str:
-    op, y = task.data["steps"][step]
-    symbol = {"add": "+", "subtract": "-", "multiply": "*"}[op]
-    return f"{task.data['results'][step - 1] + 10} {symbol} {y}"
-
-
-def _call(task: Task, step: int) -> str:
-    return tool_call_text(task.data["expressions"][step])
-
-
 def _states(task: Task, script: list[str]) -> list[tuple[int, str, int, bool]]:
     traj = _student(task, script)
     env = make_environment("calc_chain")
@@ -68,52 +65,62 @@ def _states(task: Task, script: list[str]) -> list[tuple[int, str, int, bool]]:
 
 
 def test_after_a_miscopied_operand_the_correct_action_is_the_corrective_recall(task: Task) -> None:
-    script = [_call(task, 0), tool_call_text(_miscopy(task, 1)), _call(task, 1), _call(task, 2)]
+    script = [
+        chain_call(task, 0),
+        tool_call_text(miscopied_step(task, 1)),
+        chain_call(task, 1),
+        chain_call(task, 2),
+    ]
     script.append(final_text(task.answer))
     assert _states(task, script) == [
-        (0, _call(task, 0), 0, False),
-        (1, _call(task, 1), 1, False),
-        (2, _call(task, 1), 1, True),  # the re-call of step 1 from the last correct value
-        (3, _call(task, 2), 2, True),
+        (0, chain_call(task, 0), 0, False),
+        (1, chain_call(task, 1), 1, False),
+        (2, chain_call(task, 1), 1, True),  # the re-call of step 1 from the last correct value
+        (3, chain_call(task, 2), 2, True),
         (4, final_text(task.answer), 3, True),
     ]
 
 
 def test_a_miscopy_that_the_student_propagates_still_asks_for_the_recall(task: Task) -> None:
-    wrong = _miscopy(task, 1)
+    wrong = miscopied_step(task, 1)
     left, symbol, y = wrong.split(" ")
     value = int(left) + int(y) if symbol == "+" else int(left) - int(y)
     op2, y2 = task.data["steps"][2]
     propagated = f"{value} {'+' if op2 == 'add' else '-'} {y2}"
-    script = [_call(task, 0), tool_call_text(wrong), tool_call_text(propagated), final_text("0")]
+    script = [
+        chain_call(task, 0),
+        tool_call_text(wrong),
+        tool_call_text(propagated),
+        final_text("0"),
+    ]
     assert _states(task, script) == [
-        (0, _call(task, 0), 0, False),
-        (1, _call(task, 1), 1, False),
-        (2, _call(task, 1), 1, True),
-        (3, _call(task, 1), 1, True),  # an answer would be wrong: step 1 was never done
+        (0, chain_call(task, 0), 0, False),
+        (1, chain_call(task, 1), 1, False),
+        (2, chain_call(task, 1), 1, True),
+        (3, chain_call(task, 1), 1, True),  # an answer would be wrong: step 1 was never done
     ]
 
 
 def test_after_a_malformed_call_the_correct_action_is_the_recall(task: Task) -> None:
     refused = tool_call_text(task.data["expressions"][0].split(" ")[0] + " +")
-    script = [BAD_JSON, _call(task, 0), refused, _call(task, 1), _call(task, 2)]
+    script = [BAD_JSON, chain_call(task, 0), refused, chain_call(task, 1), chain_call(task, 2)]
     script.append(final_text(task.answer))
     assert _states(task, script) == [
-        (0, _call(task, 0), 0, False),
-        (1, _call(task, 0), 0, True),  # re-call after the parse error
-        (2, _call(task, 1), 1, True),
-        (3, _call(task, 1), 1, True),  # re-call after the tool refused "a +"
-        (4, _call(task, 2), 2, True),
+        (0, chain_call(task, 0), 0, False),
+        (1, chain_call(task, 0), 0, True),  # re-call after the parse error
+        (2, chain_call(task, 1), 1, True),
+        (3, chain_call(task, 1), 1, True),  # re-call after the tool refused "a +"
+        (4, chain_call(task, 2), 2, True),
         (5, final_text(task.answer), 3, True),
     ]
 
 
 def test_a_duplicate_call_does_not_advance_and_an_early_answer_is_scored(task: Task) -> None:
-    script = [_call(task, 0), _call(task, 0), final_text("7")]
+    script = [chain_call(task, 0), chain_call(task, 0), final_text("7")]
     assert _states(task, script) == [
-        (0, _call(task, 0), 0, False),
-        (1, _call(task, 1), 1, False),
-        (2, _call(task, 1), 1, True),
+        (0, chain_call(task, 0), 0, False),
+        (1, chain_call(task, 1), 1, False),
+        (2, chain_call(task, 1), 1, True),
     ]
     env = make_environment("calc_chain")
     assert (
@@ -165,7 +172,12 @@ class _LookupTeacher:
 
 def test_the_score_is_all_action_tokens_argmax_at_student_states(task: Task) -> None:
     env = make_environment("calc_chain")
-    script = [_call(task, 0), tool_call_text(_miscopy(task, 1)), _call(task, 1), _call(task, 2)]
+    script = [
+        chain_call(task, 0),
+        tool_call_text(miscopied_step(task, 1)),
+        chain_call(task, 1),
+        chain_call(task, 2),
+    ]
     script.append(final_text(task.answer))
     student = _student(task, script)
     tok = toy_tokenizer()
@@ -194,7 +206,12 @@ def test_the_score_is_all_action_tokens_argmax_at_student_states(task: Task) -> 
 
 def test_evaluate_rolls_out_the_student_and_scores_oracle_states_too(task: Task) -> None:
     env = make_environment("calc_chain")
-    script = [_call(task, 0), tool_call_text(_miscopy(task, 1)), _call(task, 1), _call(task, 2)]
+    script = [
+        chain_call(task, 0),
+        tool_call_text(miscopied_step(task, 1)),
+        chain_call(task, 1),
+        chain_call(task, 2),
+    ]
     script.append(final_text(task.answer))
     student = make_runner(script, environment=env, config=CONFIG).backend
     oracle = make_runner([], environment=env, config=CONFIG).oracle_rollout(task)
