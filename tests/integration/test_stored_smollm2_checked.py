@@ -550,3 +550,44 @@ def test_the_arms_protocol_is_frozen_and_its_commands_load() -> None:
     run = load_recipe(recipe, [*teacher, *common, *on_test])
     assert run.lab.fixed_state_recovery and run.eval.split == "test"
     assert training_digest(grid.to_dict()) == training_digest(run.to_dict())
+
+
+def test_seed_4s_chain_rebuilt_gives_the_same_bytes_and_pilot_7s_fixed_states() -> None:
+    """Teacher 2 and seed 4's gated cold start, rebuilt from the committed recipes, are pilot
+    6's bytes with pilot 6's gate; the benchmark's fixed states (``eval.fixed_state_recovery``)
+    are the 36 deviated episodes pilot 7's probes continued from, in the same order, and the
+    cold start's own continuation ends as the probe's did at every one of them."""
+    from miniverl.trajectory.io import read_trajectories
+    from miniverl.utils.hashing import sha256_file
+
+    repro, sixth = ROOT / "repro-s4", ROOT / "pilot-6"
+    cell = _json(repro / "cells" / "s4-a0-cold-start.json")["payload"]
+    before = _json(sixth / "cells" / "s4-a0-cold-start.json")["payload"]
+    assert cell["student_sha256"] == before["student_sha256"]
+    record = _json(repro / "seed-4" / "cold-start" / "cold_start.json")
+    fit = _json(sixth / "teacher-adapter-fit-s4.json")
+    assert record["teacher_adapter"]["adapter_sha256"] == fit["adapter_sha256"]
+    assert record["teacher_adapter"]["init_from"]["sha256"] == fit["init_from"]["sha256"]
+    gate = _json(repro / "seed-4" / "cold-start-run" / "teacher-state-gate.json")
+    old = _json(sixth / "seed-4" / "cold-start-run" / "teacher-state-gate.json")
+    for key in ("on_path_correct", "off_path_correct", "recovered", "recovery_states", "passed"):
+        assert gate[key] == old[key], key
+    fixed = cell["fixed_states"]
+    path = repro / "seed-4" / "cold-start" / fixed["file"]
+    assert sha256_file(path) == fixed["sha256"]
+    assert (fixed["split"], fixed["tasks"], fixed["episodes"]) == ("eval", 90, 90)
+    stored = [t.trajectory_id for t in read_trajectories(path)]
+    outcomes = fixed["cold_start"]["outcomes"]
+    assert [o["trajectory_id"] for o in outcomes] == stored and len(stored) == 36
+    probe = (ROOT / "pilot-7" / "state-probe-cold-start.txt").read_text(encoding="utf-8")
+    continued = re.findall(r"^===== (\S+):recovery solved=(True|False)$", probe, re.M)
+    assert [(tid, int(s == "True")) for tid, s in continued] == [
+        (o["trajectory_id"], o["solved"]) for o in outcomes
+    ]
+    assert fixed["cold_start"]["recovered"] == 0
+    for phrase in (
+        f"`{cell['student_sha256'][:8]}…`",
+        f"`{fit['adapter_sha256'][:8]}…`",
+        f"{cell['cpu_seconds']:,.0f} CPU-s",
+    ):
+        assert phrase in LOG, phrase
