@@ -178,9 +178,11 @@ def test_the_positive_controls_arms_run_on_the_checked_recipe_with_a_fitted_adap
         cold / "fixed-states.jsonl"
     )
     assert fixed["episodes"] == fixed["tasks"] == 3 and fixed["split"] == "eval"
+    assert fixed["cost"]["cpu_seconds"] > 0
     for row in [{"fixed_state_recovery": fixed["cold_start"]}, *result["rows"]]:
         outcomes = row["fixed_state_recovery"]["outcomes"]
         assert [o["trajectory_id"] for o in outcomes] == stored
+    assert all(r["fixed_state_recovery"]["cost"]["cpu_seconds"] > 0 for r in result["rows"])
     fixed_rows = [c for c in result["contrasts"] if c["endpoint"] == "fixed_recovery"]
     assert fixed_rows and all(c["seeds"] == ["1"] for c in fixed_rows)
     against_cold = [c["arm"] for c in fixed_rows if c["reference"] == "cold_start"]
