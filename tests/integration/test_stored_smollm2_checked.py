@@ -591,3 +591,16 @@ def test_seed_4s_chain_rebuilt_gives_the_same_bytes_and_pilot_7s_fixed_states() 
         f"{cell['cpu_seconds']:,.0f} CPU-s",
     ):
         assert phrase in LOG, phrase
+
+
+def test_pilot_7_rerun_from_the_rebuilt_cold_start_evaluates_the_same_episodes() -> None:
+    """``opd`` and ``offline_kd`` run again from the rebuilt seed-4 cold start with pilot 7's
+    commands, stopped after step 20: all 360 evaluated episodes equal pilot 7's."""
+    rerun = _json(ROOT / "repro-s4" / "pilot-7-episodes-steps-10-20.json")["runs"]
+    stored = _json(ROOT / "pilot-7" / "episodes.json")["runs"]
+    for arm in ("opd", "offline_kd"):
+        again, before = rerun[f"runs/smol-p7r-s4/{arm}"], stored[f"runs/smol-pilot7-s4/{arm}"]
+        assert sorted(again) == ["cycle-0009", "cycle-0019"]
+        for tag, evaluation in again.items():
+            assert len(evaluation["episodes"]) == 90
+            assert evaluation == before[tag], (arm, tag)
