@@ -92,30 +92,27 @@ def outcome_table(
                 rates.setdefault(str(cell["seed"]), []).append(float(rate))
         return {seed: {RECOVERY: statistics.fmean(v)} for seed, v in rates.items()}
     sums: dict[str, dict[str, list[float]]] = {}
-    if k == FIXED_RECOVERY:
-        for cell in cells:
-            if cell.get("arm") == arm and cell.get("fixed_state_recovery"):
-                for state in cell["fixed_state_recovery"]["outcomes"]:
-                    sums.setdefault(str(cell["seed"]), {}).setdefault(
-                        str(state["trajectory_id"]), []
-                    ).append(float(state["solved"]))
-        return {
-            seed: {tid: statistics.fmean(v) for tid, v in states.items()}
-            for seed, states in sums.items()
-        }
     for cell in cells:
-        if cell.get("arm") != arm:
-            continue
-        seed = str(cell["seed"])
-        for task in cell.get("tasks") or []:
-            if k is not None and int(task["k"]) != k:
-                continue
-            sums.setdefault(seed, {}).setdefault(str(task["task_id"]), []).append(
-                float(task["solved"])
-            )
+        if cell.get("arm") == arm:
+            for unit, solved in _paired_units(cell, k):
+                sums.setdefault(str(cell["seed"]), {}).setdefault(unit, []).append(solved)
     return {
-        seed: {tid: statistics.fmean(v) for tid, v in tasks.items()} for seed, tasks in sums.items()
+        seed: {unit: statistics.fmean(v) for unit, v in units.items()}
+        for seed, units in sums.items()
     }
+
+
+def _paired_units(cell: Mapping[str, Any], k: Endpoint) -> list[tuple[str, float]]:
+    """``(unit id, solved)`` of one cell on endpoint ``k``: its fixed states for
+    :data:`FIXED_RECOVERY`, else its held-out tasks (of chain length ``k`` when given)."""
+    if k == FIXED_RECOVERY:
+        states = (cell.get("fixed_state_recovery") or {}).get("outcomes") or []
+        return [(str(s["trajectory_id"]), float(s["solved"])) for s in states]
+    return [
+        (str(t["task_id"]), float(t["solved"]))
+        for t in cell.get("tasks") or []
+        if k is None or int(t["k"]) == k
+    ]
 
 
 def contrast_pairs(

@@ -538,12 +538,19 @@ def first_off_path_turns(
     played after a turn that did not advance the oracle (episodes without one are absent)."""
     from miniverl.lab.teachers.dagger import label_student_states
 
+    return _first_off(
+        _Tagged(traj.trajectory_id, state)
+        for traj in student_trajectories
+        for state in label_student_states(environment, tasks_by_id, [traj], tokenizer)
+    )
+
+
+def _first_off(states: Iterable[_Tagged]) -> dict[str, int]:
+    """``trajectory_id -> turn`` of the first off-path state of each episode, in turn order."""
     first_off: dict[str, int] = {}
-    for traj in student_trajectories:
-        for state in label_student_states(environment, tasks_by_id, [traj], tokenizer):
-            if state.off_path:
-                first_off[traj.trajectory_id] = int(state.turn)
-                break
+    for tagged in states:
+        if tagged.off_path:
+            first_off.setdefault(tagged.trajectory_id, tagged.turn)
     return first_off
 
 
@@ -644,12 +651,10 @@ def score_state_gate(
                 "privileged": leaked,
             }
         )
-    first_off: dict[str, int] = {}
-    for tagged in states:
-        if tagged.off_path:
-            first_off.setdefault(tagged.trajectory_id, tagged.turn)
     recovered = (
-        recovery_outcomes(teacher, environment, by_id, student_trajectories, first_off, rollout)
+        recovery_outcomes(
+            teacher, environment, by_id, student_trajectories, _first_off(states), rollout
+        )
         if recovery
         else []
     )
