@@ -42,6 +42,22 @@ def test_the_trainer_stops_after_the_cycle_that_spends_the_cap(tmp_path: Path) -
     assert cap_outcome(cap, budget)["bound"] is True
 
 
+def test_an_arms_budget_is_measured_from_a_trajectory_log_of_any_size(tmp_path: Path) -> None:
+    """A long on-policy arm writes a trajectory log past the 64 MiB cap of a JSON file read whole
+    (400 toy cycles of 16 rollouts wrote 93 MB); its budget is counted streaming, line by line."""
+    from miniverl.utils.safe_load import MAX_JSON_BYTES
+
+    trainer = OPDTrainer(tiny_config("train.cycles=1"), output_dir=tmp_path / "run", quiet=True)
+    trainer.train()
+    measured = measure_budget(trainer.paths.root, wall_seconds=1.0, cpu_seconds=1.0, device="cpu")
+    assert measured["teacher_scored_tokens"] > 0
+    with trainer.paths.trajectories.open("ab") as handle:
+        handle.write(b" " * (MAX_JSON_BYTES + 1) + b"\n")
+    assert trainer.paths.trajectories.stat().st_size > MAX_JSON_BYTES
+    again = measure_budget(trainer.paths.root, wall_seconds=1.0, cpu_seconds=1.0, device="cpu")
+    assert again == measured
+
+
 def test_an_unspent_cap_changes_nothing(tmp_path: Path) -> None:
     cap = BudgetCap(resource="wall_seconds", limit=1e9)
     trainer = OPDTrainer(

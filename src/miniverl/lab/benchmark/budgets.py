@@ -348,7 +348,8 @@ def measure_budget(
     run_dir: str | Path, *, wall_seconds: float, cpu_seconds: float, device: str
 ) -> dict[str, Any]:
     """Every :data:`BUDGET_FIELDS` value of one finished arm run, from its artifacts."""
-    from miniverl.inspection.run_dir import read_events, read_jsonl, read_metrics
+    from miniverl.inspection.run_dir import read_events, read_metrics
+    from miniverl.trajectory.io import iter_trajectories
     from miniverl.utils.runs import RunPaths
 
     paths = RunPaths(run_dir)
@@ -361,12 +362,12 @@ def measure_budget(
     scored = 0
     if mode in MODES and MODES[mode].teacher_targets and paths.trajectories.exists():
         seen: set[str] = set()
-        for record in read_jsonl(paths.trajectories):
-            tid = str(record.get("trajectory_id"))
+        for trajectory in iter_trajectories(paths.trajectories):
+            tid = trajectory.trajectory_id
             if tid in seen or any(part in tid for part in UNSCORED_ID_PARTS):
                 continue
             seen.add(tid)
-            scored += len(record.get("token_ids") or [])
+            scored += len(trajectory.token_ids)
     return {
         "optimizer_steps": optimizer_steps,
         "trained_tokens": sum(int(s.get("selected_positions") or 0) for s in steps),
