@@ -1,0 +1,145 @@
+"""The toy positive control's stored pilots and protocol are the ones its LOG quotes.
+
+``results/toy_positive_control/pilot-2/`` and ``pilot-3/seed-S-run/`` hold what each pilot's
+benchmark wrote (cells, the plan, each cold start's records, fixed states and both teacher
+gates); no weights, their SHA-256 is in the cells. Every recovery count and gate figure the
+LOG's table quotes is read back from these files here, and the fixed-state outcomes are
+recounted from each cell's per-state records.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2] / "results" / "toy_positive_control"
+LOG = " ".join((ROOT / "LOG.md").read_text(encoding="utf-8").split())
+ARMS = ("offline_kd", "opd", "sft_corrective", "opd_self")
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _cell(run: Path, seed: int, arm: str) -> dict[str, Any]:
+    return _json(run / "cells" / f"s{seed}-a0-{arm}.json")["payload"]
+
+
+def _recovered(cell: dict[str, Any]) -> tuple[int, int]:
+    """``(recovered, states)`` recounted from the cell's per-state outcomes."""
+    block = cell.get("fixed_state_recovery") or cell["fixed_states"]["cold_start"]
+    outcomes = block["outcomes"]
+    assert block["recovered"] == sum(o["solved"] for o in outcomes)
+    assert block["states"] == len(outcomes)
+    return block["recovered"], block["states"]
+
+
+def _table_rows(seed: int) -> tuple[list[int], list[int]]:
+    """The LOG's pilot-3 table: the seed's success row and its recovery row."""
+    rows = {}
+    for line in (ROOT / "LOG.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip(" *") for c in line.strip().strip("|").split("|")]
+        if cells[0].startswith(f"{seed}: "):
+            rows[cells[0].split(" ")[1]] = [int(c) for c in cells[1:]]
+    return rows["success"], rows["recovered"]
+
+
+def test_pilot_3s_table_is_its_stored_cells() -> None:
+    """Both seeds' rows: successes of 60 and recoveries at the cold start's own deviated
+    states, for the cold start and the four arms, in the table's column order."""
+    for seed in (1, 2):
+        run = ROOT / "pilot-3" / f"seed-{seed}-run"
+        cold = _cell(run, seed, "cold-start")
+        cells = [_cell(run, seed, arm) for arm in ARMS]
+        success = [round(cold["after_warmup_success"] * 60)] + [c["final_solved"] for c in cells]
+        recovered = [_recovered(cold)[0]] + [_recovered(c)[0] for c in cells]
+        states = {_recovered(c)[1] for c in [cold, *cells]}
+        assert len(states) == 1, "every arm continues from the same states"
+        assert [c["final_tasks"] for c in cells] == [60] * 4
+        assert _table_rows(seed) == (success, recovered), seed
+        assert f"{seed}: recovered of {states.pop()}" in LOG
+        for c in cells:
+            assert c["cold_start_student_sha256"] == cold["student_sha256"]
+
+
+def test_pilot_3s_teacher_is_the_stored_checkpoint_and_its_gates_are_the_quoted_ones() -> None:
+    from miniverl.utils.hashing import sha256_file
+
+    teacher = ROOT / "teacher" / "adapter.safetensors"
+    sha = sha256_file(teacher)
+    assert sha[:8] in LOG
+    assert _json(ROOT / "teacher" / "eval.json")["final"]["solved"] == 59
+    for seed, (off, recovered, states) in {1: ("0.620", 38, 43), 2: ("0.866", 26, 32)}.items():
+        run = ROOT / "pilot-3" / f"seed-{seed}-run"
+        assert _json(run / f"seed-{seed}" / "teacher-checkpoint.json")["sha256"] == sha
+        gate = _json(run / f"seed-{seed}" / "teacher-state-gate.json")
+        assert gate["privileged_rule"] == "any_new_number" and not gate["passed"]
+        assert f"{gate['off_path_agreement']:.3f}" == off and off in LOG
+        assert (gate["recovered"], gate["recovery_states"]) == (recovered, states)
+        assert f"{recovered} of {states}" in LOG
+        assert gate["on_path_agreement"] > 0.999
+        recorded = _cell(run, seed, "cold-start")["teacher_gate"]["states"]
+        assert recorded["off_path_agreement"] == gate["off_path_agreement"]
+        turn = _json(run / f"seed-{seed}" / "cold-start" / "teacher-gate.json")
+        assert f"{turn['value']:.3f}" in LOG and not turn["passed"]
+
+
+def test_pilot_3s_probes_reproduce_the_gate_and_give_the_teacher_departs_figures() -> None:
+    """The probe's first line under the gate's own rule is the stored gate; the figures with
+    ``teacher_departs`` are the ones the LOG quotes."""
+    gate = _json(ROOT / "pilot-3" / "seed-2-run" / "seed-2" / "teacher-state-gate.json")
+    same = json.loads(
+        (ROOT / "pilot-3" / "probe-seed-2-any_new_number.txt").read_text().splitlines()[0]
+    )
+    assert same == {k: gate[k] for k in same}
+    for seed, off in ((2, "0.909"), (1, "0.705")):
+        text = (ROOT / "pilot-3" / f"probe-seed-{seed}-teacher_departs.txt").read_text()
+        figures = json.loads(text.splitlines()[0])
+        assert f"{figures['off_path_agreement']:.3f}" == off and f"**{off}**" in LOG
+
+
+def test_pilot_2_is_the_first_recovery_through_opd() -> None:
+    run = ROOT / "pilot-2"
+    cold, offline, opd = (_cell(run, 1, arm) for arm in ("cold-start", "offline_kd", "opd"))
+    assert [_recovered(c) for c in (cold, offline, opd)] == [(0, 43), (0, 43), (12, 43)]
+    assert (offline["final_solved"], opd["final_solved"]) == (13, 24)
+    assert (
+        "**At the cold start's 43 own deviated states: cold start 0, `offline_kd` 0, `opd` 12.**"
+        in LOG
+    )
+    pilot_3 = _cell(ROOT / "pilot-3" / "seed-1-run", 1, "cold-start")
+    assert cold["student_sha256"] == pilot_3["student_sha256"]
+    assert pilot_3["student_sha256"][:8] in LOG
+
+
+def test_the_toy_protocol_is_frozen_and_its_commands_load() -> None:
+    """``test/protocol.yaml`` is the frozen bytes; six arms at seeds 11-18, ``fixed_recovery``
+    and all-k primary for both pairs; its grid and test overrides validate and train the same
+    way, so ``--lr-from`` will accept the grid."""
+    from miniverl.lab.benchmark.lr_grid import training_digest
+    from miniverl.lab.benchmark.protocol import freeze_protocol, primary_endpoints
+    from miniverl.lab.config import load_recipe
+
+    test = ROOT / "test"
+    arms = ["opd", "offline_kd", "opd_reverse_kl", "offline_kd_reverse_kl"]
+    arms += ["sft_corrective", "opd_self"]
+    frozen = freeze_protocol(test, test / "protocol.yaml", seeds=list(range(11, 19)), arms=arms)
+    assert frozen is not None and frozen["frozen_at"] == "2026-12-07T14:03:28+00:00"
+    assert primary_endpoints(frozen["content"]) == ["fixed_recovery", None]
+    assert frozen["content"]["primary_contrasts"] == [
+        ["opd", "offline_kd"],
+        ["opd_reverse_kl", "offline_kd_reverse_kl"],
+    ]
+    assert frozen["sha256"][:8] in LOG and frozen["frozen_at"][11:19] in LOG
+    text = (test / "protocol.yaml").read_text(encoding="utf-8")
+    gate = ["eval.teacher_gate_required=false"]
+    assert "GATE = eval.teacher_gate_required=false." in " ".join(text.split())
+    on_test = ["eval.split=test", "eval.max_tasks=90"]
+    assert "GATE eval.split=test # eval.max_tasks=90" in " ".join(text.split())
+    recipe = ROOT.parents[1] / "recipes" / "toy_calc_chain_checked.yaml"
+    grid = load_recipe(recipe, gate)
+    run = load_recipe(recipe, [*gate, *on_test])
+    assert run.lab.fixed_state_recovery and run.eval.split == "test"
+    assert run.lab.teacher_gate.privileged == "teacher_departs"
+    assert training_digest(grid.to_dict()) == training_digest(run.to_dict())
