@@ -10,6 +10,7 @@ recounted from each cell's per-state records.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +144,15 @@ def test_the_toy_protocol_is_frozen_and_its_commands_load() -> None:
     assert run.lab.fixed_state_recovery and run.eval.split == "test"
     assert run.lab.teacher_gate.privileged == "teacher_departs"
     assert training_digest(grid.to_dict()) == training_digest(run.to_dict())
+
+
+def test_pilot_3s_teacher_audit_has_no_eos_target_and_the_quoted_agreements() -> None:
+    for seed, after in ((1, "0.970 of 13,113"), (2, "0.970 of 3,976")):
+        text = " ".join(
+            (ROOT / "pilot-3" / f"teacher-audit-seed-{seed}-opd.txt").read_text().split()
+        )
+        assert "e90380268129" in text and "800 student rollouts re-scored" in text
+        assert text.count("EOS 0") == 3, "no EOS target on the path, after an error, or deviated"
+        figure = re.search(r"after_error positions (\d+) .*? agreement ([\d.]+) of", text)
+        assert figure is not None
+        assert f"{figure.group(2)} of {int(figure.group(1)):,}" == after and after in LOG
