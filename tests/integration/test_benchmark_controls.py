@@ -10,7 +10,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -100,3 +102,45 @@ def test_the_dart_arm_trains_on_corrective_traces_but_never_on_the_corrupted_cal
             )
         else:
             assert "the next step is" in (result.error if result else "") or result is None
+
+
+def _run_again(out: Path) -> dict[str, Any]:
+    result = CliRunner().invoke(
+        app,
+        [
+            "benchmark",
+            str(ROOT / "recipes" / "toy_calc_chain_checked.yaml"),
+            *SMALL,
+            "--arms",
+            "opd,opd_self,sft_corrective",
+            "--seeds",
+            "2",
+            "--output",
+            str(out),
+            "--quiet",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(RunPaths(out).benchmark_json.read_text())["cells"]
+
+
+def test_a_negative_control_cell_is_reused_on_a_rerun_and_after_a_copy(
+    bench: Path, tmp_path: Path
+) -> None:
+    """``opd_self``'s run points its teacher at this directory's cold start; the cell is
+    checked against the arm as planned (and the cold start by its SHA-256), so neither a rerun
+    nor a copy of the cells and cold start into another directory trains it again."""
+    cell = bench / "cells" / "s2-a0-opd_self.json"
+    before = cell.read_bytes()
+    payload = json.loads(before)["payload"]
+    assert payload["arm_config_digest"] != payload["config_digest"]
+    again = _run_again(bench)
+    assert again["discarded"] == [] and "s2-a0-opd_self" in again["reused"]
+    assert cell.read_bytes() == before
+    copy = tmp_path / "copy"
+    shutil.copytree(bench / "cells", copy / "cells")
+    shutil.copy(bench / "plan.json", copy / "plan.json")
+    shutil.copytree(bench / "seed-2" / "cold-start", copy / "seed-2" / "cold-start")
+    moved = _run_again(copy)
+    assert moved["discarded"] == [] and len(moved["reused"]) == 4
+    assert (copy / "cells" / "s2-a0-opd_self.json").read_bytes() == before

@@ -367,9 +367,8 @@ def make_trainer_cell_runner(
         seed_dir, run_dir = cell_dirs(root, cell)
         cold_dir = RunPaths(seed_dir).cold_start
         cold = done[Cell(cell.seed, 0, COLD_START)]
-        config = with_cold_start_teacher(
-            arm_config_for_arm_seed(plans[cell.seed][1][cell.arm], cell.arm_seed), str(cold_dir)
-        )
+        planned = arm_config_for_arm_seed(plans[cell.seed][1][cell.arm], cell.arm_seed)
+        config = with_cold_start_teacher(planned, str(cold_dir))
         cap = expected_cap(
             cell.arm, done.get(Cell(cell.seed, cell.arm_seed, REFERENCE_ARM)), compute_matched
         )
@@ -437,6 +436,7 @@ def make_trainer_cell_runner(
             "wall_seconds": round(wall, 2),
             "pieces": spent.pieces,
             **measured,
+            "arm_config_digest": planned.digest(),
             "budget": budget,
             "compute_cap": cap_outcome(cap, budget),
             "tasks": task_outcomes(final, tasks),

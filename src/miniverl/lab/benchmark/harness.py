@@ -242,7 +242,7 @@ def run_benchmark(
         reference = done.get(type(cell)(cell.seed, cell.arm_seed, REFERENCE_ARM))
         if not same_cap(payload, expected_cap(cell.arm, reference, compute_matched)):
             return "recorded under another compute cap (or none)"
-        recorded = payload.get("config_digest")
+        recorded = payload.get("arm_config_digest", payload.get("config_digest"))
         if recorded is not None:
             config = arm_config_for_arm_seed(plans[cell.seed][1][cell.arm], cell.arm_seed)
             if recorded != config.digest():
