@@ -156,3 +156,24 @@ def test_pilot_3s_teacher_audit_has_no_eos_target_and_the_quoted_agreements() ->
         figure = re.search(r"after_error positions (\d+) .*? agreement ([\d.]+) of", text)
         assert figure is not None
         assert f"{figure.group(2)} of {int(figure.group(1)):,}" == after and after in LOG
+
+
+def test_the_grid_table_is_its_stored_cells_and_lr_grid_selects_as_quoted() -> None:
+    grid = ROOT / "lr-grid"
+    selected = _json(grid / "lr_grid.json")["selected"]
+    rates = _json(grid / "lr_grid.json")["grid"]
+    assert rates == [0.0005, 0.001, 0.002]
+    rows = {}
+    for line in (ROOT / "LOG.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip(" `") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] in selected:
+            rows[cells[0]] = cells[1:]
+    assert set(rows) == set(selected)
+    for arm, (success, recovered, chosen) in rows.items():
+        payloads = [_json(grid / "cells" / f"s3-a0-{arm}@lr={lr}.json")["payload"] for lr in rates]
+        assert success == " / ".join(str(p["final_solved"]) for p in payloads), arm
+        assert recovered == " / ".join(str(_recovered(p)[0]) for p in payloads), arm
+        assert float(chosen) == selected[arm]
+    gate = _json(grid / "seed-3" / "teacher-state-gate.json")
+    assert gate["privileged_rule"] == "teacher_departs" and not gate["passed"]
+    assert f"recovery {gate['recovered']} of {gate['recovery_states']}" in LOG
