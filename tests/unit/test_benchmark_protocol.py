@@ -136,6 +136,7 @@ def test_the_eval_split_needs_no_protocol(tmp_path: Path) -> None:
     assert calls and result["protocol"] == {
         "required": False,
         "frozen": None,
+        "missing_seeds": [],
         "note": "no protocol file was frozen for this directory",
     }
 
@@ -192,3 +193,44 @@ def test_the_protocols_primary_contrasts_are_the_pairs_tested(tmp_path: Path) ->
     with pytest.raises(ProtocolError, match="distinct pairs of two different arms"):
         twice = {**content, "primary_contrasts": [*pairs, ["opd", "sft_only"]]}
         _run(tmp_path / "again", _write(tmp_path / "q.json", json.dumps(twice)), [])
+
+
+def test_the_protocols_seeds_run_in_pieces_and_only_the_whole_is_the_analysis(
+    tmp_path: Path,
+) -> None:
+    """A process may run part of the protocol's seeds in its own directory (a piece, and its
+    note says so); a seed outside the protocol is refused; the pieces' cells copied into one
+    directory and run over every seed make the pre-registered analysis, nothing recomputed."""
+    import shutil
+
+    protocol = _write(tmp_path / "protocol.yaml")
+    calls: list[str] = []
+
+    def run(out: Path, seeds: list[int]) -> Any:
+        def run_cell(cell: Any, done: Any) -> dict[str, Any]:
+            calls.append(cell.name)
+            return fake_payload(cell, done)
+
+        return run_benchmark(
+            tiny_config().with_overrides(["eval.split=test", "environment.test_tasks=4"]),
+            arms=ARMS,
+            seeds=seeds,
+            output_dir=out,
+            resamples=200,
+            run_cell=run_cell,
+            protocol=protocol if not (out / "protocol.json").exists() else None,
+        )
+
+    first = run(tmp_path / "a", [1])
+    assert first["protocol"]["missing_seeds"] == [2, 3]
+    assert "a piece of it: seeds [2, 3] are not in this run" in first["protocol"]["note"]
+    assert run(tmp_path / "b", [2, 3])["protocol"]["missing_seeds"] == [1]
+    with pytest.raises(ProtocolError, match=r"do not hold every seed of this run \[3, 4\]"):
+        run(tmp_path / "c", [3, 4])
+    assert not (tmp_path / "c" / "protocol.json").exists()
+    for cell in (tmp_path / "b" / "cells").iterdir():
+        shutil.copy(cell, tmp_path / "a" / "cells" / cell.name)
+    calls.clear()
+    whole = run(tmp_path / "a", [1, 2, 3])
+    assert calls == [] and whole["protocol"]["missing_seeds"] == []
+    assert "a piece" not in whole["protocol"]["note"]

@@ -200,6 +200,7 @@ def run_benchmark(
 
     from miniverl.lab.benchmark.protocol import (
         freeze_protocol,
+        missing_seeds,
         primary_endpoints,
         refuse_unprotocolled_cell,
     )
@@ -359,9 +360,17 @@ def run_benchmark(
         "protocol": {
             "required": on_test,
             "frozen": frozen,
+            "missing_seeds": missing_seeds(frozen, seeds),
             "note": (
                 f"protocol {frozen['file']} frozen at {frozen['frozen_at']} (sha256 {frozen['sha256']}), "
                 f"stored as {frozen['stored_as']}"
+                + (
+                    f"; a piece of it: seeds {missing_seeds(frozen, seeds)} are not in this run, "
+                    "so these contrasts are not the pre-registered analysis (merge every piece's "
+                    "cells into one directory and run it over all the protocol's seeds)"
+                    if missing_seeds(frozen, seeds)
+                    else ""
+                )
             )
             if frozen is not None
             else "no protocol file was frozen for this directory"

@@ -89,8 +89,13 @@ def validate_protocol(
             f"endpoints must be a non-empty list of 'all', 'recovery', 'fixed_recovery' or 'k=<n>', got {endpoints!r}"
         )
     recorded_seeds = content.get("seeds")
-    if "seeds" in content and recorded_seeds != [int(s) for s in seeds]:
-        problems.append(f"seeds {recorded_seeds!r} are not this run's seeds {list(seeds)!r}")
+    if "seeds" in content and (
+        not isinstance(recorded_seeds, list) or not set(map(int, seeds)) <= set(recorded_seeds)
+    ):
+        problems.append(
+            f"seeds {recorded_seeds!r} do not hold every seed of this run {list(seeds)!r} "
+            "(a run may be a piece of the protocol's seeds, never run another)"
+        )
     recorded_arms = content.get("arms")
     if "arms" in content and (
         not isinstance(recorded_arms, list) or sorted(map(str, recorded_arms)) != sorted(arms)
@@ -123,6 +128,15 @@ def validate_protocol(
     ):
         problems.append(f"thresholds must map names to numbers, got {thresholds!r}")
     return [f"{where}: {p}" for p in problems]
+
+
+def missing_seeds(frozen: Mapping[str, Any] | None, seeds: Sequence[int]) -> list[int]:
+    """The frozen protocol's seeds this run does not hold: a run of part of them is a piece
+    (its cells merge into one directory by copying); only the run over all of them is the
+    pre-registered analysis."""
+    if frozen is None:
+        return []
+    return sorted(set(frozen["content"].get("seeds") or []) - set(map(int, seeds)))
 
 
 def primary_endpoints(content: Mapping[str, Any]) -> list[int | str | None]:
@@ -211,6 +225,7 @@ __all__ = [
     "PROTOCOL_RECORD",
     "REQUIRED_KEYS",
     "freeze_protocol",
+    "missing_seeds",
     "primary_endpoints",
     "refuse_unprotocolled_cell",
     "validate_protocol",
