@@ -71,6 +71,13 @@ def test_pilot_3s_teacher_is_the_stored_checkpoint_and_its_gates_are_the_quoted_
     sha = sha256_file(teacher)
     assert sha[:8] in LOG
     assert _json(ROOT / "teacher" / "eval.json")["final"]["solved"] == 59
+    repro = _json(ROOT / "teacher" / "repro-command.json")
+    assert repro == {
+        "command": "train",
+        "overrides": [],
+        "recipe": "recipes/toy_teacher_checked.yaml",
+    }
+    assert f"final adapter SHA-256 `{sha[:8]}…`, the stored `teacher/adapter.safetensors`" in LOG
     for seed, (off, recovered, states) in {1: ("0.620", 38, 43), 2: ("0.866", 26, 32)}.items():
         run = ROOT / "pilot-3" / f"seed-{seed}-run"
         assert _json(run / f"seed-{seed}" / "teacher-checkpoint.json")["sha256"] == sha
