@@ -227,6 +227,15 @@ def test_the_protocols_seeds_run_in_pieces_and_only_the_whole_is_the_analysis(
     assert run(tmp_path / "b", [2, 3])["protocol"]["missing_seeds"] == [1]
     with pytest.raises(ProtocolError, match=r"do not hold every seed of this run \[3, 4\]"):
         run(tmp_path / "c", [3, 4])
+    with pytest.raises(ProtocolError, match=r"seeds \[\[1\], 2, 3\] do not hold"):
+        run_benchmark(
+            tiny_config().with_overrides(["eval.split=test", "environment.test_tasks=4"]),
+            arms=ARMS,
+            seeds=[2],
+            output_dir=tmp_path / "d",
+            run_cell=lambda cell, done: fake_payload(cell, done),
+            protocol=_write(tmp_path / "odd.yaml", PROTOCOL.replace("[1, 2, 3]", "[[1], 2, 3]")),
+        )
     assert not (tmp_path / "c" / "protocol.json").exists()
     for cell in (tmp_path / "b" / "cells").iterdir():
         shutil.copy(cell, tmp_path / "a" / "cells" / cell.name)

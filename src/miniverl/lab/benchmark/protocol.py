@@ -90,7 +90,9 @@ def validate_protocol(
         )
     recorded_seeds = content.get("seeds")
     if "seeds" in content and (
-        not isinstance(recorded_seeds, list) or not set(map(int, seeds)) <= set(recorded_seeds)
+        not isinstance(recorded_seeds, list)
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in recorded_seeds)
+        or not set(map(int, seeds)) <= set(recorded_seeds)
     ):
         problems.append(
             f"seeds {recorded_seeds!r} do not hold every seed of this run {list(seeds)!r} "
