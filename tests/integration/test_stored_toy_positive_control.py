@@ -184,3 +184,57 @@ def test_the_grid_table_is_its_stored_cells_and_lr_grid_selects_as_quoted() -> N
     gate = _json(grid / "seed-3" / "teacher-state-gate.json")
     assert gate["privileged_rule"] == "teacher_departs" and not gate["passed"]
     assert f"recovery {gate['recovered']} of {gate['recovery_states']}" in LOG
+
+
+TEST_ARMS = (
+    "offline_kd",
+    "opd",
+    "offline_kd_reverse_kl",
+    "opd_reverse_kl",
+    "sft_corrective",
+    "opd_self",
+)
+
+
+def _test_rows() -> dict[tuple[int, str], list[str]]:
+    """The LOG's test-run table: ``(seed, "success" | "recovered")`` -> its cells."""
+    rows = {}
+    for line in (ROOT / "LOG.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip(" *") for c in line.strip().strip("|").split("|")]
+        head = re.fullmatch(r"(1[1-8]): (success|recovered) of \d+", cells[0])
+        if head:
+            rows[(int(head.group(1)), head.group(2))] = cells[1:]
+    return rows
+
+
+def test_the_test_run_is_the_frozen_protocols_and_the_log_quotes_its_cells_and_verdicts() -> None:
+    """Every seed's row of the LOG's table is its stored cells (successes of 90 test tasks, and
+    recoveries at the cold start's own deviated states recounted per state), the teacher gate
+    column is the cold-start cell's, the analysis ran over every protocol seed under the frozen
+    protocol, and each primary contrast's verdict is quoted word for word."""
+    test = ROOT / "test"
+    analysis = _json(test / "analysis.json")
+    assert analysis["protocol"]["frozen"]["sha256"] == _json(test / "protocol.json")["sha256"]
+    assert analysis["protocol"]["missing_seeds"] == []
+    assert sorted(int(s) for s in analysis["seeds"]) == list(range(11, 19))
+    rows = _test_rows()
+    for seed in range(11, 19):
+        cold = _cell(test, seed, "cold-start")
+        cells = [_cell(test, seed, arm) for arm in TEST_ARMS]
+        assert {c["cold_start_student_sha256"] for c in cells} == {cold["student_sha256"]}
+        success = [round(cold["after_warmup_success"] * 90)] + [c["final_solved"] for c in cells]
+        recovered = [_recovered(c)[0] for c in [cold, *cells]]
+        assert [int(x) for x in rows[(seed, "success")][:7]] == success, seed
+        assert [int(x) for x in rows[(seed, "recovered")][:7]] == recovered, seed
+        gate = cold["teacher_gate"]["states"]
+        verdict = "passes" if not gate["failures"] else "fails"
+        assert rows[(seed, "success")][7].startswith(f"{verdict} ({gate['off_path_agreement']:.3f}")
+    primary = [c for c in analysis["contrasts"] if c["primary"]]
+    assert {(c["arm"], c["reference"], c["endpoint"]) for c in primary} == {
+        ("opd", "offline_kd", "fixed_recovery"),
+        ("opd", "offline_kd", "all"),
+        ("opd_reverse_kl", "offline_kd_reverse_kl", "fixed_recovery"),
+        ("opd_reverse_kl", "offline_kd_reverse_kl", "all"),
+    }
+    for contrast in primary:
+        assert " ".join(contrast["verdict"].split()) in LOG, contrast["verdict"]
