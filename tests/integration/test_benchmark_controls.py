@@ -43,9 +43,8 @@ SMALL = (
 )
 
 
-@pytest.fixture(scope="module")
-def bench(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("controls") / "out"
+def _run(out: Path) -> dict[str, Any]:
+    """The controls' benchmark into ``out`` (a rerun resumes it); its ``cells`` record."""
     result = CliRunner().invoke(
         app,
         [
@@ -62,6 +61,13 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ],
     )
     assert result.exit_code == 0, result.output
+    return json.loads(RunPaths(out).benchmark_json.read_text())["cells"]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("controls") / "out"
+    _run(out)
     return out
 
 
@@ -104,26 +110,6 @@ def test_the_dart_arm_trains_on_corrective_traces_but_never_on_the_corrupted_cal
             assert "the next step is" in (result.error if result else "") or result is None
 
 
-def _run_again(out: Path) -> dict[str, Any]:
-    result = CliRunner().invoke(
-        app,
-        [
-            "benchmark",
-            str(ROOT / "recipes" / "toy_calc_chain_checked.yaml"),
-            *SMALL,
-            "--arms",
-            "opd,opd_self,sft_corrective",
-            "--seeds",
-            "2",
-            "--output",
-            str(out),
-            "--quiet",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    return json.loads(RunPaths(out).benchmark_json.read_text())["cells"]
-
-
 def test_a_negative_control_cell_is_reused_on_a_rerun_and_after_a_copy(
     bench: Path, tmp_path: Path
 ) -> None:
@@ -134,13 +120,13 @@ def test_a_negative_control_cell_is_reused_on_a_rerun_and_after_a_copy(
     before = cell.read_bytes()
     payload = json.loads(before)["payload"]
     assert payload["arm_config_digest"] != payload["config_digest"]
-    again = _run_again(bench)
+    again = _run(bench)
     assert again["discarded"] == [] and "s2-a0-opd_self" in again["reused"]
     assert cell.read_bytes() == before
     copy = tmp_path / "copy"
     shutil.copytree(bench / "cells", copy / "cells")
     shutil.copy(bench / "plan.json", copy / "plan.json")
     shutil.copytree(bench / "seed-2" / "cold-start", copy / "seed-2" / "cold-start")
-    moved = _run_again(copy)
+    moved = _run(copy)
     assert moved["discarded"] == [] and len(moved["reused"]) == 4
     assert (copy / "cells" / "s2-a0-opd_self.json").read_bytes() == before
