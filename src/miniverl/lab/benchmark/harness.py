@@ -207,6 +207,7 @@ def run_benchmark(
 
     on_test = base.eval.split == "test"
     frozen = freeze_protocol(root, protocol, seeds=seeds, arms=list(chosen))
+    missing = missing_seeds(frozen, seeds)
 
     plans: dict[int, tuple[RunConfig, dict[str, RunConfig]]] = {}
     held: dict[str, Any] = {}
@@ -360,15 +361,15 @@ def run_benchmark(
         "protocol": {
             "required": on_test,
             "frozen": frozen,
-            "missing_seeds": missing_seeds(frozen, seeds),
+            "missing_seeds": missing,
             "note": (
                 f"protocol {frozen['file']} frozen at {frozen['frozen_at']} (sha256 {frozen['sha256']}), "
                 f"stored as {frozen['stored_as']}"
                 + (
-                    f"; a piece of it: seeds {missing_seeds(frozen, seeds)} are not in this run, "
+                    f"; a piece of it: seeds {missing} are not in this run, "
                     "so these contrasts are not the pre-registered analysis (merge every piece's "
                     "cells into one directory and run it over all the protocol's seeds)"
-                    if missing_seeds(frozen, seeds)
+                    if missing
                     else ""
                 )
             )
