@@ -1,6 +1,6 @@
 """What one toy cycle costs against what its arithmetic costs: achieved ÷ floor per phase.
 
-A toy OPD cycle of ``recipes/toy_demo.yaml`` (and an SFT warm-up cycle) runs in this process
+A toy OPD cycle of ``recipes/toy_calculator.yaml`` (and an SFT warm-up cycle) runs in this process
 with a warm toy teacher (fitted once, then reused from ``MINIVERL_CACHE_DIR`` as every demo
 after the first does). Each phase is timed inside the cycle and reported as the median of
 ``--repeats`` cycles, the SFT and OPD cycles interleaved (S O S O ...) so both see the same
@@ -581,7 +581,7 @@ def sft_report(
 def print_toy(report: dict[str, Any]) -> None:
     opd, sft = report["opd"], report["sft"]
     print(
-        f"toy cycle of recipes/toy_demo.yaml, {report['threads']} torch thread(s), medians of "
+        f"toy cycle of recipes/toy_calculator.yaml, {report['threads']} torch thread(s), medians of "
         f"{opd['cycles']} interleaved SFT/OPD cycles; {opd['trajectories_per_cycle']:.1f} rollouts "
         f"per OPD cycle, mean {opd['mean_tokens']:.0f} ids"
     )
@@ -799,7 +799,7 @@ def cycle_cost(args: argparse.Namespace) -> dict[str, Any]:
         if args.tiny:
             os.environ["MINIVERL_CACHE_DIR"] = str(args.cache_dir or root / "cache")
             trainer = toy_trainer(root, args)
-            recipe = "recipes/toy_demo.yaml"
+            recipe = "recipes/toy_calculator.yaml"
         else:
             trainer = chain_trainer(root, args)
             recipe = str(CHAIN_RECIPE.relative_to(ROOT))

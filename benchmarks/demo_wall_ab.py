@@ -3,8 +3,8 @@
 A refactor should keep ``demo --fast`` within 5% of the wall time it had before, measured
 side by side. Timing one checkout now and the other later compares
 two machine loads, not two programs, so this script alternates the two (A B B A A B ...)
-in fresh subprocesses, each with its own empty teacher cache (``MINIVERL_CACHE_DIR``), so
-both fit the toy teacher from scratch exactly as a first-time user does. It also checks
+in fresh subprocesses, each with its own empty cache directory (``MINIVERL_CACHE_DIR``), as a
+first-time user starts. It also checks
 that both print the same held-out figures: the ``eval`` records of ``metrics.jsonl`` must
 agree on every tag's solved / tasks, and the step losses must be identical.
 ``--full`` runs the full demo instead (minutes per run).

@@ -5,7 +5,7 @@ runner stamps the weights that sampled it), once after every optimizer commit, a
 more before every strict-OPD update (the check). This script runs real OPD cycles and
 times every fingerprint call made inside them, next to the cycle's own wall time:
 
-  toy    the shipped toy recipe (``miniverl/recipes/toy_demo.yaml``: 8 rollouts per cycle,
+  toy    the shipped toy recipe (``recipes/toy_calculator.yaml``: 8 rollouts per cycle,
          full fine-tuning, so the fingerprint covers every student weight), with a short
          warm-up and teacher fit so the script finishes in minutes;
   real   SmolLM2-135M-Instruct, loaded with transformers from the Q4_1 GGUF shipped in the

@@ -13,7 +13,7 @@ Three parts (``--parts``, default all):
             (``RolloutRunner(incremental_prefill=False)``) at batch 8 and 32 on the toy,
             with the prompt tokens each arm's prefill forwards ran (random toy weights
             scaled x6 and ``max_parse_errors = max_turns``, so episodes last several turns).
-  opd       The OPD arm of ``recipes/toy_demo.yaml`` twice from one shared SFT cold start:
+  opd       The OPD arm of ``recipes/toy_calculator.yaml`` twice from one shared SFT cold start:
             ``today`` (rollout.batch_size=1, teacher.batch_size=1, eval.batch_size=1,
             train.trajectory_batch_size=1, cache.journal=false: the whole-index flush) and
             ``batched`` (the defaults). Wall time of each arm's ``train()``.
@@ -51,7 +51,7 @@ from miniverl.models.toy import ToyBackend
 from miniverl.models.toy_config import TOY_STUDENT
 from miniverl.schemas.cache import CacheProvenance
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "toy_demo.yaml"
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "toy_calculator.yaml"
 
 TODAY_OVERRIDES = (
     "rollout.batch_size=1",

@@ -44,6 +44,8 @@ from miniverl.trajectory.io import write_trajectories
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
+TOY_CALCULATOR = REPO_ROOT / "recipes" / "toy_calculator.yaml"
+"""The smallest toy recipe (one-step calculator tasks, a teacher fitted on oracle traces)."""
 SRC_DIR = REPO_ROOT / "src"
 
 _TOKENIZER: ToyTokenizer | None = None

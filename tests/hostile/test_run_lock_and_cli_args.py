@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from helpers import subprocess_env
+from helpers import TOY_CALCULATOR, subprocess_env
 from miniverl.cli.main import app
 from miniverl.errors import RunDirectoryError
 from miniverl.utils.runlock import LOCK_NAME, run_lock
@@ -92,9 +92,7 @@ def test_cache_prune_beside_a_live_writer_is_refused_and_changes_nothing(
 
 def test_validate_refuses_more_tasks_than_the_pool_holds_before_any_work() -> None:
     """The calculator's easy pool has 243 prompts; 100,000 is inside the config bound."""
-    from miniverl.recipes import __file__ as recipes_init
-
-    recipe = Path(recipes_init).parent / "toy_demo.yaml"
+    recipe = TOY_CALCULATOR
     started = time.monotonic()
     result = CliRunner().invoke(app, ["validate", str(recipe), "environment.train_tasks=100000"])
     assert time.monotonic() - started < 10.0

@@ -254,11 +254,11 @@ def test_run_benchmark_refuses_before_training(tmp_path: Path) -> None:
 def test_cli_refuses_bad_arguments_before_training(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
+    from helpers import TOY_CALCULATOR
     from miniverl.cli.main import app
-    from miniverl.config.presets import demo_recipe_bytes
 
-    recipe = tmp_path / "toy_demo.yaml"
-    recipe.write_bytes(demo_recipe_bytes())
+    recipe = tmp_path / "toy_calculator.yaml"
+    recipe.write_bytes(TOY_CALCULATOR.read_bytes())
     runner = CliRunner()
     bad_seeds = runner.invoke(
         app, ["benchmark", str(recipe), "--seeds", "1,x", "--output", str(tmp_path / "o")]

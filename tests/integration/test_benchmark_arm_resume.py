@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from helpers import subprocess_env
-from miniverl.config.presets import demo_recipe_bytes
+from helpers import TOY_CALCULATOR, subprocess_env
 from miniverl.lab.benchmark.budgets import CELL_COST_FILE
 from miniverl.utils.failpoints import FAILPOINT_EXIT_CODE
 from miniverl.utils.hashing import sha256_file
@@ -85,8 +84,8 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("arm-resume")
-    recipe = root / "toy_demo.yaml"
-    recipe.write_bytes(demo_recipe_bytes())
+    recipe = root / "toy_calculator.yaml"
+    recipe.write_bytes(TOY_CALCULATOR.read_bytes())
     whole, stopped = root / "whole", root / "stopped"
     assert _benchmark(recipe, whole) == 0
     assert _benchmark(recipe, stopped, failpoint=KILL) == FAILPOINT_EXIT_CODE

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from helpers import TOY_CALCULATOR
 from miniverl.cli.main import app
-from miniverl.config.presets import demo_recipe_bytes
 from miniverl.lab.report.tables import SECTION_TITLES
 from miniverl.utils.hashing import sha256_file
 from miniverl.utils.runs import RunPaths
@@ -34,8 +34,8 @@ SMALL = (
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("bench")
-    recipe = root / "toy_demo.yaml"
-    recipe.write_bytes(demo_recipe_bytes())
+    recipe = root / "toy_calculator.yaml"
+    recipe.write_bytes(TOY_CALCULATOR.read_bytes())
     out = root / "out"
     result = CliRunner().invoke(
         app,
@@ -93,7 +93,7 @@ def test_records_arms_rows_and_what_was_held_fixed(bench: tuple[Path, str]) -> N
     assert data["arm_order"] == ["sft_only", "opd"] and data["seeds"] == [3]
     assert data["arms"]["sft_only"]["overrides"] == ["run.mode=sft"]
     assert data["arms"]["opd"]["overrides"] == ["run.mode=opd", "loss.divergence=forward_kl"]
-    assert data["base_overrides"] == list(SMALL) and data["recipe"] == "toy_demo.yaml"
+    assert data["base_overrides"] == list(SMALL) and data["recipe"] == "toy_calculator.yaml"
     held = data["held_fixed"]["values"]
     assert (
         held["train.cycles"] == 1

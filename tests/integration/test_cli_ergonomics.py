@@ -119,19 +119,14 @@ def test_second_demo_needs_overwrite_and_fast_says_smoke_test(
     assert code == 0, out
     assert not (run / "sentinel").exists() and RunPaths(run).final_checkpoint.is_dir()
     assert "SMOKE TEST (demo --fast)" in out and "meaningless" in out
-    fitted = next(
-        json.loads(line)
-        for line in RunPaths(run).events.read_text().splitlines()
-        if json.loads(line)["event"] in ("toy_teacher_fitted", "toy_teacher_reused")
-    )
-    rate = fitted["heldout_success"]
+    comparison = json.loads(RunPaths(run).comparison_json.read_text())
+    rate = comparison["recovery"]["teacher_solved"] / comparison["recovery"]["tasks"]
     assert "teacher (the ceiling)" in out and f"{100 * rate:.1f}%" in out
     assert "OPD " not in out  # the smoke test states no outcome
     # both arms ran, from the same warm-up weights, and are printed side by side
     arm = comparison_run_dir(run)
     assert RunPaths(arm).final_checkpoint.is_dir()
     assert check_shared_start({"opd": run, "offline_kd": arm}) is not None
-    comparison = json.loads(RunPaths(run).comparison_json.read_text())
     assert [a["name"] for a in comparison["arms"]] == ["opd", "offline_kd"]
     for record, directory in zip(comparison["arms"], (run, arm), strict=True):
         evals = {
@@ -139,9 +134,11 @@ def test_second_demo_needs_overwrite_and_fast_says_smoke_test(
             for r in map(json.loads, RunPaths(directory).metrics.read_text().splitlines())
             if r.get("kind") == "eval"
         }
-        # update 0 is the warm-up's evaluation, the last point the final one (2 cycles)
+        # update 0 is the shared warm-up's (the loaded cold start's baseline), then every
+        # cycle's (eval.every=1), the last one the final (2 cycles)
         assert record["curve"] == [
-            [0, evals["after_warmup"]["success_rate"]],
+            [0, evals["baseline"]["success_rate"]],
+            [1, evals["cycle-0000"]["success_rate"]],
             [2, evals["final"]["success_rate"]],
         ]
         assert record["run_dir"] == str(directory)

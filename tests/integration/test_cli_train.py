@@ -115,6 +115,33 @@ def test_the_packaged_demo_recipe_is_the_one_in_recipes() -> None:
     assert fast.to_dict()["models"]["backend"] == "toy"
 
 
+def test_the_demo_ships_the_toy_controls_teacher_and_its_validation_cold_start() -> None:
+    """The packaged teacher is the stored toy control's teacher byte for byte, and the packaged
+    cold start is the one the control's learning-rate grid recorded at seed 3 (its SHA-256 in
+    the stored cell), made under the demo recipe's environment; the run points at both."""
+    import json
+
+    from miniverl.config.presets import demo_cold_start_path, demo_teacher_path
+    from miniverl.training.cold_start import check_cold_start
+    from miniverl.utils.hashing import sha256_file
+
+    stored = REPO / "results" / "toy_positive_control"
+    assert sha256_file(demo_teacher_path()) == sha256_file(
+        stored / "teacher" / "adapter.safetensors"
+    )
+    grid = json.loads(
+        (stored / "lr-grid" / "seed-3" / "cold-start" / "cold_start.json").read_text()
+    )
+    start = demo_cold_start_path()
+    marker = check_cold_start(start, demo_config())  # refused if made for another environment
+    assert (
+        marker["student_sha256"]
+        == grid["student_sha256"]
+        == sha256_file(start / "student.safetensors")
+    )
+    assert demo_config().models.teacher.checkpoint == str(demo_teacher_path())
+
+
 def test_the_configuration_reference_is_current() -> None:
     from miniverl.config.reference import markdown_reference
     from miniverl.lab.config import LabRunConfig

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from miniverl.cache.store import TeacherCache
+from miniverl.config.presets import demo_cold_start_path, demo_teacher_path
 from miniverl.schemas.trajectory import MODEL_GENERATED_SPAN_TYPES
 from miniverl.training.checkpoint import read_marker
 from miniverl.trajectory.io import read_trajectories
+from miniverl.utils.hashing import sha256_file
 from miniverl.utils.runs import RunPaths
 
 pytestmark = pytest.mark.slow
@@ -39,7 +41,8 @@ def test_every_artifact_exists(demo_fast_run: Path) -> None:
 def test_contents_validate(demo_fast_run: Path) -> None:
     paths = RunPaths(demo_fast_run)
     trajectories = read_trajectories(paths.trajectories)
-    assert {t.metadata["source"] for t in trajectories} == {"oracle", "policy"}
+    # the warm-up is the packaged cold start, so the opd run holds its own rollouts only
+    assert {t.metadata["source"] for t in trajectories} == {"policy"}
     assert read_trajectories(paths.eval_trajectories)
     TeacherCache.open(paths.teacher_cache).validate()
     marker = read_marker(paths.final_checkpoint)
@@ -48,7 +51,7 @@ def test_contents_validate(demo_fast_run: Path) -> None:
     assert marker["config_digest"] == manifest["config_digest"]
     assert manifest["measurement_status"]["gpu_memory"] == "not_run_no_cuda"
     assert manifest["memory_plan"]["reason"]
-    assert manifest["teacher"]["steps"] > 0
+    assert manifest["teacher_checkpoint"]["sha256"] == sha256_file(demo_teacher_path())
     env = json.loads(paths.environment.read_text())
     text = json.dumps(env)
     assert str(Path.home()) not in text and "hostname" not in text
@@ -74,13 +77,9 @@ def test_events_tell_the_run_in_order(demo_fast_run: Path) -> None:
         json.loads(line)["event"]
         for line in RunPaths(demo_fast_run).events.read_text().splitlines()
     ]
-    # a teacher fitted by an earlier test with identical inputs is reused, not refitted
-    events = ["toy_teacher_fitted" if e == "toy_teacher_reused" else e for e in events]
-    # the lab fits the teacher before the run starts, and its events open the run's log
     order = [
-        "toy_teacher_fitted",
         "run_start",
-        "sft_warmup_start",
+        "benchmark_cold_start_loaded",
         "rollouts_collected",
         "token_analysis_written",
         "run_end",
@@ -88,3 +87,21 @@ def test_events_tell_the_run_in_order(demo_fast_run: Path) -> None:
     positions = [events.index(e) for e in order]
     assert positions == sorted(positions)
     assert events[-1] == "run_end"
+
+
+def test_the_comparison_continues_every_policy_from_the_warm_ups_stored_errors(
+    demo_fast_run: Path,
+) -> None:
+    """comparison.json's recovery counts rest on the deviated episodes stored with the packaged
+    cold start, those of the run's held-out tasks (``--fast`` evaluates 4 of them), with a
+    count for the start, both arms and the teacher, none above the states."""
+    comparison = json.loads(RunPaths(demo_fast_run).comparison_json.read_text())
+    recovery = comparison["recovery"]
+    held_out = {t.task_id for t in read_trajectories(RunPaths(demo_fast_run).eval_trajectories)}
+    stored = read_trajectories(demo_cold_start_path() / "fixed-states.jsonl")
+    assert len(stored) == 29
+    assert recovery["states"] == len([t for t in stored if t.task_id in held_out])
+    assert set(recovery["recovered"]) == {"start", "opd", "offline_kd", "teacher"}
+    assert all(0 <= n <= recovery["states"] for n in recovery["recovered"].values())
+    assert comparison["teacher_success"] == recovery["teacher_solved"] / recovery["tasks"]
+    assert recovery["tasks"] == comparison["arms"][0]["final"]["tasks"]

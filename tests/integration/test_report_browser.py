@@ -128,6 +128,8 @@ document.body.setAttribute("data-probe", JSON.stringify({
   first_rows: Array.from(document.querySelectorAll("#headline table")[0]?.querySelectorAll("tbody tr") || [])
     .map((tr) => tr.querySelector("td")?.textContent.trim()),
   chart_text: document.querySelector("#headline svg")?.textContent || "",
+  first_header: Array.from(document.querySelectorAll("#headline table")[0]?.querySelectorAll("thead th") || [])
+    .map((th) => th.textContent.trim()),
 }));
 </script>
 """
@@ -137,8 +139,9 @@ a copy of it; both are laid out at the same viewport."""
 
 def test_the_headline_is_in_the_first_viewport(demo_fast_run: Path, tmp_path: Path) -> None:
     """At 1280x800 the first screen shows the smoke-test banner, the headline heading, the
-    demo's arms side by side (the shared start, opd, offline_kd, the teacher) and the chart
-    of their held-out curves; the screenshot of that screen is kept in tmp_path."""
+    demo's arms side by side (the shared start, opd, offline_kd, the teacher, each with its
+    recovery from the warm-up's own errors) and the chart of their held-out curves; the
+    screenshot of that screen is kept in tmp_path."""
     import html as html_lib
     import json
 
@@ -179,6 +182,8 @@ def test_the_headline_is_in_the_first_viewport(demo_fast_run: Path, tmp_path: Pa
         "offline_kd (the teacher's episodes)",
         "teacher (the ceiling)",
     ], probe
+    # each row says how often that policy recovered from the warm-up student's own errors
+    assert probe["first_header"][-1] == "recovered from the warm-up's own errors", probe
     # the first chart is the arms' curves against the teacher's line, legend named
     for label in ("updates after the shared SFT warm-up", "opd", "offline_kd", "teacher"):
         assert label in probe["chart_text"], (label, probe["chart_text"][:500])

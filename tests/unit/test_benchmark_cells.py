@@ -448,11 +448,11 @@ def test_plan_puts_the_reference_first_and_arm_seeds_differ() -> None:
 def test_cli_refuses_a_bad_compute_resource_before_creating_anything(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
+    from helpers import TOY_CALCULATOR
     from miniverl.cli.main import app
-    from miniverl.config.presets import demo_recipe_bytes
 
-    recipe = tmp_path / "toy_demo.yaml"
-    recipe.write_bytes(demo_recipe_bytes())
+    recipe = tmp_path / "toy_calculator.yaml"
+    recipe.write_bytes(TOY_CALCULATOR.read_bytes())
     out = tmp_path / "o"
     result = CliRunner().invoke(
         app, ["benchmark", str(recipe), "--compute-matched", "steps", "--output", str(out)]

@@ -1,10 +1,9 @@
-"""The demo's outcome lines: the teacher's held-out success is read from the run's own
-teacher event, the refused-call counts from the held-out episodes, and the sentence states
-only what one run's counts say, whichever way the arms fall."""
+"""The demo's outcome lines: the refused-call counts come from the held-out episodes, the
+recovery counts from each arm's own checkpoint, and the sentence states only what one run's
+counts say, whichever way the arms fall."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,76 +14,49 @@ from miniverl.lab.demo import (
     check_shared_start,
     comparison_run_dir,
     demo_sentence,
-    refused_call_episodes,
-    teacher_heldout,
 )
-from miniverl.trajectory import io
 from miniverl.utils.runs import RunPaths
 
 WARM = {"solved": 2, "tasks": 24, "success_rate": 2 / 24}
 
 
-def _events(run: Path, *records: dict[str, object]) -> Path:
-    run.mkdir()
-    (run / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return run
-
-
-def test_the_teacher_row_comes_from_the_last_teacher_event(tmp_path: Path) -> None:
-    run = _events(
-        tmp_path / "run",
-        {"event": "run_start"},
-        {"event": "toy_teacher_fitted", "heldout_success": 0.5},
-        {"event": "toy_teacher_reused", "heldout_success": 0.958},
-    )
-    assert teacher_heldout(run) == 0.958
-    assert teacher_heldout(_events(tmp_path / "none", {"event": "run_start"})) is None
-    assert teacher_heldout(tmp_path / "missing") is None
+RECOVERY = {
+    "tasks": 24,
+    "states": 10,
+    "recovered": {"start": 0, "opd": 4, "offline_kd": 1, "teacher": 9},
+    "teacher_solved": 23,
+}
 
 
 def test_the_sentence_compares_the_arms_whichever_way_they_fall() -> None:
     ahead = demo_sentence(
-        WARM, {"opd": {**WARM, "solved": 13}, "offline_kd": {**WARM, "solved": 4}}, 0.958
+        WARM, {"opd": {**WARM, "solved": 13}, "offline_kd": {**WARM, "solved": 4}}, RECOVERY
     )
     assert ahead == (
         "From the same SFT warm-up (2/24 held-out tasks solved), the same teacher and the same "
         "number of updates, training on the student's own episodes (OPD) reached 13/24 and "
-        "training on the teacher's episodes (offline_kd) reached 4/24: OPD ended ahead of "
-        "offline_kd in this one run; the teacher solves 96% of the same tasks. One seed shows "
-        "what happened here, not a difference the lab claims."
+        "training on the teacher's episodes (offline_kd) reached 4/24; continued from the "
+        "warm-up student's own 10 errors, where the warm-up itself recovers 0, OPD's student "
+        "recovers 4 and offline_kd's 1: OPD learned more recovery from its own mistakes than "
+        "offline_kd (the teacher recovers 9 and solves 23/24 tasks). One seed shows what "
+        "happened here, not a difference the lab claims."
     )
-    behind = demo_sentence(WARM, {"opd": WARM, "offline_kd": {**WARM, "solved": 5}}, None)
+    fewer = {**RECOVERY, "recovered": {**RECOVERY["recovered"], "opd": 0}}
+    behind = demo_sentence(WARM, {"opd": WARM, "offline_kd": {**WARM, "solved": 5}}, fewer)
     assert behind is not None and "reached 2/24" in behind and "reached 5/24" in behind
-    assert "OPD ended behind offline_kd in this one run." in behind
-    level = demo_sentence(WARM, {"opd": WARM, "offline_kd": WARM}, None)
-    assert level is not None and "OPD and offline_kd ended level" in level
-    assert demo_sentence(None, {"opd": WARM, "offline_kd": WARM}, 0.9) is None
-    assert demo_sentence(WARM, {"opd": WARM}, 0.9) is None
-
-
-def _episode(tag: str, refused: int, solved: bool) -> SimpleNamespace:
-    return SimpleNamespace(metadata={"eval_tag": tag}, invalid_tool_calls=refused, solved=solved)
-
-
-def test_refused_call_episodes_counts_ok_false_observations_of_one_tag(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Only episodes of the asked evaluation with a refused call (an ``ok: false`` answer or
-    an unparseable call: ``invalid_tool_calls``) count, and of those only the solved ones are
-    "solved of those"."""
-    episodes = [
-        _episode("final", 0, solved=True),  # no refusal
-        _episode("final", 1, solved=True),  # refused, recovered
-        _episode("final", 2, solved=False),  # refused, not recovered
-        _episode("after_warmup", 1, solved=True),  # another evaluation
-    ]
-    run = tmp_path / "run"
-    RunPaths(run).eval_trajectories.parent.mkdir(parents=True)
-    RunPaths(run).eval_trajectories.write_text("")
-    monkeypatch.setattr(io, "iter_trajectories", lambda path: iter(episodes))
-    assert refused_call_episodes(run, "final") == (2, 1)
-    assert refused_call_episodes(run, "after_warmup") == (1, 1)
-    assert refused_call_episodes(tmp_path / "missing", "final") == (0, 0)
+    assert "OPD's student recovers 0 and offline_kd's 1: OPD learned less recovery" in behind
+    level = {**RECOVERY, "recovered": {**RECOVERY["recovered"], "opd": 1}}
+    same = demo_sentence(WARM, {"opd": WARM, "offline_kd": WARM}, level)
+    assert same is not None and "OPD and offline_kd recovered equally often" in same
+    # without recovery states the sentence falls back on held-out success alone
+    none = demo_sentence(WARM, {"opd": WARM, "offline_kd": {**WARM, "solved": 5}}, None)
+    assert none is not None and none.endswith(
+        "reached 5/24: OPD ended behind offline_kd. One seed shows what happened here, not a "
+        "difference the lab claims."
+    )
+    assert "ended level" in str(demo_sentence(WARM, {"opd": WARM, "offline_kd": WARM}, None))
+    assert demo_sentence(None, {"opd": WARM, "offline_kd": WARM}, RECOVERY) is None
+    assert demo_sentence(WARM, {"opd": WARM}, RECOVERY) is None
 
 
 def test_the_comparison_arm_goes_beside_the_opd_run() -> None:
@@ -96,7 +68,7 @@ def test_arms_from_different_warm_up_weights_are_refused() -> None:
     dirs = {"opd": Path("a"), "offline_kd": Path("b")}
     same = {Path("a"): "f" * 64, Path("b"): "f" * 64}
     assert check_shared_start(dirs, same.get) == "f" * 64
-    with pytest.raises(CheckpointError, match="did not start from the same SFT warm-up") as info:
+    with pytest.raises(CheckpointError, match="did not start from the same weights") as info:
         check_shared_start(dirs, {Path("a"): "f" * 64, Path("b"): "e" * 64}.get)
     assert "opd ffffffffffff, offline_kd eeeeeeeeeeee" in info.value.message
     with pytest.raises(CheckpointError, match="offline_kd None"):
@@ -116,3 +88,133 @@ def test_the_demo_runs_its_recipe_and_the_same_recipe_as_offline_kd() -> None:
         config["run"].pop("mode"), config["run"].pop("name")
     assert mine == theirs
     assert demo_config(fast=True, mode=DEMO_COMPARISON_MODE).run.name == "demo-fast-offline_kd"
+
+
+class _Policy:
+    """Remembers which weights it holds: the checkpoint path it was last loaded from."""
+
+    tokenizer = None
+
+    def __init__(self) -> None:
+        self.loaded = "random"
+
+    def load_trainable_state_dict(self, state: dict[str, str]) -> None:
+        self.loaded = state["from"]
+
+    def load_full_state_dict(self, state: dict[str, str]) -> None:
+        self.loaded = state["from"]
+
+
+def test_recovery_continues_the_shared_starts_states_with_each_arms_own_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The states are the cold start's stored ones; the start's count comes from the cold
+    start's weights, each arm's from that arm's final checkpoint, the teacher's from the
+    teacher file (its own greedy success too)."""
+    from miniverl.config import loading
+    from miniverl.environments import registry, tasks_file
+    from miniverl.lab.benchmark import fixed_states
+    from miniverl.lab.demo import start_error_recovery
+    from miniverl.lab.teachers import gate
+    from miniverl.models import factory, runtime
+    from miniverl.training import checkpoint, cold_start
+    from miniverl.trajectory import io as trajectory_io
+
+    runs = {"opd": tmp_path / "demo", "offline_kd": tmp_path / "demo-offline_kd"}
+    start, teacher = tmp_path / "cold-start", tmp_path / "teacher.safetensors"
+    policy = _Policy()
+    by_weights = {
+        str(start): 1,
+        str(RunPaths(runs["opd"]).final_checkpoint): 7,
+        str(RunPaths(runs["offline_kd"]).final_checkpoint): 2,
+        str(teacher): 9,
+    }
+    config = SimpleNamespace(
+        environment=SimpleNamespace(name="calc_chain", params={}),
+        rollout=None,
+        run=SimpleNamespace(seed=3),
+    )
+    monkeypatch.setattr(loading, "load_resolved_config", lambda run: config)
+    monkeypatch.setattr(registry, "make_environment", lambda name, **kw: "env")
+    monkeypatch.setattr(tasks_file, "build_splits", lambda env, cfg: {})
+    tasks = [SimpleNamespace(task_id=f"t{i}") for i in range(24)]
+    monkeypatch.setattr(fixed_states, "evaluation_tasks", lambda cfg, splits: tasks)
+    monkeypatch.setattr(factory, "build_tokenizer", lambda cfg: None)
+    monkeypatch.setattr(runtime, "build_runtime", lambda *a, **k: SimpleNamespace(student=policy))
+    monkeypatch.setattr(
+        checkpoint, "load_checkpoint", lambda p: SimpleNamespace(trainable={"from": str(p)})
+    )
+    monkeypatch.setattr(
+        cold_start,
+        "load_cold_start",
+        lambda d, student: student.load_trainable_state_dict({"from": str(d)}),
+    )
+    monkeypatch.setattr("safetensors.torch.load_file", lambda p: {"from": str(p)})
+    read: list[Path] = []
+    monkeypatch.setattr(
+        trajectory_io,
+        "read_trajectories",
+        lambda path: (
+            read.append(path)
+            or [SimpleNamespace(task_id=f"t{i}") for i in range(10)]
+            + [SimpleNamespace(task_id="x")]
+        ),
+    )
+    monkeypatch.setattr(
+        fixed_states,
+        "policy_recovery",
+        lambda p, env, tasks, rollout, states: {
+            "recovered": by_weights[p.loaded] if len(states) == 10 else -1
+        },
+    )
+    monkeypatch.setattr(
+        gate,
+        "gate_episodes",
+        lambda p, env, tasks, rollout, **kw: (
+            [SimpleNamespace(solved=p.loaded == str(teacher))] * 23
+        ),
+    )
+    got = start_error_recovery(runs, start, teacher)
+    assert read == [start / "fixed-states.jsonl"]
+    assert got == {
+        "tasks": 24,
+        "states": 10,
+        "recovered": {"start": 1, "opd": 7, "offline_kd": 2, "teacher": 9},
+        "teacher_solved": 23,
+    }
+
+
+def test_an_arms_error_reaches_the_user_as_its_typed_error_from_either_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In its own process an arm returns a MiniverlError as (class, message, hint), which the
+    parent raises again as that class; in-process it raises; the CLI prints message and hint
+    and exits 1."""
+    from typer.testing import CliRunner
+
+    from miniverl.cli.main import app
+    from miniverl.lab import demo
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise CheckpointError("the cold start does not match", hint="reinstall miniverl")
+
+    monkeypatch.setattr("miniverl.lab.run.start_run", refuse)
+    options = {"fast": True, "overwrite": False, "quiet": True, "verbose": False}
+    got = demo.train_demo_arm("opd", tmp_path / "run", **options, in_child=True)
+    assert got == {
+        "error": ("CheckpointError", "the cold start does not match", "reinstall miniverl")
+    }
+    with pytest.raises(CheckpointError, match="the cold start does not match") as raised:
+        demo.raise_arm_error({"opd": {"solved": 1}, "offline_kd": got})
+    assert raised.value.hint == "reinstall miniverl"
+    demo.raise_arm_error({"opd": {"solved": 1}})  # no error, nothing raised
+    with pytest.raises(CheckpointError, match="the cold start does not match"):
+        demo.train_demo_arm("opd", tmp_path / "run2", **options, in_child=False)
+
+    def arms_fail(*args: object, **kwargs: object) -> None:
+        demo.raise_arm_error({"offline_kd": {"error": ("CheckpointError", "arm failed", "a hint")}})
+
+    monkeypatch.setattr(demo, "train_demo_arms", arms_fail)
+    result = CliRunner().invoke(app, ["demo", "--output", str(tmp_path / "d"), "--quiet"])
+    assert result.exit_code == 1
+    assert "arm failed" in result.output and "a hint" in result.output

@@ -10,7 +10,7 @@ from miniverl.lab.config import load_recipe  # noqa: E402
 from miniverl.lab.teachers.prepare import FitContext, fit_threads  # noqa: E402
 from miniverl.training.resolve import resolve_cpu_threads  # noqa: E402
 
-RECIPE = "recipes/toy_demo.yaml"
+RECIPE = "recipes/toy_calculator.yaml"
 
 
 def test_a_toy_fit_under_auto_takes_torchs_count_where_the_toy_run_takes_one() -> None:

@@ -22,7 +22,7 @@ RECIPES = sorted((REPO_ROOT / "recipes").glob("*.yaml"))
 STORED_DIGESTS = {
     "toy_calc_chain_oracle.yaml": "46e475505afe1aa95a2c7584b5da74d4c95a2a4067081ebacf26466477ac41fc",
     "smollm2_calc_chain.yaml": "6a545d6d53eb223e875cffdcfcb447c71ee8beaa90ed772e5b15e92ce69b0078",
-    "toy_demo.yaml": "3c4b131461287c748e813f416a7b24cee9bd931a08f9995e1bcb6b635c020ce6",
+    "toy_calculator.yaml": "3c4b131461287c748e813f416a7b24cee9bd931a08f9995e1bcb6b635c020ce6",
     "qwen_consumer_gpu_calc_raw_teacher.yaml": (
         "006067b15fc181bb574d73d84b9a2a35440e114d14be48b282881d84adf2141f"
     ),
@@ -97,7 +97,7 @@ def test_either_layout_of_a_recipe_has_one_digest_and_one_config(
 
 
 def test_a_lab_override_wins_whichever_place_it_names() -> None:
-    recipe = REPO_ROOT / "recipes" / "toy_demo.yaml"
+    recipe = REPO_ROOT / "recipes" / "toy_calculator.yaml"
     at_core = load_recipe(recipe, ["models.toy_fit.max_steps=7"])
     at_lab = load_recipe(recipe, ["lab.toy_fit.max_steps=7"])
     assert lab_of(at_core).toy_fit.max_steps == lab_of(at_lab).toy_fit.max_steps == 7

@@ -215,7 +215,7 @@ def fake_benchmark(root: Path, seeds: list[int]) -> dict[str, Any]:
             })  # fmt: skip
     arms = ["sft_only", "opd"]
     bench = {
-        "schema": "miniverl.benchmark/1", "recipe": "toy_demo.yaml", "base_config_digest": "ab" * 32, "seeds": seeds,
+        "schema": "miniverl.benchmark/1", "recipe": "toy_calculator.yaml", "base_config_digest": "ab" * 32, "seeds": seeds,
         "arms": {"sft_only": {"overrides": ["run.mode=sft"]}, "opd": {"overrides": ["run.mode=opd", "loss.divergence=forward_kl"]}},
         "arm_order": arms, "baseline_arm": "sft_only", "held_fixed": {"values": {"train.cycles": 2}},
         "cold_starts": [{"seed": s, "dir": f"seed-{s}/cold-start", "student_sha256": "cd" * 32, "baseline_success": 0.25, "after_warmup_success": 0.5, "wall_seconds": 3.0} for s in seeds],

@@ -166,11 +166,9 @@ def _comparison(run: Path) -> dict[str, Any]:
             "name": name,
             "run_dir": str(run) if name == "opd" else f"{run}-{name}",
             "trains_on": trains_on,
-            "after_warmup": {"solved": 2, "tasks": 24, "success_rate": 2 / 24},
+            "start": {"solved": 2, "tasks": 24, "success_rate": 2 / 24},
             "final": {"solved": final, "tasks": 24, "success_rate": final / 24},
             "curve": curve,
-            "refused_after_warmup": [3, 1],
-            "refused_final": [0, 0],
         }
 
     return {
@@ -180,7 +178,13 @@ def _comparison(run: Path) -> dict[str, Any]:
             ),
             arm("offline_kd", "the teacher's episodes", 24, [[0, 2 / 24], [400, 1.0]]),
         ],
-        "warmup_weights_sha256": "ab" * 32,
+        "start_weights_sha256": "ab" * 32,
+        "recovery": {
+            "tasks": 24,
+            "states": 10,
+            "recovered": {"start": 0, "opd": 4, "offline_kd": 1, "teacher": 9},
+            "teacher_solved": 23,
+        },
         "teacher_success": 23 / 24,
         "sentence": "From the same SFT warm-up (2/24 held-out tasks solved), OPD ended behind.",
         "smoke_test": False,
@@ -196,13 +200,14 @@ def test_a_demo_run_leads_with_its_arms_side_by_side(tmp_path: Path) -> None:
     html, md = _report(run)
     head, head_md = _headline_html(html), _headline_md(md)
     assert head_md.lstrip().startswith("From the same SFT warm-up (2/24 held-out tasks solved)")
-    rows = re.findall(r"^\| (.+?) \| (\S+) \| (\S+) \| (\S+) \| (\S+) \|$", head_md, flags=re.M)
+    rows = re.findall(r"^\| (.+?) \| (\S+) \| (\S+) \| (\S+) \|$", head_md, flags=re.M)
     assert rows[:4] == [
-        ("SFT warm-up (shared start)", "2/24", "8.3%", "3", "1/3"),
-        ("opd (the student's own episodes)", "13/24", "54.2%", "0", "—"),
-        ("offline_kd (the teacher's episodes)", "24/24", "100.0%", "0", "—"),
-        ("teacher (the ceiling)", "23/24", "95.8%", "—", "—"),
+        ("SFT warm-up (shared start)", "2/24", "8.3%", "0/10"),
+        ("opd (the student's own episodes)", "13/24", "54.2%", "4/10"),
+        ("offline_kd (the teacher's episodes)", "24/24", "100.0%", "1/10"),
+        ("teacher (the ceiling)", "23/24", "95.8%", "9/10"),
     ]
+    assert "recovered from the warm-up's own errors" in head_md
     assert "SHA-256 abababababababab…" in head_md
     assert "Objective:" not in head and "Objective:" not in head_md
     assert "on_policy_distillation" in md.split("## Headline", 1)[1].split("\n## ", 1)[1]

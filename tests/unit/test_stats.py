@@ -417,7 +417,7 @@ def test_without_scipy_the_summaries_run_and_the_contrasts_name_the_lab_extra(
 ) -> None:
     """The per-arm summaries are standard-library only; a contrast, and a benchmark before
     any cell trains, raise BackendError with the install hint instead of an ImportError."""
-    recipe = Path(__file__).resolve().parents[2] / "recipes" / "toy_demo.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "toy_calculator.yaml"
     result = run_python(_BLOCKED_CHILD, args=[str(recipe), str(tmp_path / "bench")])
     assert result.returncode == 0, result.stderr
     refused = (

@@ -27,7 +27,7 @@ from miniverl.lab.verl import export as vx
 from miniverl.lab.verl import ledger
 
 TINY_RECIPE = REPO_ROOT / "tests" / "data" / "verl_export" / "tiny_hf_opd.yaml"
-TOY_RECIPE = REPO_ROOT / "recipes" / "toy_demo.yaml"
+TOY_RECIPE = REPO_ROOT / "recipes" / "toy_calculator.yaml"
 
 
 def _hf(**overrides: str) -> RunConfig:

@@ -652,7 +652,7 @@ def train(
 
 @app.command(
     rich_help_panel=RUN,
-    short_help="Train a toy student to use a calculator by on-policy and by offline distillation from one warm-up, and compare (CPU, no network; --fast is a smoke test under a minute).",
+    short_help="The positive control in miniature: from one warm-up, a toy student trained by on-policy and by offline distillation, then continued from its own tool errors (CPU, no network; --fast is a smoke test under a minute).",
 )
 @handles_errors
 def demo(
@@ -677,25 +677,24 @@ def demo(
     ] = False,
 ) -> None:
     """Embedded toy backend on the CPU, no network: the same toy student trained by on-policy
-    distillation and by offline distillation from one SFT warm-up, side by side."""
+    distillation and by offline distillation from one SFT warm-up, side by side, and how often
+    each recovers from the warm-up student's own flagged tool errors."""
     import_torch("miniverl demo")
-    from miniverl.cli.run_support import clear_for_overwrite
     from miniverl.config.presets import (
         DEMO_COMPARISON_MODE,
         DEMO_MODE,
-        demo_config,
-        demo_recipe_bytes,
+        demo_cold_start_path,
+        demo_teacher_path,
     )
     from miniverl.errors import RunDirectoryError
-    from miniverl.lab.config import with_lab
     from miniverl.lab.demo import (
         check_shared_start,
         comparison_run_dir,
         demo_comparison,
         print_comparison,
-        teacher_heldout,
+        start_error_recovery,
+        train_demo_arms,
     )
-    from miniverl.lab.run import start_run
     from miniverl.utils.io import write_json
     from miniverl.utils.runs import RunPaths
 
@@ -708,28 +707,27 @@ def demo(
                 f"{held} already holds a demo run",
                 hint=f"pass --overwrite to replace it, or --output DIR to keep it ({again})",
             )
-    summaries: dict[str, dict[str, Any]] = {}
-    for arm, directory in run_dirs.items():
-        with run_lock(directory) as lock:
-            if overwrite and any(child != lock for child in directory.iterdir()):
-                clear_for_overwrite(directory)  # under the lock: no other writer is inside
-            trainer = start_run(
-                with_lab(demo_config(fast=fast, mode=None if arm == DEMO_MODE else arm)),
-                output_dir=directory,
-                submitted_recipe=demo_recipe_bytes(),
-                quiet=quiet,
-                verbose=verbose,
-            )
-            first = arm == DEMO_MODE  # its report is written once the comparison exists
-            summaries[arm] = _run_trainer(trainer, no_report=no_report or first)
+    try:
+        outcomes = train_demo_arms(
+            run_dirs, fast=fast, overwrite=overwrite, quiet=quiet, verbose=verbose, console=console
+        )
+    except KeyboardInterrupt:
+        raise fail(
+            "interrupted; the demo's runs are incomplete", f"start again with: {again}", code=130
+        ) from None
     sha = check_shared_start(run_dirs)
-    teacher = teacher_heldout(run_dir)
+    if not quiet:
+        console.print(
+            "continuing each student from the warm-up student's own errors...", markup=False
+        )
+    recovery = start_error_recovery(run_dirs, demo_cold_start_path(), demo_teacher_path())
     comparison = demo_comparison(
-        summaries, run_dirs, warmup_sha256=sha, teacher_success=teacher, smoke_test=fast
+        outcomes, run_dirs, start_sha256=sha, recovery=recovery, smoke_test=fast
     )
     write_json(RunPaths(run_dir).comparison_json, comparison)
-    if not no_report:
-        _write_report(run_dir)
+    if not no_report:  # the opd run's last: its report leads with the comparison
+        for directory in reversed(run_dirs.values()):
+            _write_report(directory)
     print_comparison(console, comparison)
 
 

@@ -3,25 +3,21 @@
 ``command.json`` in the run directory stores the recipe path and the dotted overrides a
 run was started with, so ``miniverl train <recipe> --output DIR --resume`` needs no
 retyping: the stored overrides are applied again (and the config digest check of the
-checkpoint still refuses a resume whose config differs). ``--overwrite`` on ``demo``
-replaces an earlier demo run directory, and only one that miniverl wrote.
+checkpoint still refuses a resume whose config differs).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 from miniverl.errors import RunDirectoryError
 from miniverl.utils.io import read_json, write_json
-from miniverl.utils.runlock import LOCK_NAME
 from miniverl.utils.runs import RunPaths
 
 COMMAND_FILE = "command.json"
-_RUN_MARKERS = ("manifest.json", "config.validated.yaml", "events.jsonl")
 
 
 def save_command(
@@ -58,22 +54,4 @@ def resume_command(run_dir: Path, recipe: Path | None) -> str:
     return shlex.join(["miniverl", "train", str(source), "--output", str(run_dir), "--resume"])
 
 
-def clear_for_overwrite(run_dir: Path) -> None:
-    """Delete an earlier run at ``run_dir``; refuse a directory miniverl did not write."""
-    if not run_dir.exists():
-        return
-    if not run_dir.is_dir() or not any((run_dir / m).exists() for m in _RUN_MARKERS):
-        raise RunDirectoryError(
-            f"{run_dir} exists but is not a miniverl run directory; --overwrite will not delete it",
-            hint="choose another --output directory",
-        )
-    for child in run_dir.iterdir():
-        if child.name == LOCK_NAME:  # held by this process while it clears the directory
-            continue
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
-
-
-__all__ = ["clear_for_overwrite", "resume_command", "save_command", "stored_overrides"]
+__all__ = ["resume_command", "save_command", "stored_overrides"]

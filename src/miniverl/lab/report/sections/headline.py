@@ -230,23 +230,34 @@ def _count(result: Mapping[str, Any] | None) -> str:
 
 def comparison_block(comparison: Mapping[str, Any], section: Section) -> None:
     """``miniverl demo``'s arms side by side (its ``comparison.json``): the plain sentence,
-    the table of the shared start, each arm and the teacher, and each arm's held-out success
-    at every evaluation against the teacher's line. Added to ``section`` in that order."""
+    the table of the shared start, each arm and the teacher (held-out success and recovery
+    from the warm-up student's own errors), and each arm's held-out success at every
+    evaluation against the teacher's line. Added to ``section`` in that order."""
     arms: dict[str, Mapping[str, Any]] = {
         str(arm.get("name", NOT_RECORDED)): arm
         for arm in comparison.get("arms") or []
         if isinstance(arm, Mapping)
     }
     teacher = comparison.get("teacher_success")
+    recovery = comparison.get("recovery")
+    recovery = recovery if isinstance(recovery, Mapping) else {}
+    got = recovery.get("recovered")
+    got = got if isinstance(got, Mapping) else {}
+    states = recovery.get("states")
+
+    def recovered(key: str) -> str:
+        value = got.get(key)
+        return f"{value}/{states}" if isinstance(value, int) else NOT_RECORDED
+
     if comparison.get("sentence"):
         section.notes.append(str(comparison["sentence"]))
     first = next(iter(arms.values()), {})
     rows = [
         [
             "SFT warm-up (shared start)",
-            _count(first.get("after_warmup")),
-            fmt_pct((first.get("after_warmup") or {}).get("success_rate")),
-            *_refused(first.get("refused_after_warmup")),
+            _count(first.get("start")),
+            fmt_pct((first.get("start") or {}).get("success_rate")),
+            recovered("start"),
         ]
     ]
     for name, arm in arms.items():
@@ -255,28 +266,29 @@ def comparison_block(comparison: Mapping[str, Any], section: Section) -> None:
                 f"{name} ({arm.get('trains_on', NOT_RECORDED)})",
                 _count(arm.get("final")),
                 fmt_pct((arm.get("final") or {}).get("success_rate")),
-                *_refused(arm.get("refused_final")),
+                recovered(name),
             ]
         )
     if isinstance(teacher, int | float):
-        tasks = (first.get("final") or {}).get("tasks")
+        solved, tasks = recovery.get("teacher_solved"), recovery.get("tasks")
         rows.append(
             [
                 "teacher (the ceiling)",
-                f"{round(teacher * tasks)}/{tasks}" if isinstance(tasks, int) else NOT_RECORDED,
+                f"{solved}/{tasks}" if isinstance(tasks, int) else NOT_RECORDED,
                 fmt_pct(teacher),
-                NOT_RECORDED,
-                NOT_RECORDED,
+                recovered("teacher"),
             ]
         )
-    sha = str(comparison.get("warmup_weights_sha256") or NOT_RECORDED)
+    sha = str(comparison.get("start_weights_sha256") or NOT_RECORDED)
     section.tables.append(
         Table(
-            ["", "held-out solved", "success", "with a refused call", "solved of those"],
+            ["", "held-out solved", "success", "recovered from the warm-up's own errors"],
             rows,
             caption="Greedy held-out success after the same number of updates from the same "
-            f"warm-up weights (SHA-256 {sha[:16]}…); a refused call is an ok: false answer "
-            "of the tool or the parser. Run directories: "
+            f"warm-up weights (SHA-256 {sha[:16]}…). Recovered: each policy continues "
+            "greedily from the state after the warm-up student's first error in each held-out "
+            "episode where it made one (the tool's flag included); counted when the episode "
+            "ends solved. Run directories: "
             + ", ".join(f"{n} {a.get('run_dir', NOT_RECORDED)}" for n, a in arms.items())
             + ".",
         )
@@ -293,13 +305,6 @@ def comparison_block(comparison: Mapping[str, Any], section: Section) -> None:
             + (" (smoke test: not a result)." if section.banner else "."),
         )
     )
-
-
-def _refused(pair: Any) -> list[str]:
-    if not isinstance(pair, list | tuple) or len(pair) != 2:
-        return [NOT_RECORDED, NOT_RECORDED]
-    episodes, solved = pair
-    return [fmt_num(episodes), f"{solved}/{episodes}" if episodes else NOT_RECORDED]
 
 
 def headline_section(data: RunData, evaluations: Mapping[str, Mapping[str, Any]] | None) -> Section:
