@@ -218,3 +218,29 @@ def test_an_arms_error_reaches_the_user_as_its_typed_error_from_either_path(
     result = CliRunner().invoke(app, ["demo", "--output", str(tmp_path / "d"), "--quiet"])
     assert result.exit_code == 1
     assert "arm failed" in result.output and "a hint" in result.output
+
+
+def test_the_arms_train_one_after_the_other_on_one_core_or_when_verbose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fewer usable cores than arms, or --verbose, trains every arm in this process (in_child
+    False: errors raise here), in the order the arms are given."""
+    from rich.console import Console
+
+    from miniverl.lab import demo
+
+    calls: list[tuple[str, bool]] = []
+
+    def arm(name: str, directory: Path, **options: object) -> dict[str, object]:
+        calls.append((name, bool(options["in_child"])))
+        return {"final": name}
+
+    monkeypatch.setattr(demo, "train_demo_arm", arm)
+    runs = {"opd": tmp_path / "a", "offline_kd": tmp_path / "b"}
+    options = {"fast": True, "overwrite": False, "quiet": True, "console": Console()}
+    monkeypatch.setattr(demo.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    got = demo.train_demo_arms(runs, **options, verbose=False)
+    assert got == {"opd": {"final": "opd"}, "offline_kd": {"final": "offline_kd"}}
+    monkeypatch.setattr(demo.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    demo.train_demo_arms(runs, **options, verbose=True)
+    assert calls == [("opd", False), ("offline_kd", False)] * 2

@@ -7,7 +7,8 @@ checks that both loaded the same weights, reads what each run's held-out evaluat
 (success, the curve over updates), continues each trained student from the warm-up student's
 own errors (:func:`start_error_recovery`: the states offline KD's traces never show), and
 prints and records it (``comparison.json`` in the ``opd`` run, which its report leads with).
-The CLI trains the runs.
+It also trains the two runs (:func:`train_demo_arms`: one process each where two cores are
+free); the CLI checks the output directories, then calls these pieces in order.
 """
 
 from __future__ import annotations
@@ -168,9 +169,10 @@ def start_error_recovery(
 
     The states are the cold start's deviated held-out episodes (its ``fixed-states.jsonl``,
     sampled from it at ``rollout.temperature`` when it was made, so every machine continues
-    from the same errors) on the run's evaluation tasks (``demo --fast`` evaluates fewer). The start student, each arm's final student and the teacher are
-    replayed to the state after each episode's first off-path turn (the tool's answer
-    included) and continue greedily; ``recovered`` counts the episodes that end solved. The
+    from the same errors) on the run's evaluation tasks (``demo --fast`` evaluates fewer).
+    The start student, each arm's final student and the teacher are replayed to the state
+    after each episode's first off-path turn (the tool's answer included) and continue
+    greedily; ``recovered`` counts the episodes that end solved. The
     teacher's ``teacher_solved`` is its own greedy success on the same held-out tasks.
     Returns ``{tasks, states, recovered: {start, arm..., teacher}, teacher_solved}``.
     """
