@@ -238,3 +238,55 @@ def test_the_test_run_is_the_frozen_protocols_and_the_log_quotes_its_cells_and_v
     }
     for contrast in primary:
         assert " ".join(contrast["verdict"].split()) in LOG, contrast["verdict"]
+
+
+REFIT = ROOT / "refit-pilot"
+
+
+def _refit_row(seed: int) -> str:
+    text = (ROOT / "LOG.md").read_text(encoding="utf-8")
+    text = text[text.index("## 2026-12-07 (later) — pilot 4") :]
+    return next(line for line in text.splitlines() if line.startswith(f"| seed {seed} ("))
+
+
+def test_pilot_4s_gate_table_is_the_stored_gates_before_and_after_the_refit() -> None:
+    """Each row of the LOG's refit table: agreement on the path and after a deviation, and
+    recovered of states, before and after, read from ``refit-pilot/seed-S/gate.json``; and
+    the verdict is what the recipe's thresholds say of the figures after."""
+    for seed in (3, 1, 2):
+        gate = _json(REFIT / f"seed-{seed}" / "gate.json")
+        row = _refit_row(seed)
+        for when in ("before", "after"):
+            f = gate[when]["figures"]
+            figures = (
+                f"{f['on_path_agreement']:.3f} / {f['off_path_agreement']:.3f} / "
+                f"{f['recovered']} of {f['recovery_states']}"
+            )
+            assert figures in row.replace("**", ""), (seed, when, figures, row)
+            assert f["privileged_rule"] == "teacher_departs" and f["tasks"] == 60
+        assert ("passes" in row) == (gate["after"]["failures"] == []), row
+        assert gate["before"]["failures"], seed  # every teacher failed before its refit
+        assert gate["args"]["steps"] == "600" and gate["args"]["lr"] == "0.0003"
+
+
+def test_pilot_4s_arms_recover_as_the_log_says_from_the_refitted_teachers() -> None:
+    """The arms table: each cell's recovery recounted from its per-state outcomes, and the
+    benchmark's own state gate at the cold start passing with the refitted teacher."""
+    text = (ROOT / "LOG.md").read_text(encoding="utf-8")
+    text = text[text.index("## 2026-12-07 (later) — pilot 4") :]
+    for seed, opd, offline in ((3, 4, 0), (2, 19, 0)):
+        run = REFIT / f"arms-seed-{seed}"
+        got = {arm: _recovered(_cell(run, seed, arm)) for arm in ("opd", "offline_kd")}
+        states = got["opd"][1]
+        assert got == {"opd": (opd, states), "offline_kd": (offline, states)}
+        row = next(
+            line for line in text.splitlines() if line.startswith(f"| {seed} ({states} states)")
+        )
+        assert f"| **{opd}** |" in row and row.rstrip().endswith(f"| {offline} |")
+        bench = _json(run / "benchmark.json")
+        assert (
+            bench["base_overrides"][0]
+            == f"models.teacher.checkpoint=runs/refit-s{seed}/teacher.safetensors"
+        )
+        states_gate = bench["cold_starts"][0]["teacher_gate"]["states"]
+        assert states_gate["failures"] == [], states_gate
