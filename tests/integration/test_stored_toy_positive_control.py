@@ -270,8 +270,9 @@ def test_pilot_4s_gate_table_is_the_stored_gates_before_and_after_the_refit() ->
 
 
 def test_pilot_4s_arms_recover_as_the_log_says_from_the_refitted_teachers() -> None:
-    """The arms table: each cell's recovery recounted from its per-state outcomes, and the
-    benchmark's own state gate at the cold start passing with the refitted teacher."""
+    """The arms table: each cell's recovery recounted from its per-state outcomes, the arms'
+    teacher the refitted one the LOG names, and the benchmark's own state gate at the cold
+    start passing with it."""
     text = (ROOT / "LOG.md").read_text(encoding="utf-8")
     text = text[text.index("## 2026-12-07 (later) — pilot 4") :]
     for seed, opd, offline in ((3, 4, 0), (2, 19, 0)):
@@ -283,10 +284,9 @@ def test_pilot_4s_arms_recover_as_the_log_says_from_the_refitted_teachers() -> N
             line for line in text.splitlines() if line.startswith(f"| {seed} ({states} states)")
         )
         assert f"| **{opd}** |" in row and row.rstrip().endswith(f"| {offline} |")
-        bench = _json(run / "benchmark.json")
-        assert (
-            bench["base_overrides"][0]
-            == f"models.teacher.checkpoint=runs/refit-s{seed}/teacher.safetensors"
-        )
-        states_gate = bench["cold_starts"][0]["teacher_gate"]["states"]
+        # both arms ran with the refitted teacher whose SHA-256 the LOG gives
+        teacher = _json(run / "teacher-checkpoint.json")
+        assert teacher["path"] == f"runs/refit-s{seed}/teacher.safetensors"
+        assert f"seed {seed} `{teacher['sha256'][:8]}…`" in LOG
+        states_gate = _cell(run, seed, "cold-start")["teacher_gate"]["states"]
         assert states_gate["failures"] == [], states_gate
