@@ -86,8 +86,7 @@ import torch
 import torch.nn.functional as F
 
 from miniverl.agent.loop import RolloutRunner
-from miniverl.config.presets import demo_config
-from miniverl.lab.config import load_recipe, with_lab
+from miniverl.lab.config import load_recipe
 from miniverl.lab.cycles import run_cycle, warm_up
 from miniverl.lab.run import start_run
 from miniverl.training.recipe import OPDTrainer
@@ -368,7 +367,7 @@ def toy_trainer(root: Path, args: argparse.Namespace) -> OPDTrainer:
             "lab.toy_fit.extra_tasks=0",
             "environment.train_tasks=16",
         ]
-    config = with_lab(demo_config()).with_overrides(overrides)
+    config = load_recipe(ROOT / "recipes" / "toy_calculator.yaml", overrides)
     return defer_log_fsyncs(start_run(config, output_dir=root / "run"))
 
 

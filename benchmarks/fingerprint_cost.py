@@ -38,9 +38,12 @@ from typing import Any
 import torch
 
 from miniverl.config.models import RunConfig
-from miniverl.config.presets import demo_config
+from miniverl.lab.config import load_recipe
 from miniverl.lab.run import start_run
 from miniverl.models import fingerprint
+
+TOY_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "toy_calculator.yaml"
+"""The smallest toy recipe (one-step calculator tasks, a toy teacher fitted on oracle traces)."""
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET = 0.02
@@ -111,7 +114,8 @@ def _run(config: RunConfig, out: Path, name: str) -> float:
 
 
 def toy_arm(root: Path, cycles: int) -> float:
-    config = demo_config().with_overrides(
+    config = load_recipe(
+        TOY_RECIPE,
         [
             f"train.cycles={cycles}",
             "train.sft_warmup_cycles=20",
@@ -120,7 +124,7 @@ def toy_arm(root: Path, cycles: int) -> float:
             "eval.baseline=false",
             "eval.after_warmup=false",
             "eval.max_tasks=4",
-        ]
+        ],
     )
     return _run(config, root / "toy", "toy")
 

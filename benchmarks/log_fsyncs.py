@@ -3,7 +3,7 @@
 A run's append-only logs (``events.jsonl``, ``metrics.jsonl``, the trajectory logs) are
 appended without an fsync and made durable together at the end of every cycle, before every
 checkpoint and at run end (``utils.io.DurableLogs``). This script runs the same toy recipe
-(the demo recipe, ``train.cycles`` cut to ``--cycles`` and a shorter toy-teacher fit; its
+(``recipes/toy_calculator.yaml``, ``train.cycles`` cut to ``--cycles`` and a shorter toy-teacher fit; its
 300 SFT warm-up cycles log like any other cycle) twice, each in a fresh directory with
 its own empty teacher cache:
 
@@ -35,11 +35,14 @@ from typing import Any
 
 import torch
 
-from miniverl.config.presets import demo_config
+from miniverl.lab.config import load_recipe
 from miniverl.lab.run import start_run
 from miniverl.training.checkpoint import run_logs
 from miniverl.utils import io
 from miniverl.utils.runs import RunPaths
+
+TOY_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "toy_calculator.yaml"
+"""The smallest toy recipe (one-step calculator tasks, a toy teacher fitted on oracle traces)."""
 
 ARMS = ("per_append", "points")
 
@@ -112,13 +115,14 @@ def run_arm(arm: str, root: Path, cycles: int, warmup_cycles: int) -> Counts:
     """One toy OPD run of ``cycles`` cycles under ``arm``'s log writing."""
     directory = root / arm
     os.environ["MINIVERL_CACHE_DIR"] = str(directory / "cache")
-    config = demo_config().with_overrides(
+    config = load_recipe(
+        TOY_RECIPE,
         [
             f"train.cycles={cycles}",
             f"train.sft_warmup_cycles={warmup_cycles}",
             "lab.toy_fit.max_steps=200",
             "lab.toy_fit.extra_tasks=0",
-        ]
+        ],
     )
     counts = Counts()
     with instrumented(arm, RunPaths(directory / "run"), counts):
@@ -132,7 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=20, help="OPD cycles per run")
     parser.add_argument(
-        "--warmup-cycles", type=int, default=300, help="SFT warm-up cycles (the demo's: 300)"
+        "--warmup-cycles",
+        type=int,
+        default=300,
+        help="SFT warm-up cycles (the toy calculator recipe's: 300)",
     )
     parser.add_argument("--root", type=Path, default=None, help="where the runs are written")
     args = parser.parse_args(argv)
