@@ -37,7 +37,7 @@ from miniverl.environments.tasks_file import build_splits
 from miniverl.lab.config import DaggerConfig, lab_of, load_recipe
 from miniverl.lab.teachers.dagger import dagger_examples
 from miniverl.lab.teachers.gate import (
-    evaluate_state_gate,
+    configured_state_gate,
     state_gate_failures,
     state_gate_thresholds,
 )
@@ -49,17 +49,7 @@ from miniverl.utils.io import write_json
 
 def gate(teacher: Any, student: Any, env: Any, tasks: list, config: Any, fit_ids: list) -> dict:
     """The held-out state gate's figures and failures for ``teacher`` at ``student``'s states."""
-    result = evaluate_state_gate(
-        teacher,
-        student,
-        env,
-        tasks,
-        config.rollout,
-        seed=config.run.seed,
-        fit_task_ids=fit_ids,
-        batch_size=config.eval.batch_size,
-        privileged_rule=lab_of(config).teacher_gate.privileged,
-    )
+    result = configured_state_gate(teacher, student, env, tasks, config, fit_task_ids=fit_ids)
     figures = result.to_dict()
     figures.pop("per_turn", None)
     thresholds = state_gate_thresholds(lab_of(config).teacher_gate)

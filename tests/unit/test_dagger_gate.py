@@ -285,3 +285,34 @@ def test_the_refusal_names_the_gate_that_failed(
     message = str(info.value)
     assert all(part in message for part in says), message
     assert ("reproduces the correct next action" in message) == ((value or 0.0) < 0.95)
+
+
+def test_the_configured_state_gate_scores_as_the_recipe_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The benchmark's cold start and a script that gates a teacher it fitted score through
+    one function: the recipe's seed, batch size and privileged rule reach the gate."""
+    from miniverl.lab.config import load_recipe
+    from miniverl.lab.teachers import gate
+
+    config = load_recipe(
+        Path(__file__).resolve().parents[2] / "recipes" / "toy_calc_chain_checked.yaml",
+        ["run.seed=17", "eval.batch_size=5"],
+    )
+    seen: dict[str, Any] = {}
+
+    def fake(teacher: Any, student: Any, env: Any, tasks: Any, rollout: Any, **kw: Any) -> str:
+        seen.update(kw, rollout=rollout, tasks=tasks)
+        return "result"
+
+    monkeypatch.setattr(gate, "evaluate_state_gate", fake)
+    got = gate.configured_state_gate("t", "s", "env", ["a"], config, fit_task_ids=["x"])
+    assert got == "result"
+    assert seen == {
+        "seed": 17,
+        "batch_size": 5,
+        "fit_task_ids": ["x"],
+        "privileged_rule": "teacher_departs",
+        "rollout": config.rollout,
+        "tasks": ["a"],
+    }

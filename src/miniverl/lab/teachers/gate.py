@@ -762,6 +762,32 @@ def evaluate_state_gate(
     )
 
 
+def configured_state_gate(
+    teacher: Any,
+    student: Any,
+    environment: ToolEnvironment,
+    tasks: Sequence[Task],
+    config: Any,
+    *,
+    fit_task_ids: Iterable[str],
+) -> StateGateResult:
+    """The held-out state gate as a run's config defines it: episode seeds from ``run.seed``,
+    rollouts batched by ``eval.batch_size`` at ``rollout.temperature``, the privileged rule
+    of ``lab.teacher_gate``. The benchmark's cold start scores through here, and so does a
+    script that gates a teacher it fitted itself, so both see the same states."""
+    return evaluate_state_gate(
+        teacher,
+        student,
+        environment,
+        tasks,
+        config.rollout,
+        seed=config.run.seed,
+        fit_task_ids=fit_task_ids,
+        batch_size=config.eval.batch_size,
+        privileged_rule=lab_of(config).teacher_gate.privileged,
+    )
+
+
 def state_gate_thresholds(gate: Any) -> dict[str, float]:
     """The recipe's held-out gate thresholds that are set (``lab.teacher_gate``)."""
     pairs = {
@@ -921,16 +947,13 @@ def cold_start_teacher_gate(subject: GateSubject) -> dict[str, Any]:
     }
     thresholds = state_gate_thresholds(lab_of(cfg).teacher_gate)
     if thresholds:
-        states = evaluate_state_gate(
+        states = configured_state_gate(
             subject.teacher,
             subject.student,
             subject.environment,
             tasks,
-            cfg.rollout,
-            seed=cfg.run.seed,
+            cfg,
             fit_task_ids=subject.fit_task_ids,
-            batch_size=cfg.eval.batch_size,
-            privileged_rule=lab_of(cfg).teacher_gate.privileged,
         )
         record_state_gate(states, thresholds, subject.directory, subject.events)
         failures = state_gate_failures(states, thresholds)
@@ -993,6 +1016,7 @@ __all__ = [
     "StateGateResult",
     "TeacherGateResult",
     "cold_start_teacher_gate",
+    "configured_state_gate",
     "evaluate_state_gate",
     "evaluate_teacher_gate",
     "first_off_path_turns",
