@@ -119,16 +119,17 @@ def train_demo_arms(
     and one core each, when the machine lets this process use that many cores (and not
     ``--verbose``, whose live output would interleave); else one after the other. Returns each
     arm's summary; an arm's typed error is raised here as the same class."""
-    jobs = {arm: (arm, directory) for arm, directory in run_dirs.items()}
     options = {"fast": fast, "overwrite": overwrite, "quiet": quiet, "verbose": verbose}
     usable = (
         os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
     )
-    if len(usable) < len(jobs) or verbose:
-        return {arm: train_demo_arm(*job, **options, in_child=False) for arm, job in jobs.items()}
+    if len(usable) < len(run_dirs) or verbose:
+        return {
+            arm: train_demo_arm(arm, d, **options, in_child=False) for arm, d in run_dirs.items()
+        }
     if not quiet:
         console.print(
-            f"training {' and '.join(jobs)} at once, one process and one core each, from the "
+            f"training {' and '.join(run_dirs)} at once, one process and one core each, from the "
             "same SFT warm-up (each run's progress: its events.jsonl); about 2 minutes",
             markup=False,
         )
@@ -136,14 +137,14 @@ def train_demo_arms(
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(
-        len(jobs),
+        len(run_dirs),
         mp_context=multiprocessing.get_context("spawn"),
         initializer=end_with_parent,
         initargs=(os.getpid(),),
     ) as pool:
         futures = {
-            arm: pool.submit(train_demo_arm, *job, **options, in_child=True)
-            for arm, job in jobs.items()
+            arm: pool.submit(train_demo_arm, arm, d, **options, in_child=True)
+            for arm, d in run_dirs.items()
         }
         outcomes = {arm: future.result() for arm, future in futures.items()}
     raise_arm_error(outcomes)
