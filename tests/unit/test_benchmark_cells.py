@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from helpers import subprocess_env, tiny_config
+from helpers import REPO_ROOT, subprocess_env, tiny_config
 from miniverl.errors import ConfigError, RunDirectoryError
 from miniverl.lab.benchmark.arms import DEFAULT_ARMS, arm_config, arm_config_for_arm_seed
 from miniverl.lab.benchmark.budgets import BudgetCap, cap_from_reference, cap_outcome
@@ -667,3 +667,21 @@ def test_a_ledger_gives_the_spend_of_the_checkpoint_a_cell_resumes_from(tmp_path
     assert read_ledger(tmp_path / "absent.json", key) is None
     path.write_text('{"schema": "miniverl.cell_cost/0"')
     assert read_ledger(path, key) is None
+
+
+def test_the_negative_control_arm_plans_on_a_recipe_whose_cold_start_refits_the_teacher() -> None:
+    """``opd_self`` on a recipe whose cold start refits a toy teacher (``lab.toy_fit.dagger``,
+    ``init_from``): the arm is accepted while its checkpoint is the ``cold_start`` placeholder,
+    and pointing it at the seed's cold start drops the fit (the arm's teacher is the student)."""
+    from miniverl.lab.benchmark.arms import resolve_arms, with_cold_start_teacher
+    from miniverl.lab.config import lab_of, load_recipe
+
+    recipe = load_recipe(REPO_ROOT / "recipes" / "toy_calc_chain_checked_refit.yaml")
+    fit = lab_of(recipe).toy_fit
+    assert fit.dagger.enabled and fit.init_from is not None
+    arm = recipe.with_overrides(list(resolve_arms(["opd_self"])["opd_self"]))
+    pointed = with_cold_start_teacher(arm, "/tmp/cold")
+    assert pointed.models.teacher.checkpoint == "/tmp/cold"
+    assert not lab_of(pointed).toy_fit.dagger.enabled and lab_of(pointed).toy_fit.init_from is None
+    with pytest.raises(ConfigError, match=r"lab\.toy_fit\.init_from starts a fit from one"):
+        recipe.with_overrides(["models.teacher.checkpoint=/tmp/cold"])

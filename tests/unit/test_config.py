@@ -248,6 +248,15 @@ COMBINATIONS: dict[str, tuple[dict[str, Any], str]] = {
         },
         "lab.teacher_fit.init_from starts a teacher-adapter fit, but lab.teacher_fit.enabled is false: enable the fit or drop init_from",
     ),
+    "toy fit start beside a teacher checkpoint": (
+        {
+            "models": {
+                "teacher": {"model_id": "toy-teacher", "checkpoint": "runs/teacher"},
+                "toy_fit": {"init_from": "runs/teacher"},
+            }
+        },
+        "models.teacher.checkpoint loads a trained teacher; lab.toy_fit.init_from starts a fit from one: set models.teacher.checkpoint: null to refit, or drop init_from",
+    ),
     "test split without tasks": (
         {"eval": {"split": "test"}},
         "eval.split: test needs environment.test_tasks > 0",

@@ -134,3 +134,39 @@ def test_a_tampered_or_incomplete_cold_start_is_refused(tmp_path: Path) -> None:
         load_cold_start(cold, student=_student(3))
     with pytest.raises(CheckpointError, match=r"cold_start\.json not found"):
         load_cold_start(tmp_path / "none", student=_student(3))
+
+
+def _refit_config(*overrides: str) -> object:
+    return tiny_config("models.toy_fit.reuse=false", "models.toy_fit.probe_tasks=2", *overrides)
+
+
+def test_a_toy_fit_starts_from_the_trained_teacher_init_from_names(tmp_path: Path) -> None:
+    """``lab.toy_fit.init_from``: with no steps the fitted teacher is the starting one, bit for
+    bit; with steps it moves from there (not from a fresh initialisation), and the reuse digest
+    tells the two starts apart."""
+    start = tmp_path / "teacher.safetensors"
+    start.write_bytes(teacher_bytes(_teacher(2)))
+    began = prepare_teacher(
+        _refit_config(f"models.toy_fit.init_from={start}", "models.toy_fit.max_steps=0")
+    )
+    assert isinstance(began.teacher, ToyBackend) and _same(began.teacher, _teacher(2))
+    assert began.record is not None
+    assert began.record["init_from"]["sha256"] == sha256_file(start)
+    assert began.record["weights_sha256"] == sha256_file(start)
+
+    moved = prepare_teacher(
+        _refit_config(f"models.toy_fit.init_from={start}", "models.toy_fit.max_steps=2")
+    )
+    fresh = prepare_teacher(_refit_config("models.toy_fit.max_steps=2"))
+    assert moved.record is not None and fresh.record is not None
+    assert moved.record["cache_digest"] != fresh.record["cache_digest"]
+    assert not _same(moved.teacher, _teacher(2))  # type: ignore[arg-type]
+
+
+def test_a_toy_fit_start_that_is_no_toy_teacher_is_refused_by_its_key(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match=r"^lab\.toy_fit\.init_from: .* holds no trained"):
+        prepare_teacher(_refit_config(f"models.toy_fit.init_from={tmp_path / 'none'}"))
+    wrong = tmp_path / "student.safetensors"
+    save_tensors({"x": torch.zeros(2)}, wrong)
+    with pytest.raises(CheckpointError, match=r"^lab\.toy_fit\.init_from: .* not a whole toy"):
+        prepare_teacher(_refit_config(f"models.toy_fit.init_from={wrong}"))

@@ -66,6 +66,7 @@ LAB_RECORDS: dict[Path, dict[str, Any]] = {
         "probe_tasks": 16,
         "reuse": True,
         "dagger": _DAGGER,
+        "init_from": None,
     },
     ("toy_fit", "dagger"): _DAGGER,
     ("teacher_fit",): {
@@ -107,7 +108,7 @@ and the lab's ``LabRunConfig`` of one recipe have one digest. ``tests/unit/test_
 derives this table from ``miniverl.lab.config.LabConfig`` and requires it to agree."""
 
 LAB_OMITTED: dict[Path, frozenset[str]] = {
-    ("toy_fit",): frozenset({"dagger"}),
+    ("toy_fit",): frozenset({"dagger", "init_from"}),
     ("teacher_fit",): frozenset({"dagger", "init_from"}),
     ("oracle_teacher",): frozenset({"off_path"}),
     ("teacher_gate",): frozenset({"on_path", "off_path", "recovery", "required", "privileged"}),

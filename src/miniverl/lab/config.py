@@ -93,7 +93,7 @@ class DaggerConfig(Section):
 
 
 class ToyFitConfig(Section):
-    omitted_at_default: ClassVar[tuple[str, ...]] = ("dagger",)
+    omitted_at_default: ClassVar[tuple[str, ...]] = ("dagger", "init_from")
 
     max_steps: int = Field(
         1500,
@@ -152,6 +152,10 @@ class ToyFitConfig(Section):
     dagger: DaggerConfig = Field(
         default_factory=DaggerConfig,
         description="Labelled cold-start student states added to the fitting rows (DAgger-style).",
+    )
+    init_from: str | None = Field(
+        None,
+        description="Start the fit from a trained toy teacher instead of a fresh initialisation: a run directory written by 'miniverl train' (a toy student trained without LoRA, of models.teacher's shape), one of its checkpoints, a benchmark cold start or a .safetensors file of the whole model. Its SHA-256 enters the fit's reuse digest. Default: fresh weights.",
     )
 
     @field_validator("noise_kinds")
@@ -372,6 +376,13 @@ class LabRunConfig(RunConfig):
         yield from lab_problems(self, self.lab)
 
 
+COLD_START_TEACHER = "cold_start"
+"""The value of ``models.teacher.checkpoint`` in a benchmark arm that the harness replaces by
+the seed's cold start (``lab/benchmark/arms.py``), with the teacher's model block set to the
+student's: the student scoring itself. Until then the recipe's toy-teacher fit may stand beside
+it: the harness drops that fit from the arm when it points the checkpoint at the cold start."""
+
+
 def lab_problems(config: RunConfig, lab: LabConfig) -> Iterable[str]:
     """The rules relating the lab's section to the core's, one line each."""
     models = config.models
@@ -380,8 +391,11 @@ def lab_problems(config: RunConfig, lab: LabConfig) -> Iterable[str]:
             yield "models.teacher.checkpoint and lab.oracle_teacher both replace the teacher model: set one"
         if lab.teacher_fit.enabled:
             yield "models.teacher.checkpoint loads a trained teacher; lab.teacher_fit.enabled would fit another: set it to false"
-        if lab.toy_fit.dagger.enabled:
+        refit = models.teacher.checkpoint != COLD_START_TEACHER
+        if lab.toy_fit.dagger.enabled and refit:
             yield "models.teacher.checkpoint loads a trained teacher; lab.toy_fit.dagger.enabled would fit another: set it to false"
+        if lab.toy_fit.init_from is not None and refit:
+            yield "models.teacher.checkpoint loads a trained teacher; lab.toy_fit.init_from starts a fit from one: set models.teacher.checkpoint: null to refit, or drop init_from"
     if lab.oracle_teacher is not None:
         if models.backend != "toy":
             yield "lab.oracle_teacher needs models.backend: toy (the oracle teacher speaks the toy tokenizer)"

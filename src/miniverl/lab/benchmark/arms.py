@@ -14,6 +14,7 @@ from typing import Any
 from miniverl.config.models import RunConfig, parse_override
 from miniverl.config.modes import DEFAULT_MODE, MODES, arm_role, default_arms
 from miniverl.errors import ConfigError
+from miniverl.lab.config import COLD_START_TEACHER, lab_of
 
 BASELINE_ARM = arm_role("reference_ceiling")
 DEFAULT_ARMS: dict[str, tuple[str, ...]] = default_arms()
@@ -21,9 +22,6 @@ DEFAULT_ARMS: dict[str, tuple[str, ...]] = default_arms()
 every mode's arms of the mode registry (``config/modes.py``), mode by mode. The mixed-prefix
 mode's arm takes λ from ``train.gkd_student_fraction`` (0.5 unless the recipe says otherwise)."""
 
-COLD_START_TEACHER = "cold_start"
-"""The value of ``models.teacher.checkpoint`` in an arm that the harness replaces by the seed's
-cold start, with the teacher's model block set to the student's: the student scoring itself."""
 
 NAMED_ONLY_ARMS: dict[str, tuple[str, ...]] = {
     "opd_privileged": (
@@ -212,7 +210,9 @@ def arm_config_for_arm_seed(config: RunConfig, arm_seed: int) -> RunConfig:
 def with_cold_start_teacher(config: RunConfig, cold_start: str) -> RunConfig:
     """``config`` with a ``models.teacher.checkpoint`` of :data:`COLD_START_TEACHER` pointed
     at ``cold_start`` and the teacher's base made the student's (unchanged otherwise); the
-    cold start records its own adapter shape (``training/teacher_checkpoint.py``)."""
+    cold start records its own adapter shape (``training/teacher_checkpoint.py``). A recipe
+    whose cold start refits a toy teacher (``lab.toy_fit.dagger``, ``init_from``) keeps that
+    fit out of the arm: the arm's teacher is the cold-start student, and nothing is fitted."""
     if config.models.teacher.checkpoint != COLD_START_TEACHER:
         return config
     student = config.models.student
@@ -220,6 +220,11 @@ def with_cold_start_teacher(config: RunConfig, cold_start: str) -> RunConfig:
         f"models.teacher.checkpoint={cold_start}",
         f"models.teacher.model_id={student.model_id}",
     ]
+    toy_fit = lab_of(config).toy_fit
+    if toy_fit.dagger.enabled:
+        overrides.append("lab.toy_fit.dagger.enabled=false")
+    if toy_fit.init_from is not None:
+        overrides.append("lab.toy_fit.init_from=null")
     if student.revision is not None:
         overrides.append(f"models.teacher.revision={student.revision}")
     return config.with_overrides(overrides)

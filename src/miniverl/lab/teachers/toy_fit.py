@@ -1,8 +1,9 @@
 """The toy teacher, made competent by the lab: its fitting traces, the fit, and the reuse cache.
 
 Toy backend: the teacher starts as a freshly initialised
-:class:`~miniverl.models.toy.ToyBackend` and becomes competent here, before the run that
-distils from it starts (``lab/teachers/prepare.py`` hands it to the trainer):
+:class:`~miniverl.models.toy.ToyBackend` (or, with ``lab.toy_fit.init_from``, as a trained
+toy teacher, refined here on a cold start's states) and becomes competent here, before the run
+that distils from it starts (``lab/teachers/prepare.py`` hands it to the trainer):
 
 1. fitting examples: one trace per task of the training split plus
    ``lab.toy_fit.extra_tasks`` more, a ``noise_fraction`` of them noise-injected
@@ -486,6 +487,25 @@ def load_teacher(teacher: CausalLMBackend, path: Path, weights_sha256: str | Non
     teacher.load_full_state_dict(load_file(str(path)))
 
 
+def start_toy_from(teacher: CausalLMBackend, path: str) -> dict[str, Any]:
+    """Load the trained toy model at ``path`` (``lab.toy_fit.init_from``) into ``teacher``, the
+    fit's starting point; its record (path, SHA-256, tensor count). A fit from a trained
+    teacher refines it on new rows (a cold start's labelled states) instead of learning the
+    task again from scratch; its weights' SHA-256 enters the reuse digest as the initial
+    weights, so its path does not."""
+    from miniverl.training.teacher_checkpoint import load_teacher_checkpoint
+
+    try:
+        return load_teacher_checkpoint(teacher, path, backend="toy")
+    except CheckpointError as error:
+        raise CheckpointError(
+            f"lab.toy_fit.init_from: {error.message}",
+            hint="point lab.toy_fit.init_from at a toy run directory written by 'miniverl "
+            "train' (a student trained without LoRA, of models.teacher's shape), one of its "
+            f"checkpoints, a cold start or a .safetensors file of that model ({path} is not one)",
+        ) from error
+
+
 def fit_toy_teacher(
     teacher: CausalLMBackend,
     *,
@@ -514,6 +534,7 @@ def fit_toy_teacher(
     ``toy_teacher_reused``. The global RNG state is the same afterwards as before a fit.
     """
     seed = config.run.seed
+    started_from = start_toy_from(teacher, fit.init_from) if fit.init_from is not None else None
     train = splits["train"]
     extra = sample_extra_tasks(
         environment,
@@ -561,7 +582,7 @@ def fit_toy_teacher(
         probe=probe,
         train=train,
         eval_tasks=eval_tasks,
-        fit=fit.model_dump(mode="json", exclude={"reuse"}),
+        fit=fit.model_dump(mode="json", exclude={"reuse", "init_from"}),
         rollout=config.rollout.model_dump(mode="json"),
         chunk_size=chunk_size,
         seed=seed,
@@ -626,6 +647,7 @@ def fit_toy_teacher(
             "torch_threads": torch.get_num_threads(),
         },
         **dagger_counts,
+        **({"init_from": started_from} if started_from is not None else {}),
         "fit_task_ids": sorted(t.task_id for t in pool),
         "steps": fitted_run.steps_run,
         "final_loss": fitted_run.final_loss,
@@ -665,6 +687,7 @@ __all__ = [
     "load_cached_teacher",
     "load_teacher",
     "noisy_indices",
+    "start_toy_from",
     "store_teacher",
     "teacher_bytes",
     "teacher_digest",
