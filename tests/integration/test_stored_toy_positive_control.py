@@ -290,3 +290,80 @@ def test_pilot_4s_arms_recover_as_the_log_says_from_the_refitted_teachers() -> N
         assert f"seed {seed} `{teacher['sha256'][:8]}…`" in LOG
         states_gate = _cell(run, seed, "cold-start")["teacher_gate"]["states"]
         assert states_gate["failures"] == [], states_gate
+
+
+REFIT_GRID = ROOT / "refit-grid"
+REFIT_RECIPE = ROOT.parents[1] / "recipes" / "toy_calc_chain_checked_refit.yaml"
+
+
+def _refit_study() -> str:
+    text = (ROOT / "LOG.md").read_text(encoding="utf-8")
+    return text[text.index("— a second pre-registered study") :]
+
+
+def test_the_refit_protocol_is_committed_and_its_commands_load_one_training_setting() -> None:
+    """``refit-test/protocol.yaml``: six arms at the new seeds 21-28, both primary pairs at
+    ``fixed_recovery`` and all-k; its SHA-256 is the one the LOG quotes; its grid and test
+    commands validate to the same training settings (so ``--lr-from`` accepts the grid), and
+    the recipe refits the control's stored teacher inside each cold start."""
+    import yaml
+
+    from miniverl.lab.benchmark.lr_grid import training_digest
+    from miniverl.lab.benchmark.protocol import primary_endpoints
+    from miniverl.lab.config import load_recipe
+    from miniverl.utils.hashing import sha256_file
+
+    path = ROOT / "refit-test" / "protocol.yaml"
+    protocol = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert protocol["seeds"] == list(range(21, 29))
+    assert primary_endpoints(protocol) == ["fixed_recovery", None]
+    assert protocol["primary_contrasts"] == [
+        ["opd", "offline_kd"],
+        ["opd_reverse_kl", "offline_kd_reverse_kl"],
+    ]
+    assert f"(SHA-256 `{sha256_file(path)[:8]}…`)" in " ".join(_refit_study().split())
+    gate = ["eval.teacher_gate_required=false"]
+    grid = load_recipe(REFIT_RECIPE, gate)
+    run = load_recipe(REFIT_RECIPE, [*gate, "eval.split=test", "eval.max_tasks=90"])
+    assert training_digest(grid.to_dict()) == training_digest(run.to_dict())
+    fit = run.lab.toy_fit
+    assert fit.dagger.enabled and (fit.max_steps, fit.lr, fit.batch_size) == (600, 3e-4, 16)
+    assert run.models.teacher.checkpoint is None
+    start = ROOT.parents[1] / fit.init_from
+    assert sha256_file(start).startswith("e9038026")
+
+
+def test_the_refit_grid_table_is_its_stored_cells_and_the_gate_is_the_quoted_one() -> None:
+    grid = _json(REFIT_GRID / "lr_grid.json")
+    assert grid["recipe"] == REFIT_RECIPE.name and grid["grid"] == [0.0005, 0.001, 0.002]
+    rows = {}
+    for line in _refit_study().splitlines():
+        cells = [c.strip(" `") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0] in grid["selected"]:
+            rows[cells[0]] = cells[1:]
+    assert set(rows) == set(grid["selected"]) and len(rows) == 6
+    for arm, (success, recovered, chosen) in rows.items():
+        payloads = [
+            _json(REFIT_GRID / "cells" / f"s3-a0-{arm}@lr={lr}.json")["payload"]
+            for lr in grid["grid"]
+        ]
+        assert success == " / ".join(str(p["final_solved"]) for p in payloads), arm
+        assert recovered == " / ".join(str(_recovered(p)[0]) for p in payloads), arm
+        assert float(chosen) == grid["selected"][arm]
+    cold = _cell(REFIT_GRID, 3, "cold-start")
+    states = cold["teacher_gate"]["states"]
+    gate = _json(REFIT_GRID / "seed-3" / "teacher-state-gate.json")
+    assert gate["privileged_rule"] == "teacher_departs"
+    assert gate["off_path_agreement"] == states["off_path_agreement"]
+    assert states["failures"] == ["recovery_rate 0.759 < 0.800"]
+    study = " ".join(_refit_study().split())
+    assert f"after a deviation **{states['off_path_agreement']:.3f}** (passes" in study
+    assert f"recovery **{gate['recovered']} of {gate['recovery_states']}** (0.759, fails" in study
+    marker = _json(REFIT_GRID / "seed-3" / "cold-start" / "cold_start.json")
+    teacher = REFIT_GRID / "seed-3" / "cold-start" / "toy-teacher.safetensors"
+    from miniverl.utils.hashing import sha256_file
+
+    assert sha256_file(teacher) == marker["toy_teacher_sha256"] == cold["toy_teacher_sha256"]
+    assert f"teacher `{marker['toy_teacher_sha256'][:8]}…`" in study
+    assert marker["toy_teacher"]["init_from"]["sha256"].startswith("e9038026")
+    assert marker["toy_teacher"]["steps"] == 600
