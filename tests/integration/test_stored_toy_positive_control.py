@@ -171,7 +171,7 @@ def test_the_grid_table_is_its_stored_cells_and_lr_grid_selects_as_quoted() -> N
     rates = _json(grid / "lr_grid.json")["grid"]
     assert rates == [0.0005, 0.001, 0.002]
     rows = {}
-    for line in (ROOT / "LOG.md").read_text(encoding="utf-8").splitlines():
+    for line in _first_study().splitlines():
         cells = [c.strip(" `") for c in line.strip().strip("|").split("|")]
         if len(cells) == 4 and cells[0] in selected:
             rows[cells[0]] = cells[1:]
@@ -196,12 +196,13 @@ TEST_ARMS = (
 )
 
 
-def _test_rows() -> dict[tuple[int, str], list[str]]:
+def _test_rows(seeds: str = "1[1-8]", text: str | None = None) -> dict[tuple[int, str], list[str]]:
     """The LOG's test-run table: ``(seed, "success" | "recovered")`` -> its cells."""
     rows = {}
-    for line in (ROOT / "LOG.md").read_text(encoding="utf-8").splitlines():
+    text = (ROOT / "LOG.md").read_text(encoding="utf-8") if text is None else text
+    for line in text.splitlines():
         cells = [c.strip(" *") for c in line.strip().strip("|").split("|")]
-        head = re.fullmatch(r"(1[1-8]): (success|recovered) of \d+", cells[0])
+        head = re.fullmatch(rf"({seeds}): (success|recovered) of \d+", cells[0])
         if head:
             rows[(int(head.group(1)), head.group(2))] = cells[1:]
     return rows
@@ -212,13 +213,17 @@ def test_the_test_run_is_the_frozen_protocols_and_the_log_quotes_its_cells_and_v
     recoveries at the cold start's own deviated states recounted per state), the teacher gate
     column is the cold-start cell's, the analysis ran over every protocol seed under the frozen
     protocol, and each primary contrast's verdict is quoted word for word."""
-    test = ROOT / "test"
+    _check_test_run(ROOT / "test", range(11, 19), _test_rows(), LOG)
+
+
+def _check_test_run(
+    test: Path, seeds: range, rows: dict[tuple[int, str], list[str]], log: str
+) -> None:
     analysis = _json(test / "analysis.json")
     assert analysis["protocol"]["frozen"]["sha256"] == _json(test / "protocol.json")["sha256"]
     assert analysis["protocol"]["missing_seeds"] == []
-    assert sorted(int(s) for s in analysis["seeds"]) == list(range(11, 19))
-    rows = _test_rows()
-    for seed in range(11, 19):
+    assert sorted(int(s) for s in analysis["seeds"]) == list(seeds)
+    for seed in seeds:
         cold = _cell(test, seed, "cold-start")
         cells = [_cell(test, seed, arm) for arm in TEST_ARMS]
         assert {c["cold_start_student_sha256"] for c in cells} == {cold["student_sha256"]}
@@ -237,7 +242,7 @@ def test_the_test_run_is_the_frozen_protocols_and_the_log_quotes_its_cells_and_v
         ("opd_reverse_kl", "offline_kd_reverse_kl", "all"),
     }
     for contrast in primary:
-        assert " ".join(contrast["verdict"].split()) in LOG, contrast["verdict"]
+        assert " ".join(contrast["verdict"].split()) in log, contrast["verdict"]
 
 
 REFIT = ROOT / "refit-pilot"
@@ -294,6 +299,11 @@ def test_pilot_4s_arms_recover_as_the_log_says_from_the_refitted_teachers() -> N
 
 REFIT_GRID = ROOT / "refit-grid"
 REFIT_RECIPE = ROOT.parents[1] / "recipes" / "toy_calc_chain_checked_refit.yaml"
+
+
+def _first_study() -> str:
+    text = (ROOT / "LOG.md").read_text(encoding="utf-8")
+    return text[: text.index("— a second pre-registered study")]
 
 
 def _refit_study() -> str:
