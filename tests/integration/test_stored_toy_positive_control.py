@@ -377,3 +377,63 @@ def test_the_refit_grid_table_is_its_stored_cells_and_the_gate_is_the_quoted_one
     assert f"teacher `{marker['toy_teacher_sha256'][:8]}…`" in study
     assert marker["toy_teacher"]["init_from"]["sha256"].startswith("e9038026")
     assert marker["toy_teacher"]["steps"] == 600
+
+
+def _refit_result() -> str:
+    text = (ROOT / "LOG.md").read_text(encoding="utf-8")
+    return text[text.index("— the refit study's pre-registered test: the result") :]
+
+
+def test_the_refit_test_run_is_the_frozen_protocols_and_the_log_quotes_its_cells_and_verdicts() -> (
+    None
+):
+    """The refit study's table is its stored cells, its analysis ran over seeds 21-28 under the
+    committed protocol, each primary verdict is quoted; every seed's teacher is the control's
+    teacher refitted in its own cold start (the stored weights match the marker), and the LOG's
+    count of passing seeds (none) is the cells'."""
+    from miniverl.utils.hashing import sha256_file
+
+    test = ROOT / "refit-test"
+    result = _refit_result()
+    frozen = _json(test / "protocol.json")
+    assert frozen["sha256"] == sha256_file(test / "protocol.yaml")
+    _check_test_run(test, range(21, 29), _test_rows("2[1-8]", result), " ".join(result.split()))
+    passing = []
+    for seed in range(21, 29):
+        marker = _json(test / f"seed-{seed}" / "cold-start" / "cold_start.json")
+        weights = test / f"seed-{seed}" / "cold-start" / "toy-teacher.safetensors"
+        assert sha256_file(weights) == marker["toy_teacher_sha256"]
+        assert marker["toy_teacher"]["init_from"]["sha256"].startswith("e9038026")
+        assert marker["toy_teacher"]["steps"] == 600
+        if not _cell(test, seed, "cold-start")["teacher_gate"]["states"]["failures"]:
+            passing.append(seed)
+    assert passing == [] and "the refitted teacher fails at all eight" in " ".join(result.split())
+
+
+def test_the_refit_studys_secondary_opd_minus_sft_corrective_is_the_quoted_one() -> None:
+    """``opd`` - ``sft_corrective`` at the fixed states, recomputed from the stored cells with the
+    benchmark's own t-interval, and the negative control's count of states."""
+    from miniverl.lab.benchmark.stats import t_interval, t_test_p
+
+    test = ROOT / "refit-test"
+    rates = {
+        arm: [_recovered(_cell(test, s, arm)) for s in range(21, 29)]
+        for arm in ("opd", "sft_corrective", "opd_self", "offline_kd")
+    }
+    diffs = [
+        100 * (a / n - b / m)
+        for (a, n), (b, m) in zip(rates["opd"], rates["sft_corrective"], strict=True)
+    ]
+    low, high = t_interval(diffs)
+    mean = sum(diffs) / len(diffs)
+
+    def pp(x: float) -> str:
+        return f"{x:+.1f}".replace("-", "−")
+
+    quoted = (
+        f"{pp(mean)} pp, 95% t-interval [{pp(low)} pp, {pp(high)} pp], p = {t_test_p(diffs):.2f}"
+    )
+    assert quoted in " ".join(_refit_result().split()), quoted
+    states = sum(n for _, n in rates["opd"])
+    assert states == 479 and sum(a for a, _ in rates["opd_self"]) == 0
+    assert (sum(a for a, _ in rates["opd"]), sum(a for a, _ in rates["offline_kd"])) == (33, 0)
