@@ -437,3 +437,23 @@ def test_the_refit_studys_secondary_opd_minus_sft_corrective_is_the_quoted_one()
     states = sum(n for _, n in rates["opd"])
     assert states == 479 and sum(a for a, _ in rates["opd_self"]) == 0
     assert (sum(a for a, _ in rates["opd"]), sum(a for a, _ in rates["offline_kd"])) == (33, 0)
+
+
+def test_pilot_5s_longer_refit_table_is_its_stored_gates() -> None:
+    text = (ROOT / "LOG.md").read_text(encoding="utf-8")
+    text = text[text.index("— pilot 5: three times the refit") :]
+    for seed in (3, 1):
+        gate = _json(ROOT / "refit-pilot-5" / f"seed-{seed}" / "gate.json")
+        assert gate["args"]["steps"] == "1800" and gate["args"]["lr"] == "0.0003"
+        row = next(line for line in text.splitlines() if line.startswith(f"| seed {seed} ("))
+        for when in ("before", "after"):
+            f = gate[when]["figures"]
+            figures = (
+                f"{f['on_path_agreement']:.3f} / {f['off_path_agreement']:.3f} / "
+                f"{f['recovered']} of {f['recovery_states']}"
+            )
+            assert figures in row, (seed, when, row)
+        assert gate["after"]["failures"] == [
+            f"off_path_agreement {gate['after']['figures']['off_path_agreement']:.3f} < 0.900"
+        ]
+        assert row.rstrip().endswith("| fails after a deviation |")
