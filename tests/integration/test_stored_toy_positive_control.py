@@ -17,6 +17,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2] / "results" / "toy_positive_control"
 LOG = " ".join((ROOT / "LOG.md").read_text(encoding="utf-8").split())
 ARMS = ("offline_kd", "opd", "sft_corrective", "opd_self")
+REFIT_ARMS = (*ARMS, "opd_reverse_kl", "offline_kd_reverse_kl")
 
 
 def _json(path: Path) -> Any:
@@ -457,3 +458,66 @@ def test_pilot_5s_longer_refit_table_is_its_stored_gates() -> None:
             f"off_path_agreement {gate['after']['figures']['off_path_agreement']:.3f} < 0.900"
         ]
         assert row.rstrip().endswith("| fails after a deviation |")
+
+
+def _post_hoc() -> str:
+    text = (ROOT / "LOG.md").read_text(encoding="utf-8")
+    return text[text.index("— the refit study read further, post hoc") :]
+
+
+def test_the_refit_teachers_misses_after_a_deviation_are_the_privileged_predictions_quoted() -> (
+    None
+):
+    """The LOG's split of each seed's gate after a deviation: labelled positions agreeing,
+    privileged predictions, the gate's figure and the teacher's recovery, from the stored gate;
+    and its totals (every miss but one is a privileged prediction)."""
+    text = _post_hoc()
+    agree = labelled = privileged = 0
+    for seed in range(21, 29):
+        gate = _json(ROOT / "refit-test" / f"seed-{seed}" / "teacher-state-gate.json")
+        n = gate["off_path_positions"] - gate["privileged_predictions"]
+        row = (
+            f"| {seed} | {gate['off_path_correct']} of {n} | {gate['privileged_predictions']} | "
+            f"{gate['off_path_agreement']:.3f} | {gate['recovered']} of {gate['recovery_states']} |"
+        )
+        assert row in text, row
+        agree, labelled = agree + gate["off_path_correct"], labelled + n
+        privileged += gate["privileged_predictions"]
+    said = " ".join(text.split())
+    assert f"({agree:,} of {labelled:,} positions over the eight seeds)" in said
+    assert f"the {privileged} digits it writes" in said
+    assert labelled - agree == 1
+
+
+def test_the_first_actions_at_the_fixed_states_are_the_stored_replay_of_the_cells() -> None:
+    """``fixed-state-actions.json`` (``benchmarks/fixed_state_actions.py``) replays the cells'
+    own states: per seed and policy its states and solved counts are the cell's fixed-state
+    recovery; the LOG's table is its sums and its per-seed counts of ``opd``'s named calls."""
+    test = ROOT / "refit-test"
+    per_seed = _json(test / "fixed-state-actions.json")["per_seed"]
+    assert sorted(per_seed) == [str(s) for s in range(21, 29)]
+    totals: dict[str, dict[str, int]] = {}
+    for seed, policies in per_seed.items():
+        assert sorted(policies) == sorted(["cold-start", *REFIT_ARMS])
+        for name, got in policies.items():
+            assert (got.get("solved", 0), got["states"]) == _recovered(_cell(test, int(seed), name))
+            kinds = ("named", "repeat", "other", "malformed", "answer")
+            assert sum(got.get(k, 0) for k in kinds) == got["states"]
+            for key, value in got.items():
+                totals.setdefault(name, {}).setdefault(key, 0)
+                totals[name][key] += value
+    text = _post_hoc()
+    for name, t in totals.items():
+        label = name.replace("cold-start", "cold start")
+        label = label if label == "cold start" else f"`{label}`"
+        counts = [t.get(k, 0) for k in ("named", "repeat", "other", "malformed", "answer")]
+        cells = [f"**{c}**" if (name == "opd" and i == 0) else str(c) for i, c in enumerate(counts)]
+        row = (
+            f"| {label} | {' | '.join(cells)} | {t.get('solved', 0)} | "
+            f"{t.get('solved_after_named', 0)} of {t.get('named', 0)} |"
+        )
+        assert row in text, row
+    named = [per_seed[str(s)]["opd"].get("named", 0) for s in range(21, 29)]
+    said = " ".join(text.split())
+    assert f"{', '.join(str(n) for n in named[:-1])} and {named[-1]} states" in said
+    assert all(per_seed[str(s)]["offline_kd"].get("named", 0) == 0 for s in range(21, 29))

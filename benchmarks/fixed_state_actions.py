@@ -1,0 +1,166 @@
+"""What each arm's student does first at the fixed recovery states, and whether it then solves.
+
+A diagnostic, not a timing. The fixed-state endpoint (``lab/benchmark/fixed_states.py``)
+counts the cold start's deviated held-out episodes that a policy, replayed to the state after
+the first flagged error, ends solved. A count alone cannot say *where* a student fails:
+whether it does not copy the step the error message names, copies it and errs later, or
+answers instead. This script replays every stored state of a benchmark run directory for the
+cold start and each arm's final student (greedy, as the endpoint does) and sorts the first
+action after the error:
+
+- ``named``: a well-formed call of exactly the step the message names ("the next step is
+  A op B");
+- ``repeat``: a well-formed call of the expression the error refused;
+- ``other``: a well-formed call of another expression;
+- ``malformed``: a call the environment cannot parse;
+- ``answer``: a final answer instead of a call.
+
+It prints, per policy over the seeds it finds, the states, how many start with each action,
+and how many end solved (all, and after a ``named`` first action), then the same per seed;
+``--json`` writes the figures. The solved counts equal the cells' ``fixed_state_recovery``
+(the same replay, :func:`~miniverl.lab.teachers.gate.continue_from`).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/fixed_state_actions.py \\
+        runs/refit-test-a runs/refit-test-b [--seeds 21,22] [--json OUT.json]
+
+Each ``RUN_ROOT`` is a ``miniverl benchmark`` output directory: ``seed-S/cold-start`` (weights and
+``fixed-states.jsonl``) and ``seed-S/ARM`` run directories with a final checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from miniverl.config.loading import load_resolved_config
+from miniverl.environments.registry import make_environment
+from miniverl.environments.tasks_file import build_splits
+from miniverl.lab.benchmark.fixed_states import FIXED_STATES_FILE, evaluation_tasks
+from miniverl.lab.teachers.fitting import turn_spans
+from miniverl.lab.teachers.gate import continue_from, first_off_path_turns
+from miniverl.models.factory import build_tokenizer
+from miniverl.models.runtime import build_runtime
+from miniverl.training.checkpoint import load_checkpoint
+from miniverl.training.cold_start import load_cold_start
+from miniverl.trajectory.io import read_trajectories
+from miniverl.utils.runs import RunPaths
+
+ACTIONS = ("named", "repeat", "other", "malformed", "answer")
+_NAMED = re.compile(r"the next step is (-?\d+ [-+*] -?\d+)")
+
+
+def first_action(episode: Any, turn: int, tokenizer: Any) -> str:
+    """The kind of ``episode``'s turn ``turn`` (the first the policy played) against the step
+    the last error message before it names."""
+    spans = turn_spans(episode)
+    if turn not in spans:
+        return "answer"
+    named = _NAMED.findall(tokenizer.decode(episode.token_ids[: spans[turn][0]]))
+    played = next((t for t in episode.turns if t.turn_id == turn), None)
+    if played is None or played.is_final or played.tool_call is None:
+        return "answer"
+    call = played.tool_call
+    if not call.valid:
+        return "malformed"
+    expression = _expression(call)
+    if named and expression == named[-1]:
+        return "named"
+    refused = [t.tool_call for t in episode.turns if t.turn_id < turn and t.tool_call is not None]
+    return (
+        "repeat"
+        if refused and refused[-1].valid and expression == _expression(refused[-1])
+        else "other"
+    )
+
+
+def _expression(call: Any) -> str:
+    return " ".join(str(call.arguments.get("expression", "")).split())
+
+
+def tally(policy: Any, environment: Any, tasks: list, states: list, rollout: Any) -> dict:
+    """First actions and solved counts of ``policy`` continuing from every state."""
+    by_id = {t.task_id: t for t in tasks}
+    first_off = first_off_path_turns(environment, by_id, states, policy.tokenizer)
+    counts: Counter[str] = Counter()
+    for episode in states:
+        turn = first_off.get(episode.trajectory_id)
+        if turn is None:
+            continue
+        cont = continue_from(policy, environment, by_id[episode.task_id], episode, turn, rollout)
+        action = first_action(cont, turn, policy.tokenizer)
+        counts["states"] += 1
+        counts[action] += 1
+        counts["solved"] += int(cont.solved)
+        counts[f"solved_after_{action}"] += int(cont.solved)
+    return dict(counts)
+
+
+def seed_tally(seed_dir: Path) -> dict[str, dict]:
+    """Every policy of one seed: the cold start, then each arm with a final checkpoint."""
+    cold = seed_dir / "cold-start"
+    arms = sorted(
+        p
+        for p in seed_dir.iterdir()
+        if p.is_dir() and p.name != "cold-start-run" and RunPaths(p).final_checkpoint.exists()
+    )
+    config = load_resolved_config(arms[0])
+    environment = make_environment(config.environment.name, **config.environment.params)
+    tasks = evaluation_tasks(config, build_splits(environment, config.environment))
+    held_out = {t.task_id for t in tasks}
+    states = [t for t in read_trajectories(cold / FIXED_STATES_FILE) if t.task_id in held_out]
+    policy = build_runtime(config, build_tokenizer(config), "cpu", with_teacher=False).student
+    load_cold_start(cold, student=policy)
+    out = {"cold-start": tally(policy, environment, tasks, states, config.rollout)}
+    for arm in arms:
+        state = load_checkpoint(RunPaths(arm).final_checkpoint).trainable
+        policy.load_trainable_state_dict(state)
+        out[arm.name] = tally(policy, environment, tasks, states, config.rollout)
+    return out
+
+
+def line(name: str, c: dict) -> str:
+    n = c.get("states", 0)
+    parts = [f"{a} {c.get(a, 0)}" for a in ACTIONS]
+    return (
+        f"{name:24s} states {n:4d} | first action: {', '.join(parts)} | solved {c.get('solved', 0)}"
+        f" (after named {c.get('solved_after_named', 0)} of {c.get('named', 0)})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_roots", type=Path, nargs="+", metavar="RUN_ROOT")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: all)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    wanted = None if args.seeds is None else {s.strip() for s in args.seeds.split(",")}
+    per_seed: dict[str, dict[str, dict]] = {}
+    seed_dirs = sorted(
+        (d for root in args.run_roots for d in root.glob("seed-*")),
+        key=lambda d: int(d.name.removeprefix("seed-")),
+    )
+    for seed_dir in seed_dirs:
+        seed = seed_dir.name.removeprefix("seed-")
+        if wanted is None or seed in wanted:
+            per_seed[seed] = seed_tally(seed_dir)
+    total: dict[str, Counter] = {}
+    for policies in per_seed.values():
+        for name, c in policies.items():
+            total.setdefault(name, Counter()).update(c)
+    print(f"over seeds {', '.join(per_seed)}:")
+    for name, c in total.items():
+        print(line(name, c))
+    for seed, policies in per_seed.items():
+        print(f"seed {seed}:")
+        for name, c in policies.items():
+            print("  " + line(name, c))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"per_seed": per_seed}, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
