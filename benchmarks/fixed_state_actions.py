@@ -17,11 +17,16 @@ action after the error:
 
 It prints, per policy over the seeds it finds, the states, how many start with each action,
 and how many end solved (all, and after a ``named`` first action), then the same per seed;
-``--json`` writes the figures. The solved counts equal the cells' ``fixed_state_recovery``
+``--json`` writes the figures. ``--contrast A,B`` (repeatable) prints ``named_first``, the share
+of a seed's states whose first action is ``named``, as A minus B paired by seed: the mean
+difference in percentage points, its 95% t-interval over seeds and the two-sided t-test p
+(``miniverl.lab.benchmark.stats``), as ``results/toy_positive_control/action-test/protocol.yaml``
+pre-registers it. The solved counts equal the cells' ``fixed_state_recovery``
 (the same replay, :func:`~miniverl.lab.teachers.gate.continue_from`).
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/fixed_state_actions.py \\
-        runs/refit-test-a runs/refit-test-b [--seeds 21,22] [--json OUT.json]
+        runs/refit-test-a runs/refit-test-b [--seeds 21,22] [--json OUT.json] \\
+        [--contrast opd,offline_kd ...]
 
 Each ``RUN_ROOT`` is a ``miniverl benchmark`` output directory: ``seed-S/cold-start`` (weights and
 ``fixed-states.jsonl``) and ``seed-S/ARM`` run directories with a final checkpoint.
@@ -131,11 +136,28 @@ def line(name: str, c: dict) -> str:
     )
 
 
+def named_first_contrast(per_seed: dict[str, dict[str, dict]], a: str, b: str) -> dict[str, Any]:
+    """``a`` minus ``b`` on ``named_first`` (percentage points), paired by seed: the per-seed
+    differences, their mean, 95% t-interval and two-sided t-test p."""
+    from miniverl.lab.benchmark.stats import t_interval, t_test_p
+
+    diffs = []
+    for seed, policies in per_seed.items():
+        if policies[a]["states"] != policies[b]["states"]:
+            raise ValueError(f"seed {seed}: {a} and {b} answered different states")
+        n = policies[a]["states"]
+        diffs.append(100 * (policies[a].get("named", 0) - policies[b].get("named", 0)) / n)
+    low, high = t_interval(diffs)
+    mean = sum(diffs) / len(diffs)
+    return {"diffs": diffs, "mean": mean, "low": low, "high": high, "p": t_test_p(diffs)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_roots", type=Path, nargs="+", metavar="RUN_ROOT")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: all)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--contrast", action="append", default=[], metavar="A,B")
     args = parser.parse_args()
     wanted = None if args.seeds is None else {s.strip() for s in args.seeds.split(",")}
     per_seed: dict[str, dict[str, dict]] = {}
@@ -158,8 +180,17 @@ def main() -> None:
         print(f"seed {seed}:")
         for name, c in policies.items():
             print("  " + line(name, c))
+    contrasts = {}
+    for pair in args.contrast:
+        a, b = (name.strip() for name in pair.split(","))
+        c = contrasts[f"{a} - {b}"] = named_first_contrast(per_seed, a, b)
+        print(
+            f"named_first {a} - {b}: {c['mean']:+.1f} pp, 95% t-interval "
+            f"[{c['low']:+.1f}, {c['high']:+.1f}], p = {c['p']:.3g} over {len(c['diffs'])} seeds"
+        )
     if args.json is not None:
-        args.json.write_text(json.dumps({"per_seed": per_seed}, indent=1, sort_keys=True) + "\n")
+        record = {"per_seed": per_seed, "contrasts": contrasts}
+        args.json.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

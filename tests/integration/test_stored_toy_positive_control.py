@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from helpers import load_benchmark_script
+
 ROOT = Path(__file__).resolve().parents[2] / "results" / "toy_positive_control"
 LOG = " ".join((ROOT / "LOG.md").read_text(encoding="utf-8").split())
 ARMS = ("offline_kd", "opd", "sft_corrective", "opd_self")
@@ -217,8 +219,21 @@ def test_the_test_run_is_the_frozen_protocols_and_the_log_quotes_its_cells_and_v
     _check_test_run(ROOT / "test", range(11, 19), _test_rows(), LOG)
 
 
+PRIMARY = {
+    ("opd", "offline_kd", "fixed_recovery"),
+    ("opd", "offline_kd", "all"),
+    ("opd_reverse_kl", "offline_kd_reverse_kl", "fixed_recovery"),
+    ("opd_reverse_kl", "offline_kd_reverse_kl", "all"),
+}
+
+
 def _check_test_run(
-    test: Path, seeds: range, rows: dict[tuple[int, str], list[str]], log: str
+    test: Path,
+    seeds: range,
+    rows: dict[tuple[int, str], list[str]],
+    log: str,
+    arms: tuple[str, ...] = TEST_ARMS,
+    primary: set[tuple[str, str, str]] = PRIMARY,
 ) -> None:
     analysis = _json(test / "analysis.json")
     assert analysis["protocol"]["frozen"]["sha256"] == _json(test / "protocol.json")["sha256"]
@@ -226,23 +241,19 @@ def _check_test_run(
     assert sorted(int(s) for s in analysis["seeds"]) == list(seeds)
     for seed in seeds:
         cold = _cell(test, seed, "cold-start")
-        cells = [_cell(test, seed, arm) for arm in TEST_ARMS]
+        cells = [_cell(test, seed, arm) for arm in arms]
         assert {c["cold_start_student_sha256"] for c in cells} == {cold["student_sha256"]}
         success = [round(cold["after_warmup_success"] * 90)] + [c["final_solved"] for c in cells]
         recovered = [_recovered(c)[0] for c in [cold, *cells]]
-        assert [int(x) for x in rows[(seed, "success")][:7]] == success, seed
-        assert [int(x) for x in rows[(seed, "recovered")][:7]] == recovered, seed
+        n = len(arms) + 1
+        assert [int(x) for x in rows[(seed, "success")][:n]] == success, seed
+        assert [int(x) for x in rows[(seed, "recovered")][:n]] == recovered, seed
         gate = cold["teacher_gate"]["states"]
         verdict = "passes" if not gate["failures"] else "fails"
-        assert rows[(seed, "success")][7].startswith(f"{verdict} ({gate['off_path_agreement']:.3f}")
-    primary = [c for c in analysis["contrasts"] if c["primary"]]
-    assert {(c["arm"], c["reference"], c["endpoint"]) for c in primary} == {
-        ("opd", "offline_kd", "fixed_recovery"),
-        ("opd", "offline_kd", "all"),
-        ("opd_reverse_kl", "offline_kd_reverse_kl", "fixed_recovery"),
-        ("opd_reverse_kl", "offline_kd_reverse_kl", "all"),
-    }
-    for contrast in primary:
+        assert rows[(seed, "success")][n].startswith(f"{verdict} ({gate['off_path_agreement']:.3f}")
+    contrasts = [c for c in analysis["contrasts"] if c["primary"]]
+    assert {(c["arm"], c["reference"], c["endpoint"]) for c in contrasts} == primary
+    for contrast in contrasts:
         assert " ".join(contrast["verdict"].split()) in log, contrast["verdict"]
 
 
@@ -521,3 +532,102 @@ def test_the_first_actions_at_the_fixed_states_are_the_stored_replay_of_the_cell
     said = " ".join(text.split())
     assert f"{', '.join(str(n) for n in named[:-1])} and {named[-1]} states" in said
     assert all(per_seed[str(s)]["offline_kd"].get("named", 0) == 0 for s in range(21, 29))
+    c = load_benchmark_script("fixed_state_actions").named_first_contrast(
+        per_seed, "opd", "offline_kd"
+    )
+    assert f"+{c['mean']:.1f} pp [+{c['low']:.1f}, +{c['high']:.1f}]" in said
+
+
+def _action_study() -> str:
+    text = (ROOT / "LOG.md").read_text(encoding="utf-8")
+    return text[text.index("— a third study, pre-registered") :]
+
+
+def _action_result() -> str:
+    text = (ROOT / "LOG.md").read_text(encoding="utf-8")
+    return text[text.index("— the third study's result") :]
+
+
+def test_the_action_protocol_is_the_frozen_one_and_names_its_primary_before_the_cells() -> None:
+    """``action-test/protocol.yaml``: four arms at new seeds 31-38, the refit study's recipe and
+    grid, ``named_first`` (by the script) as its one primary; the stored freeze is this file's
+    SHA-256 (the one the LOG quotes); the harness refuses a test-split cell without it."""
+    import yaml
+
+    from miniverl.utils.hashing import sha256_file
+
+    test = ROOT / "action-test"
+    path = test / "protocol.yaml"
+    protocol = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert protocol["seeds"] == list(range(31, 39))
+    assert protocol["arms"] == ["opd", "offline_kd", "sft_corrective", "opd_self"]
+    assert protocol["primary_contrasts"] == [["opd", "offline_kd"]]
+    text = " ".join(path.read_text(encoding="utf-8").split())
+    assert "Primary endpoint (one test, no multiplicity): named_first" in text
+    assert "benchmarks/fixed_state_actions.py" in text and "--lr-from results/toy_positive" in text
+    frozen = _json(test / "protocol.json")
+    assert frozen["sha256"] == sha256_file(path)
+    assert f"SHA-256 `{frozen['sha256'][:8]}…`" in " ".join(_action_study().split())
+
+
+def test_the_action_study_is_the_frozen_protocols_and_the_log_quotes_its_cells() -> None:
+    """The LOG's table is the stored cells (successes, fixed-state recoveries recounted per state,
+    each seed's teacher gate); the benchmark's analysis ran over seeds 31-38 under the frozen
+    protocol and its one primary pair's verdicts are quoted; every seed's teacher is the control's
+    teacher refitted in its own cold start, and none passes its gate."""
+    from miniverl.utils.hashing import sha256_file
+
+    test = ROOT / "action-test"
+    result = _action_result()
+    primary = {("opd", "offline_kd", "fixed_recovery"), ("opd", "offline_kd", "all")}
+    rows = _test_rows("3[1-8]", result)
+    _check_test_run(test, range(31, 39), rows, " ".join(result.split()), ARMS, primary)
+    for seed in range(31, 39):
+        marker = _json(test / f"seed-{seed}" / "cold-start" / "cold_start.json")
+        weights = test / f"seed-{seed}" / "cold-start" / "toy-teacher.safetensors"
+        assert sha256_file(weights) == marker["toy_teacher_sha256"]
+        assert marker["toy_teacher"]["init_from"]["sha256"].startswith("e9038026")
+        assert _cell(test, seed, "cold-start")["teacher_gate"]["states"]["failures"]
+
+
+def test_the_action_studys_primary_is_the_stored_replay_and_the_log_quotes_it() -> None:
+    """``named_first`` per seed and policy from ``fixed-state-actions.json``; its solved counts
+    are the cells' fixed-state recoveries (the same states, the same replay); the primary
+    contrast, the secondary ones and the negative control recomputed with the script's own
+    function are the ones the LOG quotes; the teacher's labelled agreement after a deviation."""
+    test = ROOT / "action-test"
+    record = _json(test / "fixed-state-actions.json")
+    per_seed = record["per_seed"]
+    text = _action_result()
+    said = " ".join(text.split())
+    for seed in range(31, 39):
+        policies = per_seed[str(seed)]
+        assert sorted(policies) == sorted(["cold-start", *ARMS])
+        for name, got in policies.items():
+            assert (got.get("solved", 0), got["states"]) == _recovered(_cell(test, seed, name))
+        named = [policies[p].get("named", 0) for p in ("cold-start", *ARMS)]
+        row = f"| {seed} | {policies['opd']['states']} | {' | '.join(map(str, named))} |"
+        assert row in text, row
+    contrast = load_benchmark_script("fixed_state_actions").named_first_contrast
+    quoted = {
+        ("opd", "offline_kd"): "**Primary, `named_first`, `opd` − `offline_kd`: ",
+        ("opd", "sft_corrective"): "`opd` − `sft_corrective` ",
+        ("sft_corrective", "offline_kd"): "`sft_corrective` − `offline_kd` ",
+        ("opd_self", "cold-start"): "`opd_self` − cold start on `named_first`: ",
+    }
+    for (a, b), lead in quoted.items():
+        c = contrast(per_seed, a, b)
+        assert c == record["contrasts"][f"{a} - {b}"]
+        figures = f"{c['mean']:+.1f} pp [{c['low']:+.1f}, {c['high']:+.1f}]".replace("-", "−")
+        if (a, b) == ("opd", "offline_kd"):
+            figures = figures.replace(" [", ", 95% t-interval [") + f", p = {c['p']:.3g}"
+        assert lead + figures in said, (a, b, figures)
+    assert contrast(per_seed, "opd", "offline_kd")["low"] > 0
+    assert all(per_seed[str(s)]["offline_kd"].get("named", 0) == 0 for s in range(31, 39))
+    agree = labelled = privileged = 0
+    for seed in range(31, 39):
+        gate = _json(test / f"seed-{seed}" / "teacher-state-gate.json")
+        agree += gate["off_path_correct"]
+        labelled += gate["off_path_positions"] - gate["privileged_predictions"]
+        privileged += gate["privileged_predictions"]
+    assert f"agrees at {agree:,} of {labelled:,}; the misses are the {privileged}" in said

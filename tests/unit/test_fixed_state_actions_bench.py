@@ -60,3 +60,21 @@ def test_each_first_action_is_sorted_by_the_step_the_error_names(task: Task) -> 
         solved = policy_recovery(_policy(script), ENV, [task], ROLLOUT, states)["recovered"]
         assert got["solved"] == solved == int(kind == "named")
         assert got.get("solved_after_named", 0) == int(kind == "named")
+
+
+def test_the_named_first_contrast_pairs_the_shares_by_seed() -> None:
+    per_seed = {
+        "1": {"opd": {"states": 10, "named": 5}, "offline_kd": {"states": 10}},
+        "2": {"opd": {"states": 4, "named": 1}, "offline_kd": {"states": 4, "named": 1}},
+        "3": {"opd": {"states": 5, "named": 4}, "offline_kd": {"states": 5, "named": 1}},
+    }
+    got = actions.named_first_contrast(per_seed, "opd", "offline_kd")
+    assert got["diffs"] == pytest.approx([50.0, 0.0, 60.0])
+    mean, sd = 110 / 3, (((50 - 110 / 3) ** 2 + (110 / 3) ** 2 + (60 - 110 / 3) ** 2) / 2) ** 0.5
+    half = 4.302652729911275 * sd / 3**0.5  # t_{0.975, 2}
+    assert (got["mean"], got["low"], got["high"]) == pytest.approx((mean, mean - half, mean + half))
+    t = mean / (sd / 3**0.5)
+    assert got["p"] == pytest.approx(1 - t / (2 + t * t) ** 0.5)  # two-sided p at df 2, closed form
+    per_seed["2"]["offline_kd"]["states"] = 5
+    with pytest.raises(ValueError, match="seed 2: opd and offline_kd answered different states"):
+        actions.named_first_contrast(per_seed, "opd", "offline_kd")
