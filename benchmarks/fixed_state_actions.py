@@ -13,7 +13,7 @@ action after the error:
 - ``repeat``: a well-formed call of the expression the error refused;
 - ``other``: a well-formed call of another expression;
 - ``malformed``: a call the environment cannot parse;
-- ``answer``: a final answer instead of a call.
+- ``answer``: no call: a final answer, or a turn without a call or an answer.
 
 It prints, per policy over the seeds it finds, the states, how many start with each action,
 and how many end solved (all, and after a ``named`` first action), then the same per seed;
@@ -112,6 +112,11 @@ def seed_tally(seed_dir: Path) -> dict[str, dict]:
         for p in seed_dir.iterdir()
         if p.is_dir() and p.name != "cold-start-run" and RunPaths(p).final_checkpoint.exists()
     )
+    if not arms or not (cold / FIXED_STATES_FILE).is_file():
+        raise SystemExit(
+            f"{seed_dir}: needs cold-start/{FIXED_STATES_FILE} and at least one arm run directory "
+            "with a final checkpoint (a benchmark run with eval.fixed_state_recovery=true)"
+        )
     config = load_resolved_config(arms[0])
     environment = make_environment(config.environment.name, **config.environment.params)
     tasks = evaluation_tasks(config, build_splits(environment, config.environment))
@@ -165,6 +170,8 @@ def main() -> None:
         (d for root in args.run_roots for d in root.glob("seed-*")),
         key=lambda d: int(d.name.removeprefix("seed-")),
     )
+    if not seed_dirs:
+        raise SystemExit("no seed-S directory under " + ", ".join(map(str, args.run_roots)))
     for seed_dir in seed_dirs:
         seed = seed_dir.name.removeprefix("seed-")
         if wanted is None or seed in wanted:
