@@ -41,17 +41,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from miniverl.config.loading import load_resolved_config
-from miniverl.environments.registry import make_environment
-from miniverl.environments.tasks_file import build_splits
-from miniverl.lab.benchmark.fixed_states import FIXED_STATES_FILE, evaluation_tasks
+from miniverl.lab.benchmark.fixed_states import (
+    FIXED_STATES_FILE,
+    load_final_student,
+    stored_states,
+)
 from miniverl.lab.teachers.fitting import turn_spans
 from miniverl.lab.teachers.gate import continue_from, first_off_path_turns
-from miniverl.models.factory import build_tokenizer
-from miniverl.models.runtime import build_runtime
-from miniverl.training.checkpoint import load_checkpoint
-from miniverl.training.cold_start import load_cold_start
-from miniverl.trajectory.io import read_trajectories
 from miniverl.utils.runs import RunPaths
 
 ACTIONS = ("named", "repeat", "other", "malformed", "answer")
@@ -117,18 +113,12 @@ def seed_tally(seed_dir: Path) -> dict[str, dict]:
             f"{seed_dir}: needs cold-start/{FIXED_STATES_FILE} and at least one arm run directory "
             "with a final checkpoint (a benchmark run with eval.fixed_state_recovery=true)"
         )
-    config = load_resolved_config(arms[0])
-    environment = make_environment(config.environment.name, **config.environment.params)
-    tasks = evaluation_tasks(config, build_splits(environment, config.environment))
-    held_out = {t.task_id for t in tasks}
-    states = [t for t in read_trajectories(cold / FIXED_STATES_FILE) if t.task_id in held_out]
-    policy = build_runtime(config, build_tokenizer(config), "cpu", with_teacher=False).student
-    load_cold_start(cold, student=policy)
-    out = {"cold-start": tally(policy, environment, tasks, states, config.rollout)}
+    stored = stored_states(arms[0], cold)
+    replay = (stored.environment, stored.tasks, stored.states, stored.config.rollout)
+    out = {"cold-start": tally(stored.policy, *replay)}
     for arm in arms:
-        state = load_checkpoint(RunPaths(arm).final_checkpoint).trainable
-        policy.load_trainable_state_dict(state)
-        out[arm.name] = tally(policy, environment, tasks, states, config.rollout)
+        load_final_student(stored.policy, arm)
+        out[arm.name] = tally(stored.policy, *replay)
     return out
 
 

@@ -179,48 +179,37 @@ def start_error_recovery(
     """
     from safetensors.torch import load_file
 
-    from miniverl.config.loading import load_resolved_config
-    from miniverl.environments.registry import make_environment
-    from miniverl.environments.tasks_file import build_splits
     from miniverl.lab.benchmark.fixed_states import (
-        FIXED_STATES_FILE,
-        evaluation_tasks,
+        load_final_student,
         policy_recovery,
+        stored_states,
     )
     from miniverl.lab.teachers.gate import gate_episodes
-    from miniverl.models.factory import build_tokenizer
-    from miniverl.models.runtime import build_runtime
-    from miniverl.training.checkpoint import load_checkpoint
-    from miniverl.training.cold_start import load_cold_start
-    from miniverl.trajectory.io import read_trajectories
-    from miniverl.utils.runs import RunPaths
 
-    first = next(iter(run_dirs.values()))
-    config = load_resolved_config(first)
-    environment = make_environment(config.environment.name, **config.environment.params)
-    tasks = evaluation_tasks(config, build_splits(environment, config.environment))
-    held_out = {t.task_id for t in tasks}
-    states = [t for t in read_trajectories(cold_start / FIXED_STATES_FILE) if t.task_id in held_out]
-    policy = build_runtime(config, build_tokenizer(config), "cpu", with_teacher=False).student
+    stored = stored_states(next(iter(run_dirs.values())), cold_start)
+    policy, rollout = stored.policy, stored.config.rollout
 
     def recovered_by(loaded: Any) -> int:
-        return int(policy_recovery(loaded, environment, tasks, config.rollout, states)["recovered"])
+        got = policy_recovery(loaded, stored.environment, stored.tasks, rollout, stored.states)
+        return int(got["recovered"])
 
-    load_cold_start(cold_start, student=policy)
     recovered = {"start": recovered_by(policy)}
     for arm, run_dir in run_dirs.items():
-        policy.load_trainable_state_dict(
-            load_checkpoint(RunPaths(run_dir).final_checkpoint).trainable
-        )
+        load_final_student(policy, run_dir)
         recovered[arm] = recovered_by(policy)
     policy.load_full_state_dict(load_file(str(teacher_weights)))
     recovered["teacher"] = recovered_by(policy)
     own = gate_episodes(
-        policy, environment, tasks, config.rollout, seed=config.run.seed, temperature=0.0
+        policy,
+        stored.environment,
+        stored.tasks,
+        rollout,
+        seed=stored.config.run.seed,
+        temperature=0.0,
     )
     return {
-        "tasks": len(tasks),
-        "states": len(states),
+        "tasks": len(stored.tasks),
+        "states": len(stored.states),
         "recovered": recovered,
         "teacher_solved": sum(int(bool(t.solved)) for t in own),
     }

@@ -23,6 +23,7 @@ a contrast pairs them one by one (``contrasts.FIXED_RECOVERY``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,49 @@ def policy_recovery(
     }
 
 
+@dataclass
+class StoredStates:
+    """What replaying a run's fixed states needs: the run's resolved config, its environment
+    and evaluation tasks, the cold start's stored deviated episodes on those tasks, and one
+    student-shaped ``policy`` that holds the cold start's weights until
+    :func:`load_final_student` swaps in an arm's."""
+
+    config: RunConfig
+    environment: ToolEnvironment
+    tasks: list[Task]
+    states: list[Trajectory]
+    policy: Any
+
+
+def stored_states(run_dir: Path, cold_start: Path) -> StoredStates:
+    """The fixed states of ``cold_start`` (its ``fixed-states.jsonl``) on the evaluation tasks
+    of ``run_dir``'s resolved config, and a policy loaded with the cold start's weights."""
+    from miniverl.config.loading import load_resolved_config
+    from miniverl.environments.registry import make_environment
+    from miniverl.environments.tasks_file import build_splits
+    from miniverl.models.factory import build_tokenizer
+    from miniverl.models.runtime import build_runtime
+    from miniverl.training.cold_start import load_cold_start
+    from miniverl.trajectory.io import read_trajectories
+
+    config = load_resolved_config(run_dir)
+    environment = make_environment(config.environment.name, **config.environment.params)
+    tasks = evaluation_tasks(config, build_splits(environment, config.environment))
+    held_out = {t.task_id for t in tasks}
+    states = [t for t in read_trajectories(cold_start / FIXED_STATES_FILE) if t.task_id in held_out]
+    policy = build_runtime(config, build_tokenizer(config), "cpu", with_teacher=False).student
+    load_cold_start(cold_start, student=policy)
+    return StoredStates(config, environment, tasks, states, policy)
+
+
+def load_final_student(policy: Any, run_dir: Path) -> None:
+    """Load ``run_dir``'s final trained weights into ``policy`` (the same student shape)."""
+    from miniverl.training.checkpoint import load_checkpoint
+    from miniverl.utils.runs import RunPaths
+
+    policy.load_trainable_state_dict(load_checkpoint(RunPaths(run_dir).final_checkpoint).trainable)
+
+
 def recovery_by_seed(
     cold_starts: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -163,10 +207,13 @@ def recovery_lines(table: Sequence[Mapping[str, Any]]) -> list[str]:
 
 __all__ = [
     "FIXED_STATES_FILE",
+    "StoredStates",
     "evaluation_tasks",
+    "load_final_student",
     "load_fixed_states",
     "policy_recovery",
     "recovery_by_seed",
     "recovery_lines",
     "sample_fixed_states",
+    "stored_states",
 ]
