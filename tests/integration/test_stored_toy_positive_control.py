@@ -476,6 +476,19 @@ def _post_hoc() -> str:
     return text[text.index("— the refit study read further, post hoc") :]
 
 
+def _gate_split(test: Path, seeds: Any) -> tuple[int, int, int]:
+    """Over ``seeds``' stored state gates, the positions after a deviation split in two:
+    ``(labelled agreeing, labelled, privileged predictions)``; the gate counts each privileged
+    prediction as a position and a miss, so the labelled ones are the rest."""
+    right = labelled = leaked = 0
+    for seed in seeds:
+        gate = _json(test / f"seed-{seed}" / "teacher-state-gate.json")
+        right += gate["off_path_correct"]
+        labelled += gate["off_path_positions"] - gate["privileged_predictions"]
+        leaked += gate["privileged_predictions"]
+    return right, labelled, leaked
+
+
 def test_the_refit_teachers_misses_after_a_deviation_are_the_privileged_predictions_quoted() -> (
     None
 ):
@@ -483,17 +496,15 @@ def test_the_refit_teachers_misses_after_a_deviation_are_the_privileged_predicti
     privileged predictions, the gate's figure and the teacher's recovery, from the stored gate;
     and its totals (every miss but one is a privileged prediction)."""
     text = _post_hoc()
-    agree = labelled = privileged = 0
     for seed in range(21, 29):
         gate = _json(ROOT / "refit-test" / f"seed-{seed}" / "teacher-state-gate.json")
-        n = gate["off_path_positions"] - gate["privileged_predictions"]
+        right, n, leaked = _gate_split(ROOT / "refit-test", [seed])
         row = (
-            f"| {seed} | {gate['off_path_correct']} of {n} | {gate['privileged_predictions']} | "
+            f"| {seed} | {right} of {n} | {leaked} | "
             f"{gate['off_path_agreement']:.3f} | {gate['recovered']} of {gate['recovery_states']} |"
         )
         assert row in text, row
-        agree, labelled = agree + gate["off_path_correct"], labelled + n
-        privileged += gate["privileged_predictions"]
+    agree, labelled, privileged = _gate_split(ROOT / "refit-test", range(21, 29))
     said = " ".join(text.split())
     assert f"({agree:,} of {labelled:,} positions over the eight seeds)" in said
     assert f"the {privileged} digits it writes" in said
@@ -624,10 +635,5 @@ def test_the_action_studys_primary_is_the_stored_replay_and_the_log_quotes_it() 
         assert lead + figures in said, (a, b, figures)
     assert contrast(per_seed, "opd", "offline_kd")["low"] > 0
     assert all(per_seed[str(s)]["offline_kd"].get("named", 0) == 0 for s in range(31, 39))
-    agree = labelled = privileged = 0
-    for seed in range(31, 39):
-        gate = _json(test / f"seed-{seed}" / "teacher-state-gate.json")
-        agree += gate["off_path_correct"]
-        labelled += gate["off_path_positions"] - gate["privileged_predictions"]
-        privileged += gate["privileged_predictions"]
+    agree, labelled, privileged = _gate_split(test, range(31, 39))
     assert f"agrees at {agree:,} of {labelled:,}; the misses are the {privileged}" in said
